@@ -1,0 +1,70 @@
+"""Settings: an ``App(...)`` argument wins over a ``hearth serve`` option, which wins over the
+environment (``HEARTH_*``), which wins over the default."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hearth.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Settings:
+    db: str | None = None  # None → ./hearth.db
+    token: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    lease_s: float = 30.0
+    heartbeat_s: float = 10.0
+    scan_s: float = 15.0
+    workers: int = 64
+    max_body: int = 1024 * 1024
+    shutdown_s: float = 30.0
+
+    @classmethod
+    def resolve(cls, env: dict[str, str] | None = None, **given: Any) -> Settings:
+        """Build settings from explicit values (None = not given), then ``HEARTH_*``, then
+        defaults. Bad values raise ``ConfigurationError`` naming the variable."""
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            explicit = given.pop(f.name, None)
+            var = f"HEARTH_{f.name.upper()}"
+            if explicit is not None:
+                values[f.name] = _convert(f.name, explicit, f.type, source=f.name)
+            elif env.get(var):
+                values[f.name] = _convert(f.name, env[var], f.type, source=var)
+        if given:
+            raise ConfigurationError(f"unknown settings: {', '.join(sorted(given))}")
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        for name in ("lease_s", "heartbeat_s", "scan_s", "shutdown_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be positive")
+        if self.workers < 1:
+            raise ConfigurationError("workers must be at least 1")
+        if self.max_body < 1:
+            raise ConfigurationError("max_body must be at least 1 byte")
+        if self.heartbeat_s >= self.lease_s:
+            raise ConfigurationError("heartbeat_s must be shorter than lease_s")
+
+
+def _convert(name: str, value: Any, kind: Any, *, source: str) -> Any:
+    text = str(kind)
+    conv: Callable[[Any], Any]
+    if "float" in text:
+        conv = float
+    elif "int" in text:
+        conv = int
+    else:
+        conv = str
+    try:
+        return conv(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{source}: {value!r} is not a valid {name}") from None

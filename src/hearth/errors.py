@@ -1,0 +1,118 @@
+"""Errors users can hit, each saying what went wrong and what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HearthError(Exception):
+    """Base class of every error hearth raises on purpose."""
+
+
+class ConfigurationError(HearthError):
+    """The app, an agent or a tool was declared in a way hearth cannot run."""
+
+
+class UnknownAgent(HearthError):
+    """No agent with that name is declared on the app."""
+
+
+class InvalidId(HearthError):
+    """A conversation id does not match ``^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$``."""
+
+
+class ConversationNotFound(HearthError):
+    """The conversation has never been admitted any input."""
+
+
+class SubmissionNotFound(HearthError):
+    """No submission with that id exists in that conversation."""
+
+
+class IdempotencyConflict(HearthError):
+    """An idempotency key was reused with a different payload."""
+
+
+class ShuttingDown(HearthError):
+    """The runtime is shutting down and admits no new work."""
+
+
+class StoreError(HearthError):
+    """The store failed or holds data hearth cannot use."""
+
+
+class IntegrityError(StoreError):
+    """A record id was re-appended with different content."""
+
+
+class FencedOut(StoreError):
+    """An append or settlement came from an attempt that no longer owns the submission.
+
+    The attempt that gets this must stop: another owner has taken the work over.
+    """
+
+
+class SchemaTooNew(StoreError):
+    """The database was created by a newer hearth; upgrade hearth before using it."""
+
+
+class StateWriteDuringRender(HearthError):
+    """A state setter was called while the agent function was rendering."""
+
+
+class StepError(HearthError):
+    """A ``step.do`` call broke a rule (empty or reused name, non-JSON value)."""
+
+
+class SubmissionError(HearthError):
+    """Base of the errors ``read`` raises for a submission that did not complete."""
+
+    def __init__(self, submission_id: str, error: dict[str, Any] | None) -> None:
+        self.submission_id = submission_id
+        self.error: dict[str, Any] = dict(error or {})
+        self.type: str = str(self.error.get("type", "unknown"))
+        self.interrupted_tools: list[dict[str, Any]] = list(
+            self.error.get("interrupted_tools", [])
+        )
+        message = self.error.get("message") or self.type
+        super().__init__(f"submission {submission_id}: {message}")
+
+
+class SubmissionFailed(SubmissionError):
+    """The submission settled ``failed``; ``.error`` holds the structured reason."""
+
+
+class SubmissionAborted(SubmissionError):
+    """The submission settled ``aborted``."""
+
+
+class ProviderError(HearthError):
+    """A model provider failed.
+
+    ``kind`` is ``"transient"`` (retried under the durable budget), ``"overflow"`` (the context is
+    too long: compact and retry) or ``"terminal"`` (the submission fails with ``provider_error``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "terminal",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        if kind not in ("transient", "overflow", "terminal"):
+            raise ValueError(f"unknown provider error kind {kind!r}")
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+        self.status = status
+        self.retry_after = retry_after
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "message": self.message}
+        if self.status is not None:
+            out["status"] = self.status
+        if self.retry_after is not None:
+            out["retry_after"] = self.retry_after
+        return out

@@ -1,0 +1,134 @@
+"""The model provider interface and the provider-neutral conversation it is given.
+
+A provider turns a ``ModelRequest`` into a stream of ``ModelEvent``s. Errors are raised as
+``hearth.errors.ProviderError`` with ``kind`` transient / overflow / terminal; providers never
+retry on their own (retries belong to the durable budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+# --- the conversation as a provider sees it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    content: Any  # str, or a list of parts
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    aborted: bool = False  # cut off by a crash; followed by a stream_interrupted note
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    tool_call_id: str
+    name: str
+    content: Any  # the tool's JSON result, or {"type", "message"} for an error
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class SystemNote:
+    """A signal or other runtime note the model should see (rendered as a user-side note)."""
+
+    kind: str
+    text: str
+
+
+Message = UserTurn | AssistantTurn | ToolResult | SystemNote
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    model: str  # the part after "provider/"
+    system: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    summary: str | None = None  # the latest compaction summary, shown before the messages
+    conversation_id: str = ""
+
+
+# --- what a provider streams back -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """A complete tool call (arguments fully received)."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class Finished:
+    stop_reason: str  # stop | tool_use | length
+    usage: dict[str, int] | None = None
+
+
+ModelEvent = TextDelta | ToolCallEvent | Finished
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """One model backend, addressed as ``"{name}/{model}"`` in ``ctx.use_model``."""
+
+    name: str
+
+    def supports(self, model: str) -> bool:
+        """Whether this provider serves ``model`` (the part after the slash)."""
+        ...
+
+    def context_window(self, model: str) -> int:
+        """The model's context window in tokens."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Stream the response. Cancelling the iteration closes the underlying request."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def estimate_tokens(request: ModelRequest) -> int:
+    """A cheap, provider-independent size estimate (about four characters a token)."""
+    import json
+
+    size = len(request.system) + len(request.summary or "")
+    for m in request.messages:
+        if isinstance(m, UserTurn):
+            size += len(m.content if isinstance(m.content, str) else json.dumps(m.content))
+        elif isinstance(m, AssistantTurn):
+            size += len(m.text) + sum(len(json.dumps(c.arguments)) + len(c.name) for c in m.tool_calls)
+        elif isinstance(m, ToolResult):
+            size += len(json.dumps(m.content, default=str))
+        else:
+            size += len(m.text)
+    for t in request.tools:
+        size += len(t.name) + len(t.description) + len(json.dumps(t.parameters))
+    return size // 4 + 1

@@ -1,0 +1,264 @@
+"""The records of a conversation's canonical stream.
+
+Every record is a frozen dataclass with a flat JSON form: the envelope (``offset``, ``id``,
+``type``, ``submission_id``, ``attempt``, ``at``) plus the fields of its type. ``to_json`` and
+``record_from_json`` are the one stable mapping between the two.
+
+Example::
+
+    rec = UserMessage(id="s1:input", submission_id="s1", message_id="s1", content="hi")
+    assert record_from_json(rec.to_json()) == rec
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, TypeVar
+
+JSON = Any  # a value that json.dumps accepts
+
+_ENVELOPE = ("offset", "id", "type", "submission_id", "attempt", "at")
+# Fields that may differ when recovery writes the same fact again.
+_NOT_CONTENT = frozenset({"offset", "attempt", "at"})
+
+
+def now_iso() -> str:
+    """The current UTC time in the stream's format (millisecond precision, ``Z`` suffix)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """Envelope shared by every record type."""
+
+    type: ClassVar[str] = "record"
+
+    id: str
+    offset: int = -1
+    submission_id: str | None = None
+    attempt: int | None = None
+    at: str = field(default_factory=now_iso)
+
+    def to_json(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {
+            "offset": self.offset,
+            "id": self.id,
+            "type": self.type,
+            "submission_id": self.submission_id,
+            "attempt": self.attempt,
+            "at": self.at,
+        }
+        for f in dataclasses.fields(self):
+            if f.name not in out:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    def content_digest(self) -> str:
+        """A digest of what the record says, ignoring when and by which attempt it was written."""
+        body = {k: v for k, v in self.to_json().items() if k not in _NOT_CONTENT}
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def with_offset(self: _R, offset: int) -> _R:
+        return dataclasses.replace(self, offset=offset)
+
+    def stamped(self: _R, submission_id: str | None, attempt: int | None) -> _R:
+        return dataclasses.replace(self, submission_id=submission_id, attempt=attempt)
+
+
+_R = TypeVar("_R", bound=Record)
+RECORD_TYPES: dict[str, type[Record]] = {}
+
+
+def _register(cls: type[_R]) -> type[_R]:
+    RECORD_TYPES[cls.type] = cls
+    return cls
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class ConversationCreated(Record):
+    type: ClassVar[str] = "conversation_created"
+    agent: str
+    conversation_id: str
+    parent: dict[str, str] | None = None
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class UserMessage(Record):
+    type: ClassVar[str] = "user_message"
+    message_id: str
+    content: JSON
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Signal(Record):
+    type: ClassVar[str] = "signal"
+    signal_type: str
+    body: str = ""
+    attributes: dict[str, JSON] = field(default_factory=dict)
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AssistantMessageStarted(Record):
+    type: ClassVar[str] = "assistant_message_started"
+    message_id: str
+    model: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AssistantTextDelta(Record):
+    type: ClassVar[str] = "assistant_text_delta"
+    message_id: str
+    seq: int
+    delta: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AssistantToolCall(Record):
+    type: ClassVar[str] = "assistant_tool_call"
+    message_id: str
+    tool_call_id: str
+    name: str
+    arguments: JSON
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class AssistantMessageCompleted(Record):
+    type: ClassVar[str] = "assistant_message_completed"
+    message_id: str
+    stop_reason: str  # stop | tool_use | length | aborted | error
+    text: str = ""
+    usage: dict[str, int] | None = None
+    error: dict[str, JSON] | None = None
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class ToolOutcome(Record):
+    type: ClassVar[str] = "tool_outcome"
+    message_id: str
+    tool_call_id: str
+    name: str
+    is_error: bool
+    content: JSON
+    duration_ms: int = 0
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class ToolResultsCommitted(Record):
+    type: ClassVar[str] = "tool_results_committed"
+    message_id: str
+    tool_call_ids: list[str]
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class ToolStepSettled(Record):
+    type: ClassVar[str] = "tool_step_settled"
+    tool_call_id: str
+    step: str
+    value: JSON
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class StateWrite(Record):
+    type: ClassVar[str] = "state_write"
+    name: str
+    value: JSON
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class HookSeamCommitted(Record):
+    type: ClassVar[str] = "hook_seam_committed"
+    hook: str
+    message_id: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class ChildConversationLinked(Record):
+    type: ClassVar[str] = "child_conversation_linked"
+    tool_call_id: str
+    child_conversation_id: str
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Compaction(Record):
+    type: ClassVar[str] = "compaction"
+    summary: str
+    first_kept_offset: int
+    tokens_before: int = 0
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class SubmissionSettled(Record):
+    type: ClassVar[str] = "submission_settled"
+    outcome: str  # completed | failed | aborted
+    error: dict[str, JSON] | None = None
+    reply: str | None = None
+
+
+def record_from_json(data: dict[str, JSON]) -> Record:
+    """Rebuild a record from its JSON form. Unknown fields are an error, so drift is caught."""
+    kind = data.get("type")
+    cls = RECORD_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown record type {kind!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k != "type"}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise ValueError(f"unknown fields for {kind}: {sorted(unknown)}")
+    return cls(**kwargs)
+
+
+def dumps(record: Record) -> str:
+    return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(raw: str | bytes) -> Record:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("a record's JSON form is an object")
+    return record_from_json(data)
+
+
+__all__ = [
+    "RECORD_TYPES",
+    "AssistantMessageCompleted",
+    "AssistantMessageStarted",
+    "AssistantTextDelta",
+    "AssistantToolCall",
+    "ChildConversationLinked",
+    "Compaction",
+    "ConversationCreated",
+    "HookSeamCommitted",
+    "Record",
+    "Signal",
+    "StateWrite",
+    "SubmissionSettled",
+    "ToolOutcome",
+    "ToolResultsCommitted",
+    "ToolStepSettled",
+    "UserMessage",
+    "dumps",
+    "loads",
+    "now_iso",
+    "record_from_json",
+]
