@@ -1,0 +1,69 @@
+"""hearth: durable AI agents for Python.
+
+Every input to an agent is admitted durably as a submission and reaches exactly one terminal
+outcome (completed, failed or aborted), through crashes, restarts and redeploys.
+"""
+
+from hearth.agent import Agent, AgentContext, Durability, agent
+from hearth.app import App
+from hearth.errors import (
+    ConfigurationError,
+    ConversationNotFound,
+    FencedOut,
+    HearthError,
+    IdempotencyConflict,
+    IntegrityError,
+    InvalidId,
+    ProviderError,
+    SchemaTooNew,
+    ShuttingDown,
+    StateWriteDuringRender,
+    StepError,
+    StoreError,
+    SubmissionAborted,
+    SubmissionError,
+    SubmissionFailed,
+    SubmissionNotFound,
+    UnknownAgent,
+)
+from hearth.receipts import AbortResult, Receipt, Reply
+from hearth.runtime.runtime import Runtime
+from hearth.steps import Steps
+from hearth.tools import Tool, ToolContext, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbortResult",
+    "Agent",
+    "AgentContext",
+    "App",
+    "ConfigurationError",
+    "ConversationNotFound",
+    "Durability",
+    "FencedOut",
+    "HearthError",
+    "IdempotencyConflict",
+    "IntegrityError",
+    "InvalidId",
+    "ProviderError",
+    "Receipt",
+    "Reply",
+    "Runtime",
+    "SchemaTooNew",
+    "ShuttingDown",
+    "StateWriteDuringRender",
+    "StepError",
+    "Steps",
+    "StoreError",
+    "SubmissionAborted",
+    "SubmissionError",
+    "SubmissionFailed",
+    "SubmissionNotFound",
+    "Tool",
+    "ToolContext",
+    "UnknownAgent",
+    "__version__",
+    "agent",
+    "tool",
+]

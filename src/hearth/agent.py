@@ -1,0 +1,217 @@
+"""Agents: functions rendered before every model call.
+
+Example::
+
+    @hearth.agent(durability=hearth.Durability(max_attempts=5, timeout=7200))
+    def support(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("openai/gpt-4o-mini")
+        ctx.use_tool(lookup_order)
+        return "You are a customer support agent."
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
+from hearth.tools import Tool
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+MAX_CONTINUATIONS = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class Durability:
+    """Retry budget and wall-clock timeout (seconds) of one submission. Read without rendering."""
+
+    max_attempts: int = 10
+    timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigurationError("Durability.max_attempts must be an integer ≥ 1")
+        if not isinstance(self.timeout, int | float) or self.timeout <= 0:
+            raise ConfigurationError("Durability.timeout must be a positive number of seconds")
+
+
+class StateBuffer:
+    """The state writes of one unit of work (a tool batch or a hook seam), committed with it."""
+
+    def __init__(self, committed: dict[str, Any]) -> None:
+        self.committed = committed
+        self.writes: dict[str, Any] = {}
+
+    def set(self, name: str, value: Any) -> None:
+        current = self.writes.get(name, self.committed.get(name, _MISSING))
+        if current is not _MISSING and current == value:
+            return
+        self.writes[name] = value
+
+
+_MISSING = object()
+# The unit of work whose state writes a setter joins; set by the runner around tools and hooks.
+current_unit: ContextVar[StateBuffer | None] = ContextVar("hearth_state_unit", default=None)
+
+
+@dataclass(frozen=True)
+class Subagent:
+    agent: Agent
+    description: str
+
+
+Hook = Callable[[Any], Awaitable[None] | None]
+
+
+@dataclass
+class Rendered:
+    """What one render of an agent declared for the coming model call."""
+
+    system: str
+    model: str
+    model_options: dict[str, Any]
+    tools: dict[str, Tool]
+    subagents: dict[str, Subagent]
+    on_start: list[Hook] = field(default_factory=list)
+    on_finish: list[Hook] = field(default_factory=list)
+
+
+class AgentContext:
+    """The ``ctx`` an agent function receives: identity, and the ``use_*`` declarations."""
+
+    def __init__(self, agent: str, id: str, state: dict[str, Any]) -> None:
+        self.agent = agent
+        self.id = id
+        self.conversation_id = f"{agent}/{id}"
+        self._state = state
+        self._rendering = True
+        self._model: tuple[str, dict[str, Any]] | None = None
+        self._tools: dict[str, Tool] = {}
+        self._subagents: dict[str, Subagent] = {}
+        self._on_start: list[Hook] = []
+        self._on_finish: list[Hook] = []
+
+    def use_model(self, spec: str, **options: Any) -> None:
+        """Choose the model for this turn: ``"provider/model"``. Exactly once per render."""
+        if self._model is not None:
+            raise ConfigurationError(f"{self.agent}: use_model was called twice in one render")
+        if not isinstance(spec, str) or "/" not in spec:
+            raise ConfigurationError(f"model spec {spec!r} must look like 'provider/model'")
+        self._model = (spec, options)
+
+    def use_tool(self, tool: Tool) -> None:
+        if not isinstance(tool, Tool):
+            raise ConfigurationError(f"use_tool expects a @hearth.tool, got {tool!r}")
+        if tool.name in self._tools and self._tools[tool.name] is not tool:
+            raise ConfigurationError(f"two different tools are named {tool.name!r}")
+        self._tools[tool.name] = tool
+
+    def use_subagent(self, agent: Agent, *, description: str) -> None:
+        """Let the model delegate to ``agent`` through the built-in ``task`` tool."""
+        if not isinstance(agent, Agent):
+            raise ConfigurationError(f"use_subagent expects a @hearth.agent, got {agent!r}")
+        self._subagents[agent.name] = Subagent(agent, description)
+
+    def use_state(self, name: str, default: Any = None) -> tuple[Any, Callable[[Any], None]]:
+        """Persistent per-conversation state: ``(value as committed, setter)``."""
+        value = self._state.get(name, default)
+
+        def set_value(new: Any) -> None:
+            if self._rendering:
+                raise StateWriteDuringRender(
+                    f"state {name!r} was set while {self.agent} was rendering; "
+                    "set state inside a tool or an event hook"
+                )
+            unit = current_unit.get()
+            if unit is None:
+                raise HearthError(
+                    f"state {name!r} can only be set inside a tool call or an event hook"
+                )
+            unit.set(name, new)
+
+        return value, set_value
+
+    def on_agent_start(self, fn: Hook) -> Hook:
+        """Run ``fn(event)`` once per delivered input, before the model reads it."""
+        self._on_start.append(fn)
+        return fn
+
+    def on_agent_finish(self, fn: Hook) -> Hook:
+        """Run ``fn(event)`` where the response would stop; ``event.append(text)`` continues it."""
+        self._on_finish.append(fn)
+        return fn
+
+
+class Agent:
+    """A declared agent. Made by ``@hearth.agent``."""
+
+    def __init__(
+        self,
+        fn: Callable[[AgentContext], str],
+        *,
+        name: str | None = None,
+        durability: Durability | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__.replace("_", "-")
+        if not NAME_RE.match(self.name):
+            raise ConfigurationError(
+                f"agent name {self.name!r} must match {NAME_RE.pattern} (lowercase, dashes)"
+            )
+        if durability is not None and not isinstance(durability, Durability):
+            raise ConfigurationError("durability must be a hearth.Durability")
+        self.durability = durability or Durability()
+
+    def __repr__(self) -> str:
+        return f"<hearth.Agent {self.name}>"
+
+    def render(self, id: str, state: dict[str, Any]) -> Rendered:
+        """Run the agent function once and collect what it declared."""
+        ctx = AgentContext(self.name, id, state)
+        try:
+            system = self.fn(ctx)
+        finally:
+            ctx._rendering = False
+        if not isinstance(system, str):
+            raise ConfigurationError(f"agent {self.name!r} must return the system prompt (a str)")
+        if ctx._model is None:
+            raise ConfigurationError(f"agent {self.name!r} did not call ctx.use_model(...)")
+        return Rendered(
+            system=system,
+            model=ctx._model[0],
+            model_options=ctx._model[1],
+            tools=dict(ctx._tools),
+            subagents=dict(ctx._subagents),
+            on_start=list(ctx._on_start),
+            on_finish=list(ctx._on_finish),
+        )
+
+
+@overload
+def agent(fn: Callable[[AgentContext], str], /) -> Agent: ...
+
+
+@overload
+def agent(
+    *, name: str | None = None, durability: Durability | None = None
+) -> Callable[[Callable[[AgentContext], str]], Agent]: ...
+
+
+def agent(
+    fn: Callable[[AgentContext], str] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    durability: Durability | None = None,
+) -> Agent | Callable[[Callable[[AgentContext], str]], Agent]:
+    """Declare an agent: a sync function ``(ctx) -> system prompt``."""
+    if fn is not None:
+        return Agent(fn)
+
+    def wrap(f: Callable[[AgentContext], str]) -> Agent:
+        return Agent(f, name=name, durability=durability)
+
+    return wrap

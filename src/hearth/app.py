@@ -1,0 +1,96 @@
+"""The ``App``: agents, providers, a store and settings, runnable in-process or behind HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from hearth.agent import Agent
+from hearth.config import Settings
+from hearth.errors import ConfigurationError
+from hearth.providers.base import ModelProvider
+from hearth.providers.registry import ProviderRegistry
+from hearth.runtime.metrics import Metrics
+from hearth.runtime.runner import Env
+from hearth.runtime.runtime import Runtime
+from hearth.store import open_store
+
+
+def _builtin_providers() -> list[ModelProvider]:
+    from hearth.providers import default_providers
+
+    return list(default_providers())
+
+
+class App:
+    """A set of agents and how to run them.
+
+    Example::
+
+        app = hearth.App([support], db="sqlite:///support.db")
+        async with app.run() as rt:
+            reply = await rt.read(await rt.dispatch("support", "c-1", "hello"))
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[Agent],
+        *,
+        db: str | None = None,
+        providers: Sequence[ModelProvider] = (),
+        token: str | None = None,
+        host: str | None = None,
+        port: int | None = None,
+        lease_s: float | None = None,
+        heartbeat_s: float | None = None,
+        scan_s: float | None = None,
+        workers: int | None = None,
+        max_body: int | None = None,
+        shutdown_s: float | None = None,
+    ) -> None:
+        self.agents: dict[str, Agent] = {}
+        for agent in agents:
+            if not isinstance(agent, Agent):
+                raise ConfigurationError(f"App expects @hearth.agent functions, got {agent!r}")
+            if agent.name in self.agents and self.agents[agent.name] is not agent:
+                raise ConfigurationError(f"two agents are named {agent.name!r}")
+            self.agents[agent.name] = agent
+        self._given: dict[str, Any] = dict(
+            db=db,
+            token=token,
+            host=host,
+            port=port,
+            lease_s=lease_s,
+            heartbeat_s=heartbeat_s,
+            scan_s=scan_s,
+            workers=workers,
+            max_body=max_body,
+            shutdown_s=shutdown_s,
+        )
+        self.settings = Settings.resolve(**self._given)
+        self.providers = ProviderRegistry(providers, builtins=_builtin_providers)
+        self.metrics = Metrics()
+
+    def configure(self, **overrides: Any) -> None:
+        """Apply ``hearth serve`` options: they win over the environment, but an explicit
+        ``App(...)`` argument wins over them."""
+        merged = {k: v for k, v in overrides.items() if v is not None}
+        merged.update({k: v for k, v in self._given.items() if v is not None})
+        self.settings = Settings.resolve(**merged)
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[Runtime]:
+        """Open the store and start the coordinator; stop gracefully on exit."""
+        store = open_store(self.settings.db)
+        await store.open()
+        env = Env(store=store, agents=self.agents, providers=self.providers, metrics=self.metrics)
+        runtime = Runtime(env, self.settings)
+        try:
+            await runtime.start()
+            yield runtime
+        finally:
+            try:
+                await runtime.stop()
+            finally:
+                await store.close()

@@ -1,0 +1,395 @@
+"""The Anthropic Messages client (``POST /v1/messages`` with ``stream: true``).
+
+The conversation is sent as alternating user/assistant messages of content blocks; the streamed
+events are folded back into hearth's ``TextDelta`` / ``ToolCallEvent`` / ``Finished``. The client
+never retries: failures come out as classified ``ProviderError``s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from hearth.errors import ProviderError
+from hearth.providers._sse import classify_failure, error_details, post_sse, retry_after_seconds
+from hearth.providers.base import (
+    AssistantTurn,
+    Finished,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+    UserTurn,
+)
+from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW, context_window_for
+from hearth.providers.openai import SUMMARY_PREFIX, decode_arguments, note_text
+
+__all__ = ["AnthropicProvider"]
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_use",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+}
+_TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+
+
+# --- request ------------------------------------------------------------------------------------
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [_text_block(content)] if content else []
+    if isinstance(content, list):
+        return [p if isinstance(p, dict) else _text_block(str(p)) for p in content]
+    return [_text_block(json.dumps(content, default=str))]
+
+
+def _result_block(result: ToolResult) -> dict[str, Any]:
+    content = result.content
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": result.tool_call_id,
+        "content": content if isinstance(content, str) else json.dumps(content, default=str),
+    }
+    if result.is_error:
+        block["is_error"] = True
+    return block
+
+
+def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """The request's conversation as alternating Messages API turns of content blocks."""
+    turns: list[dict[str, Any]] = []
+    known_calls: set[str] = set()
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": list(blocks)})
+
+    for message in request.messages:
+        if isinstance(message, UserTurn):
+            add("user", _user_blocks(message.content))
+        elif isinstance(message, AssistantTurn):
+            blocks = [_text_block(message.text)] if message.text else []
+            for call in message.tool_calls:
+                blocks.append(
+                    {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+                )
+                known_calls.add(call.id)
+            add("assistant", blocks)
+        elif isinstance(message, ToolResult):
+            if message.tool_call_id in known_calls:
+                add("user", [_result_block(message)])
+            else:  # its call is not in the transcript (e.g. compacted away): show it as text
+                text = json.dumps(message.content, default=str)
+                label = "error from" if message.is_error else "result of"
+                add("user", [_text_block(f"[{label} tool call {message.tool_call_id} "
+                                         f"({message.name})] {text}")])
+        else:
+            add("user", [_text_block(note_text(message))])
+
+    for turn in turns:
+        if turn["role"] == "user":
+            # The API wants tool results before any other block of their user turn.
+            blocks = turn["content"]
+            turn["content"] = [b for b in blocks if b.get("type") == "tool_result"] + [
+                b for b in blocks if b.get("type") != "tool_result"
+            ]
+    if turns and turns[-1]["role"] == "assistant":
+        _trim_final_assistant(turns)
+    if turns and turns[0]["role"] == "assistant":
+        turns.insert(0, {"role": "user", "content": [_text_block("(conversation continues)")]})
+    return turns
+
+
+def _trim_final_assistant(turns: list[dict[str, Any]]) -> None:
+    # A final assistant turn is a prefill, which the API refuses when it ends in whitespace.
+    blocks = turns[-1]["content"]
+    if blocks and blocks[-1].get("type") == "text":
+        text = str(blocks[-1]["text"]).rstrip()
+        if text:
+            blocks[-1] = _text_block(text)
+        else:
+            blocks.pop()
+    if not blocks:
+        turns.pop()
+
+
+# --- response -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Block:
+    type: str
+    id: str = ""
+    name: str = ""
+    input: Any = None
+    json_parts: list[str] = field(default_factory=list)
+    stopped: bool = False
+
+
+@dataclass
+class _Reply:
+    blocks: dict[int, _Block] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    stop_reason: str | None = None
+    stopped: bool = False
+
+    def take_usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage.update({k: int(v) for k, v in usage.items() if isinstance(v, int)})
+
+    def tool_calls(self) -> list[ToolCall]:
+        calls = []
+        for _, block in sorted(self.blocks.items()):
+            if block.type != "tool_use" or not block.stopped:
+                continue
+            raw = "".join(block.json_parts)
+            if raw:
+                arguments = decode_arguments(raw)
+            else:
+                arguments = block.input if isinstance(block.input, dict) else {}
+            call_id = block.id or f"call_{uuid.uuid4().hex}"
+            calls.append(ToolCall(id=call_id, name=block.name, arguments=arguments))
+        return calls
+
+    def finished(self) -> Finished:
+        u = self.usage
+        usage = {
+            # The whole prompt, cached or not, is what fills the context window.
+            "input_tokens": u.get("input_tokens", 0)
+            + u.get("cache_creation_input_tokens", 0)
+            + u.get("cache_read_input_tokens", 0),
+            "output_tokens": u.get("output_tokens", 0),
+        }
+        for key in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+            if u.get(key):
+                usage[key] = u[key]
+        reason = _STOP_REASONS.get(self.stop_reason or "", "stop")
+        if reason == "stop" and any(b.type == "tool_use" for b in self.blocks.values()):
+            reason = "tool_use"
+        return Finished(stop_reason=reason, usage=usage if u else None)
+
+    def feed(self, kind: str, payload: dict[str, Any]) -> str:
+        """Take one event in; return its text delta ("" if none)."""
+        if kind == "message_start":
+            self.take_usage((payload.get("message") or {}).get("usage"))
+        elif kind == "content_block_start":
+            start = payload.get("content_block") or {}
+            self.blocks[int(payload.get("index", 0))] = _Block(
+                type=str(start.get("type", "")),
+                id=str(start.get("id", "")),
+                name=str(start.get("name", "")),
+                input=start.get("input"),
+            )
+        elif kind == "content_block_delta":
+            block = self.blocks.setdefault(int(payload.get("index", 0)), _Block(type="text"))
+            delta = payload.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                return str(delta.get("text", ""))
+            if delta.get("type") == "input_json_delta":
+                block.json_parts.append(str(delta.get("partial_json", "")))
+        elif kind == "content_block_stop":
+            stopped = self.blocks.get(int(payload.get("index", 0)))
+            if stopped is not None:
+                stopped.stopped = True
+        elif kind == "message_delta":
+            reason = (payload.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.stop_reason = str(reason)
+            self.take_usage(payload.get("usage"))
+        elif kind == "message_stop":
+            self.stopped = True
+        elif kind == "error":
+            raise _stream_error(payload)
+        return ""  # ping, and event types added after this client was written
+
+    @property
+    def complete(self) -> bool:
+        return self.stopped or self.stop_reason is not None
+
+
+# --- the provider -------------------------------------------------------------------------------
+
+
+class AnthropicProvider:
+    """Claude models through the Anthropic Messages API.
+
+    ``base_url`` and ``api_key`` default to ``ANTHROPIC_BASE_URL`` (else the public API) and
+    ``ANTHROPIC_API_KEY``, read when a request is made. ``max_tokens`` is the output limit sent
+    with every request unless the agent's model options give one.
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        context_windows: Mapping[str, int] | None = None,
+        max_tokens: int = 4096,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        self._base_url = base_url
+        self._api_key = api_key
+        self._windows = dict(context_windows or {})
+        self.max_tokens = max_tokens
+        self._timeout = httpx2.Timeout(timeout, connect=connect_timeout)
+        self._headers = dict(headers or {})
+        self._client = client
+        self._owns_client = client is None
+
+    @property
+    def base_url(self) -> str:
+        url = self._base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+        return url.rstrip("/")
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+
+    def supports(self, model: str) -> bool:
+        return bool(model)
+
+    def context_window(self, model: str) -> int:
+        return context_window_for(
+            model, default=DEFAULT_ANTHROPIC_WINDOW, overrides=self._windows
+        )
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request`` (``request.options`` are passed through)."""
+        system = request.system
+        if request.summary:
+            summary = f"{SUMMARY_PREFIX}{request.summary}"
+            system = f"{system}\n\n{summary}" if system else summary
+        body: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            **request.options,
+            "model": request.model,
+            "messages": anthropic_messages(request),
+            "stream": True,
+        }
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
+        return body
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = {"accept": "text/event-stream", "anthropic-version": API_VERSION, **self._headers}
+        key = self.api_key
+        if key:
+            headers["x-api-key"] = key
+        elif self.base_url == DEFAULT_BASE_URL:
+            raise ProviderError("anthropic: ANTHROPIC_API_KEY is not set")
+        return headers
+
+    def _http(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(timeout=self._timeout)
+        return self._client
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Stream one message: text deltas, then every tool call, then ``Finished``."""
+        headers = self._request_headers()
+        body = self.request_body(request)
+        reply = _Reply()
+        events = post_sse(
+            self._http(),
+            f"{self.base_url}/v1/messages",
+            body=body,
+            headers=headers,
+            provider=self.name,
+            on_error=_error_response,
+        )
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    payload = event.json()
+                    kind = str(payload.get("type") or event.event)
+                    try:
+                        text = reply.feed(kind, payload)
+                    except (TypeError, ValueError, AttributeError) as exc:
+                        raise ProviderError(
+                            f"anthropic: malformed stream event {event.data[:200]!r}",
+                            kind="transient",
+                        ) from exc
+                    if text:
+                        yield TextDelta(text)
+                    if reply.stopped:
+                        break
+        except ProviderError as exc:
+            # Cut after the stop reason: the message is whole, only message_stop was lost.
+            if exc.kind != "transient" or not reply.complete:
+                raise
+        if not reply.complete:
+            raise ProviderError(
+                "anthropic: the stream ended before the message was complete", kind="transient"
+            )
+        for call in reply.tool_calls():
+            yield ToolCallEvent(call)
+        yield reply.finished()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it."""
+        if self._client is not None and self._owns_client:
+            await self._client.aclose()
+            self._client = None
+
+
+def _classify(
+    status: int | None, message: str, kind: str | None, retry_after: float | None = None
+) -> ProviderError:
+    transient: bool | None = None
+    if kind in _TRANSIENT_TYPES:
+        transient = True
+    elif kind is not None and status is None:
+        transient = False  # a named error type that is not a server-side hiccup
+    return classify_failure(
+        "anthropic", status, message, hints=(kind,), transient=transient, retry_after=retry_after
+    )
+
+
+def _error_response(status: int, body: str, headers: httpx2.Headers) -> ProviderError:
+    message, kind, _ = error_details(body)
+    if message is None:
+        message = body.strip()[:500] or "no error message"
+    if status < 400:
+        if kind is None:
+            return ProviderError(f"anthropic: expected a streamed response, got: {message}")
+        return _classify(None, message, kind)
+    return _classify(status, message, kind, retry_after_seconds(headers))
+
+
+def _stream_error(payload: dict[str, Any]) -> ProviderError:
+    message, kind, _ = error_details(json.dumps(payload))
+    return _classify(None, message or "unknown error", kind)

@@ -1,0 +1,438 @@
+"""The OpenAI Chat Completions client: OpenAI itself and every server that speaks its dialect.
+
+Ollama, vLLM, llama.cpp's server, LM Studio and OpenRouter all serve ``POST /chat/completions``
+with streamed chunks; point ``OPENAI_BASE_URL`` at them. The client never retries: a failure
+comes out as a classified ``ProviderError`` and the runtime's durable budget decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from hearth.errors import ProviderError
+from hearth.providers._sse import classify_failure, error_details, post_sse, retry_after_seconds
+from hearth.providers.base import (
+    AssistantTurn,
+    Finished,
+    Message,
+    ModelEvent,
+    ModelRequest,
+    SystemNote,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+    UserTurn,
+)
+from hearth.providers.models import DEFAULT_OPENAI_WINDOW, context_window_for
+
+__all__ = ["OpenAIProvider"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+SUMMARY_PREFIX = "Summary of the earlier conversation: "
+
+_STOP_REASONS = {"stop": "stop", "tool_calls": "tool_use", "function_call": "tool_use",
+                 "length": "length"}
+
+
+def note_text(note: SystemNote) -> str:
+    """How a runtime note reads on the user side of the conversation."""
+    return f"[runtime note: {note.kind}] {note.text}"
+
+
+def result_text(result: ToolResult) -> str:
+    """A tool result as text: strings as they are, anything else as JSON; errors marked."""
+    content = result.content
+    text = content if isinstance(content, str) else json.dumps(content, default=str)
+    return f"error: {text}" if result.is_error else text
+
+
+def decode_arguments(raw: str) -> dict[str, Any]:
+    """A tool call's arguments object; what is not a JSON object is kept as ``{"_raw": raw}``."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"_raw": raw}
+    return value if isinstance(value, dict) else {"_raw": raw}
+
+
+# --- request ------------------------------------------------------------------------------------
+
+
+def _user_parts(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [p if isinstance(p, dict) else {"type": "text", "text": str(p)} for p in content]
+    return [{"type": "text", "text": json.dumps(content, default=str)}]
+
+
+def _join_user(parts: list[Any]) -> Any:
+    """Plain text when every part is text (what local servers handle best), else the parts."""
+    if all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+        return "\n\n".join(str(p.get("text", "")) for p in parts)
+    return parts
+
+
+class _Transcript:
+    """Builds the ``messages`` array, keeping the rules strict chat templates enforce.
+
+    Consecutive user-side content becomes one user message; tool messages stay right after the
+    assistant message that made the calls (a note that arrives in between waits until the results
+    are in); a result whose call is not in the transcript is shown as user-side text.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self._user: list[Any] = []  # user-side parts not yet flushed
+        self._pending: set[str] = set()  # calls of the last assistant message still unanswered
+        self._known: set[str] = set()
+
+    def user(self, parts: list[Any]) -> None:
+        self._user.extend(parts)
+
+    def assistant(self, turn: AssistantTurn) -> None:
+        if not turn.text and not turn.tool_calls:
+            return
+        self._flush(force=True)
+        calls = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in turn.tool_calls
+        ]
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last["role"] == "assistant" and not self._pending:
+            # Two assistant turns in a row (e.g. a continuation): one message.
+            last["content"] = ((last.get("content") or "") + turn.text) or None
+            if calls:
+                last["tool_calls"] = [*last.get("tool_calls", []), *calls]
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+            if calls:
+                message["tool_calls"] = calls
+            self.messages.append(message)
+        self._pending = {c.id for c in turn.tool_calls}
+        self._known.update(self._pending)
+
+    def tool_result(self, result: ToolResult) -> None:
+        if result.tool_call_id not in self._known:
+            self._user.append(
+                {"type": "text", "text": f"[result of tool call {result.tool_call_id} "
+                 f"({result.name})] {result_text(result)}"}
+            )
+            return
+        if result.tool_call_id not in self._pending:
+            self._flush(force=True)  # a late result: never leave it behind queued user text
+        self.messages.append(
+            {"role": "tool", "tool_call_id": result.tool_call_id, "content": result_text(result)}
+        )
+        self._pending.discard(result.tool_call_id)
+        self._flush()
+
+    def _flush(self, *, force: bool = False) -> None:
+        if not self._user or (self._pending and not force):
+            return
+        self._pending = set()
+        content = _join_user(self._user)
+        self._user = []
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last["role"] == "user":
+            merged = _user_parts(last["content"]) + _user_parts(content)
+            last["content"] = _join_user(merged)
+        else:
+            self.messages.append({"role": "user", "content": content})
+
+    def finish(self) -> list[dict[str, Any]]:
+        self._flush(force=True)
+        return self.messages
+
+
+def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """The request's conversation as Chat Completions ``messages``."""
+    transcript = _Transcript()
+    for message in request.messages:
+        _add(transcript, message)
+    messages = transcript.finish()
+    if messages and messages[0]["role"] == "assistant":
+        # Many chat templates require the first non-system message to be the user's.
+        messages.insert(0, {"role": "user", "content": "(conversation continues)"})
+    system = request.system
+    if request.summary:
+        system = f"{system}\n\n{SUMMARY_PREFIX}{request.summary}" if system else (
+            f"{SUMMARY_PREFIX}{request.summary}"
+        )
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def _add(transcript: _Transcript, message: Message) -> None:
+    if isinstance(message, UserTurn):
+        transcript.user(_user_parts(message.content))
+    elif isinstance(message, AssistantTurn):
+        transcript.assistant(message)
+    elif isinstance(message, ToolResult):
+        transcript.tool_result(message)
+    else:
+        transcript.user([{"type": "text", "text": note_text(message)}])
+
+
+# --- response -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Reply:
+    """What the chunks of one streamed completion have said so far."""
+
+    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    done: bool = False
+
+    def feed(self, chunk: dict[str, Any]) -> str:
+        """Take one chunk in; return its text delta ("" if none)."""
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = {
+                "input_tokens": int(usage.get("prompt_tokens") or 0),
+                "output_tokens": int(usage.get("completion_tokens") or 0),
+            }
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if cached:
+                self.usage["cache_read_input_tokens"] = int(cached)
+        choices = chunk.get("choices") or []
+        choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+        if choice is None:
+            return ""
+        delta = choice.get("delta") or {}
+        for fragment in delta.get("tool_calls") or []:
+            self._call_fragment(fragment)
+        if choice.get("finish_reason"):
+            self.finish_reason = str(choice["finish_reason"])
+        content = delta.get("content")
+        return content if isinstance(content, str) else ""
+
+    def _call_fragment(self, fragment: dict[str, Any]) -> None:
+        index = fragment.get("index")
+        if not isinstance(index, int):
+            # Some servers leave the index out: a new id starts a call, else it continues.
+            known = {c.id for c in self.calls.values()}
+            new = fragment.get("id") and fragment["id"] not in known
+            index = len(self.calls) if new or not self.calls else max(self.calls)
+        call = self.calls.setdefault(index, _PartialCall())
+        if fragment.get("id") and not call.id:
+            call.id = str(fragment["id"])
+        function = fragment.get("function") or {}
+        if function.get("name") and not call.name:
+            call.name = str(function["name"])
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call.arguments.append(arguments)
+        elif isinstance(arguments, dict):
+            call.arguments.append(json.dumps(arguments))
+
+    @property
+    def complete(self) -> bool:
+        return self.done or self.finish_reason is not None
+
+    def tool_calls(self) -> list[ToolCall]:
+        return [
+            ToolCall(
+                id=call.id or f"call_{uuid.uuid4().hex}",
+                name=call.name,
+                arguments=decode_arguments("".join(call.arguments)),
+            )
+            for _, call in sorted(self.calls.items())
+        ]
+
+    def stop_reason(self) -> str:
+        reason = _STOP_REASONS.get(self.finish_reason or "", "stop")
+        # Some local servers say "stop" even when the reply is tool calls.
+        return "tool_use" if self.calls and reason == "stop" else reason
+
+
+# --- the provider -------------------------------------------------------------------------------
+
+
+class OpenAIProvider:
+    """Models behind an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``base_url`` and ``api_key`` default to ``OPENAI_BASE_URL`` (else the public API) and
+    ``OPENAI_API_KEY``, read when a request is made; a key is optional for local servers.
+
+    >>> provider = OpenAIProvider("http://127.0.0.1:11434/v1", context_windows={"*": 32768})
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        context_windows: Mapping[str, int] | None = None,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        self._base_url = base_url
+        self._api_key = api_key
+        self._windows = dict(context_windows or {})
+        self._timeout = httpx2.Timeout(timeout, connect=connect_timeout)
+        self._headers = dict(headers or {})
+        self._client = client
+        self._owns_client = client is None
+
+    @property
+    def base_url(self) -> str:
+        url = self._base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        return url.rstrip("/")
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key or os.environ.get("OPENAI_API_KEY") or None
+
+    def supports(self, model: str) -> bool:
+        return bool(model)
+
+    def context_window(self, model: str) -> int:
+        return context_window_for(model, default=DEFAULT_OPENAI_WINDOW, overrides=self._windows)
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request`` (``request.options`` are passed through)."""
+        body: dict[str, Any] = {
+            **request.options,
+            "model": request.model,
+            "messages": chat_messages(request),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+        return body
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = {"accept": "text/event-stream", **self._headers}
+        key = self.api_key
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        elif self.base_url == DEFAULT_BASE_URL:
+            raise ProviderError(
+                "openai: OPENAI_API_KEY is not set; set it, or set OPENAI_BASE_URL to a local "
+                "OpenAI-compatible server"
+            )
+        return headers
+
+    def _http(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(timeout=self._timeout)
+        return self._client
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Stream one completion: text deltas, then every tool call, then ``Finished``."""
+        headers = self._request_headers()
+        body = self.request_body(request)
+        reply = _Reply()
+        events = post_sse(
+            self._http(),
+            f"{self.base_url}/chat/completions",
+            body=body,
+            headers=headers,
+            provider=self.name,
+            on_error=_error_response,
+        )
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    if event.is_done:
+                        reply.done = True
+                        break
+                    chunk = event.json()
+                    if chunk.get("error"):
+                        raise _stream_error(chunk)
+                    try:
+                        text = reply.feed(chunk)
+                    except (TypeError, ValueError, AttributeError) as exc:
+                        raise ProviderError(
+                            f"openai: malformed stream chunk {event.data[:200]!r}",
+                            kind="transient",
+                        ) from exc
+                    if text:
+                        yield TextDelta(text)
+        except ProviderError as exc:
+            # Cut after the finish reason: the reply is whole, only trailing usage was lost.
+            if exc.kind != "transient" or not reply.complete:
+                raise
+        if not reply.complete:
+            raise ProviderError(
+                "openai: the stream ended before the response was complete", kind="transient"
+            )
+        for call in reply.tool_calls():
+            yield ToolCallEvent(call)
+        yield Finished(stop_reason=reply.stop_reason(), usage=reply.usage)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it."""
+        if self._client is not None and self._owns_client:
+            await self._client.aclose()
+            self._client = None
+
+
+def _error_response(status: int, body: str, headers: httpx2.Headers) -> ProviderError:
+    message, kind, code = error_details(body)
+    if message is None:
+        message = body.strip()[:500] or "no error message"
+    if status < 400:
+        # JSON where a stream was expected: an error sent with a 200, or "stream" was ignored.
+        if kind is None and code is None and '"error"' not in body:
+            return ProviderError(f"openai: expected a streamed response, got: {message}")
+        return classify_failure("openai", None, message, hints=(kind, code))
+    transient = False if code == "insufficient_quota" else None  # a 429 that waiting won't fix
+    return classify_failure(
+        "openai",
+        status,
+        message,
+        hints=(kind, code),
+        transient=transient,
+        retry_after=retry_after_seconds(headers),
+    )
+
+
+def _stream_error(chunk: dict[str, Any]) -> ProviderError:
+    message, kind, code = error_details(json.dumps(chunk))
+    status = int(code) if code is not None and code.isdigit() else None
+    transient = None if status is None else status in (408, 429) or status >= 500
+    return classify_failure(
+        "openai", status, message or "unknown error", hints=(kind, code), transient=transient
+    )

@@ -1,0 +1,5 @@
+"""The runtime: coordinator, turn loop and recovery."""
+
+from hearth.runtime.runtime import Runtime
+
+__all__ = ["Runtime"]

@@ -1,0 +1,191 @@
+"""Running and repairing one tool batch (the calls of one assistant message).
+
+Outcomes already recorded are kept; calls made by this attempt run; calls a dead attempt left
+unresolved are repaired by ``plan_tool_batch``'s verdict. State writes made by the batch's tools
+commit together with its ``tool_results_committed`` record, or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from hearth import _faults
+from hearth.agent import Rendered, StateBuffer, current_unit
+from hearth.errors import FencedOut
+from hearth.records import (
+    AssistantToolCall,
+    Record,
+    StateWrite,
+    ToolOutcome,
+    ToolResultsCommitted,
+    ToolStepSettled,
+)
+from hearth.runtime.recovery import TASK_TOOL, CallPlan, InterruptedTool, MessageView, plan_tool_batch
+from hearth.steps import Steps
+from hearth.tools import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from hearth.runtime.runner import Attempt
+
+log = logging.getLogger("hearth.tools")
+
+
+def interrupted_outcome(message_id: str, tool: InterruptedTool) -> ToolOutcome:
+    """The error outcome of a call cut off by an interruption: not re-run, outcome unknown."""
+    content: dict[str, Any] = {
+        "type": "interrupted",
+        "message": f"The call to {tool.name} was cut off by an interruption; it may or may not "
+        "have taken effect. Its outcome is unknown.",
+    }
+    if tool.child_conversation_id:
+        content["child_conversation_id"] = tool.child_conversation_id
+    return ToolOutcome(
+        id=f"{message_id}:outcome:{tool.tool_call_id}",
+        message_id=message_id,
+        tool_call_id=tool.tool_call_id,
+        name=tool.name,
+        is_error=True,
+        content=content,
+    )
+
+
+def error_outcome(call: AssistantToolCall, kind: str, message: str, duration_ms: int = 0) -> ToolOutcome:
+    return ToolOutcome(
+        id=f"{call.message_id}:outcome:{call.tool_call_id}",
+        message_id=call.message_id,
+        tool_call_id=call.tool_call_id,
+        name=call.name,
+        is_error=True,
+        content={"type": kind, "message": message},
+        duration_ms=duration_ms,
+    )
+
+
+class ToolBatch:
+    def __init__(self, attempt: Attempt, rendered: Rendered, view: MessageView) -> None:
+        self.attempt = attempt
+        self.journal = attempt.journal
+        self.rendered = rendered
+        self.view = view
+
+    async def run(self) -> None:
+        view = self.view
+        declared = {name: t.durable for name, t in self.rendered.tools.items()}
+        plan = plan_tool_batch(view, self.attempt.sub.attempt, declared, list(self.rendered.subagents))
+        state = await self.attempt.store.get_state(self.attempt.conversation_id)
+        buffer = StateBuffer(state)
+        jobs = []
+        for call in view.calls:
+            verdict = plan[call.tool_call_id]
+            if verdict is CallPlan.KEEP:
+                continue
+            if verdict is CallPlan.INTERRUPTED:
+                tool = InterruptedTool(call.name, call.tool_call_id)
+                await self.journal.append(interrupted_outcome(view.message_id, tool))
+            elif verdict is CallPlan.CHILD_GONE:
+                await self.journal.append(
+                    error_outcome(call, "subagent_missing", "the subagent for this task is no longer declared")
+                )
+            else:
+                jobs.append(self._run_call(call, verdict, buffer))
+        if jobs:
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        writes: list[Record] = [
+            StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
+            for name, value in buffer.writes.items()
+        ]
+        await self.journal.append(
+            *writes,
+            ToolResultsCommitted(
+                id=f"{view.message_id}:committed",
+                message_id=view.message_id,
+                tool_call_ids=[c.tool_call_id for c in view.calls],
+            ),
+        )
+
+    async def _run_call(self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer) -> None:
+        started = time.monotonic()
+        outcome = await self._call_outcome(call, verdict, buffer, started)
+        await self.journal.append(outcome)
+
+    async def _call_outcome(
+        self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer, started: float
+    ) -> ToolOutcome:
+        def ms() -> int:
+            return int((time.monotonic() - started) * 1000)
+
+        if verdict is CallPlan.RESUME_CHILD or (
+            verdict is CallPlan.RUN and call.name == TASK_TOOL and self.rendered.subagents
+        ):
+            return await self.attempt.run_task(call, self.rendered)
+        tool = self.rendered.tools.get(call.name)
+        if tool is None:
+            return error_outcome(call, "unknown_tool", f"there is no tool named {call.name!r}", ms())
+        token = current_unit.set(buffer)
+        try:
+            content = await self._invoke(tool, call)
+        except asyncio.CancelledError:
+            raise
+        except FencedOut:
+            raise
+        except pydantic.ValidationError as exc:
+            return error_outcome(call, "validation", _validation_message(exc), ms())
+        except Exception as exc:
+            return error_outcome(call, "exception", f"{type(exc).__name__}: {exc}", ms())
+        finally:
+            current_unit.reset(token)
+        return ToolOutcome(
+            id=f"{call.message_id}:outcome:{call.tool_call_id}",
+            message_id=call.message_id,
+            tool_call_id=call.tool_call_id,
+            name=call.name,
+            is_error=False,
+            content=content,
+            duration_ms=ms(),
+        )
+
+    async def _invoke(self, tool: Tool, call: AssistantToolCall) -> Any:
+        arguments = tool.validate(call.arguments)
+        steps = self._steps(call) if tool.durable else None
+        ctx = ToolContext(
+            tool_call_id=call.tool_call_id,
+            conversation_id=self.attempt.conversation_id,
+            log=logging.LoggerAdapter(log, {"tool": tool.name, "tool_call_id": call.tool_call_id}),
+            step=steps,
+        )
+        _faults.reached(f"tool:{tool.name}")
+        return await tool.invoke(arguments, ctx)
+
+    def _steps(self, call: AssistantToolCall) -> Steps:
+        prefix = f"{call.message_id}:step:{call.tool_call_id}:"
+        recorded = {
+            r.step: r.value
+            for r in self.journal.records
+            if isinstance(r, ToolStepSettled) and r.id.startswith(prefix)
+        }
+        metrics = self.attempt.env.metrics
+
+        async def record(name: str, value: Any) -> None:
+            t0 = time.perf_counter()
+            await self.journal.append(
+                ToolStepSettled(id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value)
+            )
+            metrics.observe_step(time.perf_counter() - t0)
+
+        return Steps(call.tool_call_id, recorded, record)
+
+
+def _validation_message(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "invalid arguments: " + "; ".join(parts)

@@ -1,0 +1,179 @@
+"""The coordinator: claims runnable submissions, holds their leases, and lets go.
+
+It knows nothing of prompts or tools: it claims, supervises one ``Attempt`` per claim (deadline
+timer, abort, lost lease, shutdown), renews leases by heartbeat, and scans for work whose owner
+is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from hearth.config import Settings
+from hearth.errors import FencedOut
+from hearth.runtime.owner import current_owner, is_dead_local
+from hearth.runtime.runner import Attempt, Env
+from hearth.store.base import Submission
+
+log = logging.getLogger("hearth.coordinator")
+
+
+@dataclass
+class _Claim:
+    sub: Submission
+    work: asyncio.Task[None] | None = None
+    reason: str | None = None  # why the work was cancelled: abort | deadline | lost | shutdown
+
+    def interrupt(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.work is not None and not self.work.done():
+            self.work.cancel()
+
+
+class Coordinator:
+    def __init__(self, env: Env, settings: Settings, owner: str | None = None) -> None:
+        self.env = env
+        self.store = env.store
+        self.settings = settings
+        self.owner = owner or current_owner()
+        self._claims: dict[str, _Claim] = {}
+        self._supervisors: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Reconcile first (work of dead local owners is taken over at once), then claim."""
+        await self.reconcile()
+        self._tasks = [
+            asyncio.create_task(self._claim_loop(), name="hearth-claims"),
+            asyncio.create_task(self._heartbeat_loop(), name="hearth-heartbeat"),
+        ]
+
+    async def stop(self) -> None:
+        """Interrupt running work without settling it, release its leases, stop claiming."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for claim in list(self._claims.values()):
+            claim.interrupt("shutdown")
+        pending = [t for t in self._supervisors if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self.settings.shutdown_s)
+            for t in late:
+                t.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def running(self) -> int:
+        return len(self._claims)
+
+    def abort(self, conversation_id: str) -> None:
+        """Cancel this process's running work of the conversation; it then settles aborted."""
+        for claim in self._claims.values():
+            if claim.sub.conversation_id == conversation_id:
+                claim.interrupt("abort")
+        self.wake()
+
+    # --- loops ----------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        owners = await self.store.lease_owners()
+        dead = [o for o in owners if o != self.owner and is_dead_local(o)]
+        if dead:
+            n = await self.store.expire_owners(dead)
+            log.info("took over %d submissions of %d dead local owner(s)", n, len(dead))
+
+    async def _claim_loop(self) -> None:
+        last_scan = time.monotonic()
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                await self._claim_some()
+            except Exception:
+                log.exception("claiming failed; retrying")
+                await asyncio.sleep(0.5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.scan_s)
+            if time.monotonic() - last_scan >= self.settings.scan_s:
+                last_scan = time.monotonic()
+                with contextlib.suppress(Exception):
+                    await self.reconcile()
+
+    async def _claim_some(self) -> None:
+        capacity = self.settings.workers - len(self._claims)
+        if capacity <= 0 or self._stopping:
+            return
+        busy = [c.sub.conversation_id for c in self._claims.values()]
+        subs = await self.store.claim(
+            self.owner, self.settings.lease_s, capacity, exclude_conversations=busy
+        )
+        for sub in subs:
+            claim = _Claim(sub)
+            self._claims[sub.id] = claim
+            task = asyncio.create_task(self._supervise(claim), name=f"hearth-{sub.id}")
+            self._supervisors.add(task)
+            task.add_done_callback(self._supervisors.discard)
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            for claim in list(self._claims.values()):
+                try:
+                    held = await self.store.renew(claim.sub.fence, self.owner, self.settings.lease_s)
+                except Exception:
+                    log.exception("renewing the lease of %s failed", claim.sub.id)
+                    continue
+                if not held:
+                    log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
+                    claim.interrupt("lost")
+
+    # --- one claim ------------------------------------------------------------------------
+    async def _supervise(self, claim: _Claim) -> None:
+        sub = claim.sub
+        metrics = self.env.metrics
+        metrics.running += 1
+        if sub.attempt > 1:
+            metrics.recoveries += 1
+        try:
+            claim.work = asyncio.create_task(Attempt(self.env, sub).run())
+            remaining = (sub.deadline - time.time()) if sub.deadline is not None else None
+            done, _ = await asyncio.wait({claim.work}, timeout=remaining)
+            if not done:
+                claim.interrupt("deadline")
+            try:
+                await claim.work
+            except asyncio.CancelledError:
+                if claim.reason is None:
+                    raise
+            if claim.reason in ("abort", "deadline"):
+                # The same claim concludes: the classifier now sees the intent or the deadline.
+                await Attempt(self.env, sub).run()
+            elif claim.reason == "shutdown":
+                await self.store.release(sub.fence, self.owner)
+        except FencedOut:
+            log.info("submission %s was taken over by another owner", sub.id)
+        except asyncio.CancelledError:
+            if claim.work is not None:
+                claim.work.cancel()
+            with contextlib.suppress(Exception):
+                await self.store.release(sub.fence, self.owner)
+            raise
+        except Exception:
+            log.exception("attempt %d of %s failed; releasing it for a retry", sub.attempt, sub.id)
+            with contextlib.suppress(Exception):
+                await self.store.release(sub.fence, self.owner)
+        finally:
+            self._claims.pop(sub.id, None)
+            metrics.running -= 1
+            self.wake()

@@ -1,0 +1,69 @@
+"""The one place an attempt writes through: fenced appends, crash points, and a local copy of
+the records this attempt has seen."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hearth import _faults
+from hearth.records import Record, SubmissionSettled
+from hearth.store.base import Fence, Store
+
+
+class Journal:
+    """Appends for one attempt of one submission, fenced by its claim."""
+
+    def __init__(self, store: Store, conversation_id: str, fence: Fence) -> None:
+        self.store = store
+        self.conversation_id = conversation_id
+        self.fence = fence
+        self.records: list[Record] = []  # what this attempt has read, in stream order
+
+    @property
+    def last_offset(self) -> int:
+        return self.records[-1].offset if self.records else -1
+
+    async def load(self, after: int) -> None:
+        self.records = await self.store.read(self.conversation_id, after=after)
+
+    async def refresh(self) -> None:
+        """Pick up records appended since the last read (by this attempt or anyone else)."""
+        new = await self.store.read(self.conversation_id, after=self.last_offset)
+        self.records.extend(new)
+
+    def stamp(self, records: Sequence[Record]) -> list[Record]:
+        return [r.stamped(self.fence.submission_id, self.fence.attempt) for r in records]
+
+    async def append(self, *records: Record) -> list[int]:
+        stamped = self.stamp(records)
+        types = [r.type for r in stamped]
+        for t in types:
+            _faults.reached(f"before:{t}")
+        offsets = await self.store.append(self.conversation_id, stamped, fence=self.fence)
+        for t in types:
+            _faults.reached(f"after:{t}")
+        return offsets
+
+    async def settle(
+        self,
+        *,
+        outcome: str,
+        reply: str | None,
+        error: dict[str, Any] | None,
+        records_before: Sequence[Record] = (),
+    ) -> int:
+        """Write the settlement (after ``records_before``) exactly once, fenced."""
+        sid = self.fence.submission_id
+        record = SubmissionSettled(
+            id=f"{sid}:settled", outcome=outcome, error=error, reply=reply
+        ).stamped(sid, self.fence.attempt)
+        before = self.stamp(records_before)
+        for r in [*before, record]:
+            _faults.reached(f"before:{r.type}")
+        offset = await self.store.settle(
+            self.fence, record, outcome=outcome, error=error, reply=reply, records_before=before
+        )
+        for r in [*before, record]:
+            _faults.reached(f"after:{r.type}")
+        return offset

@@ -1,0 +1,340 @@
+"""What to do next with a submission, decided from durable evidence alone.
+
+Normal execution and recovery are the same loop: before every step the runner shows
+``classify_recovery`` what the stream holds after the submission's input, and does what it says.
+A fresh attempt, one resumed after a crash, and one interrupted by an abort or a deadline differ
+only in the evidence. Every rule of the recovery table lives here, in pure functions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hearth.records import (
+    AssistantMessageCompleted,
+    AssistantMessageStarted,
+    AssistantTextDelta,
+    AssistantToolCall,
+    ChildConversationLinked,
+    Compaction,
+    HookSeamCommitted,
+    Record,
+    Signal,
+    ToolOutcome,
+    ToolResultsCommitted,
+)
+
+TASK_TOOL = "task"  # the built-in delegation tool
+TRANSIENT_BUDGET = 3  # consecutive transient provider errors retried per submission
+BACKOFF_BASE_S = 2.0
+
+
+class Action(Enum):
+    START = "start"  # the input was never appended: append it (a clean first attempt)
+    CONTINUE = "continue"  # ask the model for the next turn
+    CONTINUE_PARTIAL = "continue_partial"  # tell the model its stream was cut, then continue
+    RUN_TOOLS = "run_tools"  # run or repair the open tool batch, then commit it
+    RETRY_TRANSIENT = "retry_transient"  # back off, then ask the model again
+    COMPACT = "compact"  # summarise older records, then retry the turn
+    SETTLE_COMPLETED = "settle_completed"
+    SETTLE_ABORTED = "settle_aborted"
+    SETTLE_FAILED = "settle_failed"
+
+
+class CallPlan(Enum):
+    KEEP = "keep"  # its outcome is recorded: never run again
+    RUN = "run"  # made by this attempt: run it
+    REEXECUTE = "reexecute"  # durable tool of a dead attempt: run again, steps replay
+    RESUME_CHILD = "resume_child"  # task call of a dead attempt: resume the child conversation
+    CHILD_GONE = "child_gone"  # task call whose subagent is no longer declared: error outcome
+    INTERRUPTED = "interrupted"  # ordinary call of a dead attempt: unknown outcome, not re-run
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the runner knows: the records after the submission's input and the row's facts."""
+
+    records: Sequence[Record]  # everything from the input record on (empty: never appended)
+    input_appended: bool
+    attempt: int
+    max_attempts: int
+    deadline_passed: bool
+    abort_requested: bool
+
+
+@dataclass(frozen=True)
+class InterruptedTool:
+    name: str
+    tool_call_id: str
+    child_conversation_id: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        out = {"name": self.name, "tool_call_id": self.tool_call_id}
+        if self.child_conversation_id:
+            out["child_conversation_id"] = self.child_conversation_id
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    message_id: str | None = None  # the assistant message concerned
+    reply: str | None = None  # for SETTLE_COMPLETED
+    error: dict[str, Any] | None = None  # for SETTLE_FAILED / SETTLE_ABORTED
+    interrupted: tuple[InterruptedTool, ...] = ()  # calls to mark when bringing to rest
+    delay: float = 0.0  # for RETRY_TRANSIENT
+    partial: bool = False  # RETRY_TRANSIENT after a cut stream that kept output
+    signal: str | None = None  # the advisory signal type to append when settling
+
+
+@dataclass
+class MessageView:
+    """One assistant message assembled from its records."""
+
+    message_id: str
+    attempt: int | None
+    started: bool = False
+    text_parts: list[str] = field(default_factory=list)
+    calls: list[AssistantToolCall] = field(default_factory=list)
+    completed: AssistantMessageCompleted | None = None
+    outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
+    committed: bool = False
+    children: dict[str, str] = field(default_factory=dict)  # tool_call_id → child conversation
+    interrupted_signal: bool = False
+    index: int = 0  # position in the evidence
+
+    @property
+    def streamed_text(self) -> str:
+        return "".join(self.text_parts)
+
+    @property
+    def unresolved(self) -> list[AssistantToolCall]:
+        return [c for c in self.calls if c.tool_call_id not in self.outcomes]
+
+
+def assemble_messages(records: Sequence[Record]) -> list[MessageView]:
+    """Group the assistant-message records (and their tool outcomes) by message id, in order."""
+    views: dict[str, MessageView] = {}
+    by_call: dict[str, MessageView] = {}
+    for i, rec in enumerate(records):
+        mid = getattr(rec, "message_id", None)
+        if isinstance(rec, AssistantMessageStarted | AssistantTextDelta | AssistantToolCall):
+            assert mid is not None
+            view = views.get(mid)
+            if view is None:
+                view = views[mid] = MessageView(mid, rec.attempt, index=i)
+            view.started = True
+            if isinstance(rec, AssistantTextDelta):
+                view.text_parts.append(rec.delta)
+            elif isinstance(rec, AssistantToolCall):
+                view.calls.append(rec)
+                by_call[rec.tool_call_id] = view
+        elif isinstance(rec, AssistantMessageCompleted) and mid in views:
+            views[mid].completed = rec
+        elif isinstance(rec, ToolOutcome) and mid in views:
+            views[mid].outcomes[rec.tool_call_id] = rec
+        elif isinstance(rec, ToolResultsCommitted) and mid in views:
+            views[mid].committed = True
+        elif isinstance(rec, ChildConversationLinked) and rec.tool_call_id in by_call:
+            by_call[rec.tool_call_id].children[rec.tool_call_id] = rec.child_conversation_id
+        elif isinstance(rec, Signal) and rec.signal_type == "stream_interrupted":
+            target = rec.attributes.get("message_id")
+            if isinstance(target, str) and target in views:
+                views[target].interrupted_signal = True
+    return sorted(views.values(), key=lambda v: v.index)
+
+
+def close_open_messages(records: Sequence[Record]) -> list[AssistantMessageCompleted]:
+    """Phase 1: a message that started but never completed is closed as ``aborted``, keeping
+    its persisted partial text. Ids are deterministic, so writing this twice is a no-op."""
+    return [
+        AssistantMessageCompleted(
+            id=f"{v.message_id}:completed",
+            message_id=v.message_id,
+            stop_reason="aborted",
+            text=v.streamed_text,
+        )
+        for v in assemble_messages(records)
+        if v.completed is None
+    ]
+
+
+def plan_tool_batch(
+    view: MessageView,
+    attempt: int,
+    declared: dict[str, bool],
+    subagents: Sequence[str],
+) -> dict[str, CallPlan]:
+    """How each call of a tool turn is resolved. ``declared`` maps the tool names the current
+    render declares to whether they are durable; ``subagents`` are the declared subagent names."""
+    plan: dict[str, CallPlan] = {}
+    for call in view.calls:
+        if call.tool_call_id in view.outcomes:
+            plan[call.tool_call_id] = CallPlan.KEEP
+        elif call.attempt == attempt:
+            plan[call.tool_call_id] = CallPlan.RUN
+        elif call.name == TASK_TOOL:
+            agent = call.arguments.get("agent") if isinstance(call.arguments, dict) else None
+            declared_child = isinstance(agent, str) and agent in subagents
+            plan[call.tool_call_id] = CallPlan.RESUME_CHILD if declared_child else CallPlan.CHILD_GONE
+        elif declared.get(call.name, False):
+            plan[call.tool_call_id] = CallPlan.REEXECUTE
+        else:
+            plan[call.tool_call_id] = CallPlan.INTERRUPTED
+    return plan
+
+
+def consecutive_transient_errors(views: Sequence[MessageView]) -> int:
+    """Transient provider errors since the last successful turn of this submission."""
+    count = 0
+    for v in reversed(views):
+        done = v.completed
+        if done is None:
+            continue
+        if done.stop_reason == "error" and (done.error or {}).get("kind") == "transient":
+            count += 1
+        elif done.stop_reason == "aborted" and not v.streamed_text and not v.calls:
+            continue  # an empty aborted turn is neither a success nor an error
+        else:
+            break
+    return count
+
+
+def backoff_delay(errors: int, retry_after: float | None, *, jitter: float | None = None) -> float:
+    """2 s·2^(n−1), jittered by ±20 %; a provider's ``Retry-After`` wins when given."""
+    if retry_after is not None and retry_after >= 0:
+        return float(retry_after)
+    base = BACKOFF_BASE_S * 2 ** max(errors - 1, 0)
+    j = random.uniform(0.8, 1.2) if jitter is None else jitter
+    return base * j
+
+
+def _interrupted_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
+    if not views:
+        return ()
+    last = views[-1]
+    if last.committed:
+        return ()
+    return tuple(
+        InterruptedTool(c.name, c.tool_call_id, last.children.get(c.tool_call_id))
+        for c in last.unresolved
+    )
+
+
+def _completed_reply(views: Sequence[MessageView]) -> str | None:
+    """The final text if the submission's last assistant message is a completed response with
+    nothing after it left to do (no tool calls)."""
+    if not views:
+        return None
+    last = views[-1]
+    done = last.completed
+    if done is None or done.stop_reason not in ("stop", "length") or last.calls:
+        return None
+    return done.text
+
+
+def classify_recovery(ev: Evidence) -> Decision:
+    """Decide the next step from durable evidence. Callers close open messages first
+    (``close_open_messages``); this function assumes every message in ``ev.records`` is closed
+    or was never started."""
+    views = assemble_messages(ev.records)
+    reply = _completed_reply(views) if ev.input_appended else None
+    if reply is not None:
+        # Finished work is never discarded: past the budget, the deadline, or an abort intent.
+        return Decision(Action.SETTLE_COMPLETED, message_id=views[-1].message_id, reply=reply)
+
+    interrupted = _interrupted_tools(views)
+    if ev.abort_requested:
+        return Decision(
+            Action.SETTLE_ABORTED,
+            error={"type": "aborted", "message": "the submission was aborted"},
+            interrupted=interrupted,
+            signal="submission_aborted",
+        )
+    if ev.deadline_passed:
+        return _fail("timeout", "the submission ran past its deadline", interrupted)
+    if ev.attempt > ev.max_attempts:
+        return _fail(
+            "retry_exhausted",
+            f"the submission was interrupted {ev.attempt - 1} times (max_attempts="
+            f"{ev.max_attempts})",
+            interrupted,
+        )
+    if not ev.input_appended:
+        return Decision(Action.START)
+    if not views:
+        return Decision(Action.CONTINUE)
+
+    last = views[-1]
+    done = last.completed
+    if done is None:  # callers close open messages first; treat as a turn with no output
+        return Decision(Action.CONTINUE)
+    if last.calls and not last.committed:
+        return Decision(Action.RUN_TOOLS, message_id=last.message_id)
+    if last.committed:
+        return Decision(Action.CONTINUE)
+    if done.stop_reason == "error":
+        return _after_error(ev.records, views, last)
+    if done.stop_reason == "aborted":
+        if last.streamed_text and not last.interrupted_signal:
+            return Decision(Action.CONTINUE_PARTIAL, message_id=last.message_id)
+        return Decision(Action.CONTINUE)  # a turn that persisted no output: send it again
+    return Decision(Action.CONTINUE)
+
+
+def _after_error(
+    records: Sequence[Record], views: Sequence[MessageView], last: MessageView
+) -> Decision:
+    done = last.completed
+    assert done is not None
+    error = dict(done.error or {})
+    kind = error.get("kind")
+    if kind == "transient":
+        errors = consecutive_transient_errors(views)
+        if errors > TRANSIENT_BUDGET:
+            return _fail(
+                "provider_error",
+                f"the model provider failed {errors} times in a row: {error.get('message', '')}",
+                (),
+            )
+        retry_after = error.get("retry_after")
+        return Decision(
+            Action.RETRY_TRANSIENT,
+            message_id=last.message_id,
+            delay=backoff_delay(errors, retry_after if isinstance(retry_after, int | float) else None),
+            partial=bool(last.streamed_text) and not last.interrupted_signal,
+        )
+    if kind == "overflow":
+        if any(isinstance(r, Compaction) for r in records[last.index :]):
+            return Decision(Action.CONTINUE)  # compacted: retry the turn
+        if _followed_compaction(records, last):
+            return _fail("provider_error", "the context is still too long after compaction", ())
+        return Decision(Action.COMPACT, message_id=last.message_id)
+    return _fail("provider_error", str(error.get("message", "the model provider failed")), ())
+
+
+def _followed_compaction(records: Sequence[Record], last: MessageView) -> bool:
+    """Whether the overflowing turn was itself the retry after a compaction (retry only once)."""
+    for rec in reversed(records[: last.index]):
+        if isinstance(rec, Compaction):
+            return True
+        if isinstance(rec, AssistantMessageCompleted):
+            return False
+    return False
+
+
+def _fail(kind: str, message: str, interrupted: tuple[InterruptedTool, ...]) -> Decision:
+    return Decision(
+        Action.SETTLE_FAILED,
+        error={
+            "type": kind,
+            "message": message,
+            "interrupted_tools": [t.to_json() for t in interrupted],
+        },
+        interrupted=interrupted,
+        signal="submission_interrupted" if kind in ("timeout", "retry_exhausted") else None,
+    )

@@ -1,0 +1,347 @@
+"""One attempt at one submission: the turn loop, driven by ``classify_recovery``.
+
+The loop is the same for a fresh attempt and a recovered one: read the evidence, let the
+classifier decide, do that one step, repeat until the submission settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from hearth.agent import Agent, Rendered
+from hearth.errors import ConfigurationError, FencedOut, ProviderError
+from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
+from hearth.providers.registry import ProviderRegistry
+from hearth.records import (
+    AssistantMessageCompleted,
+    AssistantMessageStarted,
+    AssistantToolCall,
+    Compaction,
+    Record,
+    Signal,
+    ToolOutcome,
+    ToolResultsCommitted,
+    UserMessage,
+)
+from hearth.runtime.batch import ToolBatch, error_outcome, interrupted_outcome
+from hearth.runtime.compaction import compact
+from hearth.runtime.context import build_context
+from hearth.runtime.journal import Journal
+from hearth.runtime.metrics import Metrics
+from hearth.runtime.recovery import (
+    Action,
+    Decision,
+    Evidence,
+    assemble_messages,
+    classify_recovery,
+    close_open_messages,
+)
+from hearth.runtime.streaming import DeltaWriter
+from hearth.store.base import Store, Submission
+
+log = logging.getLogger("hearth.runner")
+
+COMPACTION_RESERVE = 4096  # tokens kept free for the response when estimating overflow
+
+
+@dataclass
+class Env:
+    """What every attempt needs from the runtime around it."""
+
+    store: Store
+    agents: dict[str, Agent]
+    providers: ProviderRegistry
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+class Attempt:
+    """Runs one claimed submission until it settles, or until it is cancelled."""
+
+    def __init__(self, env: Env, sub: Submission) -> None:
+        self.env = env
+        self.sub = sub
+        self.store = env.store
+        self.conversation_id = sub.conversation_id
+        self.agent_name, _, self.id = sub.conversation_id.partition("/")
+        self.journal = Journal(env.store, sub.conversation_id, sub.fence)
+        self.input_id = f"{sub.id}:input"
+        self.log = logging.LoggerAdapter(log, {"submission_id": sub.id})
+
+    # --- the loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
+        after = compaction.first_kept_offset - 1 if isinstance(compaction, Compaction) else -1
+        await self.journal.load(after)
+        agent = self.env.agents.get(self.agent_name)
+        while True:
+            evidence = await self._evidence()
+            decision = classify_recovery(evidence)
+            if agent is None and decision.action not in _SETTLING:
+                await self._settle_failed(
+                    {"type": "agent_missing", "message": f"agent {self.agent_name!r} is not declared"}
+                )
+                return
+            try:
+                if await self._step(decision):
+                    return
+            except (ConfigurationError, _AgentFailure) as exc:
+                await self._settle_failed({"type": "agent_error", "message": str(exc)})
+                return
+
+    async def _evidence(self) -> Evidence:
+        await self.journal.refresh()
+        mine = self._submission_records()
+        closes = close_open_messages(mine)
+        if closes:
+            await self.journal.append(*closes)
+            await self.journal.refresh()
+            mine = self._submission_records()
+        row = await self.store.get_submission(self.sub.id)
+        abort = row is not None and row.abort_requested_at is not None
+        deadline = self.sub.deadline
+        return Evidence(
+            records=mine,
+            input_appended=bool(mine),
+            attempt=self.sub.attempt,
+            max_attempts=self.sub.max_attempts,
+            deadline_passed=deadline is not None and time.time() >= deadline,
+            abort_requested=abort,
+        )
+
+    def _submission_records(self) -> list[Record]:
+        records = self.journal.records
+        for i in range(len(records) - 1, -1, -1):
+            if records[i].id == self.input_id:
+                return records[i:]
+        return []
+
+    async def _step(self, d: Decision) -> bool:
+        """Do what the decision says; True once the submission is settled."""
+        match d.action:
+            case Action.START:
+                await self._append_input()
+            case Action.CONTINUE:
+                await self._model_turn()
+            case Action.CONTINUE_PARTIAL:
+                await self._signal_interrupted_stream(d.message_id)
+                await self._model_turn()
+            case Action.RETRY_TRANSIENT:
+                if d.partial:
+                    await self._signal_interrupted_stream(d.message_id)
+                self.log.info("transient provider error; retrying in %.1fs", d.delay)
+                await asyncio.sleep(d.delay)
+                await self._model_turn()
+            case Action.RUN_TOOLS:
+                assert d.message_id is not None
+                await self._tool_batch(d.message_id)
+            case Action.COMPACT:
+                try:
+                    compacted = await self._compact()
+                except ProviderError as exc:
+                    compacted, reason = False, f"compaction failed: {exc.message}"
+                else:
+                    reason = "the context exceeds the model's window and nothing older can be compacted"
+                if not compacted:
+                    await self._settle_failed({"type": "provider_error", "message": reason})
+                    return True
+            case Action.SETTLE_COMPLETED:
+                await self.journal.settle(outcome="completed", reply=d.reply, error=None)
+                self.env.metrics.settled("completed")
+                return True
+            case Action.SETTLE_ABORTED | Action.SETTLE_FAILED:
+                await self._bring_to_rest(d)
+                return True
+        return False
+
+    # --- steps ----------------------------------------------------------------------------
+    async def _append_input(self) -> None:
+        payload = self.sub.payload
+        record: Record
+        if self.sub.kind == "signal":
+            sig = payload.get("signal", {})
+            record = Signal(
+                id=self.input_id,
+                signal_type=str(sig.get("type", "signal")),
+                body=str(sig.get("body", "")),
+                attributes=dict(sig.get("attributes") or {}),
+            )
+        else:
+            record = UserMessage(
+                id=self.input_id, message_id=self.sub.id, content=payload.get("message", "")
+            )
+        await self.journal.append(record)
+
+    async def _signal_interrupted_stream(self, message_id: str | None) -> None:
+        await self.journal.append(
+            Signal(
+                id=f"{message_id}:interrupted",
+                signal_type="stream_interrupted",
+                body="Your previous response was cut off by an interruption; the text above is "
+                "what was saved. Continue from where it stops without repeating it.",
+                attributes={"message_id": message_id},
+            )
+        )
+
+    async def _render(self) -> Rendered:
+        agent = self.env.agents[self.agent_name]
+        state = await self.store.get_state(self.conversation_id)
+        try:
+            return agent.render(self.id, state)
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            raise _AgentFailure(f"rendering {self.agent_name!r} raised {type(exc).__name__}: {exc}")
+
+    def _request(self, rendered: Rendered, model: str) -> ModelRequest:
+        summary, messages = build_context(self.journal.records)
+        tools = tuple(t.spec() for t in rendered.tools.values())
+        return ModelRequest(
+            model=model,
+            system=rendered.system,
+            messages=tuple(messages),
+            tools=tools + self._extra_tools(rendered),
+            options=dict(rendered.model_options),
+            summary=summary,
+            conversation_id=self.conversation_id,
+        )
+
+    def _extra_tools(self, rendered: Rendered) -> tuple[ToolSpec, ...]:
+        return ()
+
+    async def _model_turn(self) -> None:
+        rendered = await self._render()
+        provider, model = self.env.providers.resolve(rendered.model)
+        request = self._request(rendered, model)
+        window = provider.context_window(model)
+        if estimate_tokens(request) > window - min(COMPACTION_RESERVE, window // 4):
+            if await self._compact():
+                request = self._request(rendered, model)
+        mid = f"m_{uuid.uuid4().hex[:20]}"
+        writer = DeltaWriter(self.journal, mid)
+        started = False
+
+        async def ensure_started() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                await self.journal.append(
+                    AssistantMessageStarted(id=f"{mid}:started", message_id=mid, model=rendered.model)
+                )
+
+        calls: list[AssistantToolCall] = []
+        stop_reason, usage = "stop", None
+        try:
+            async for event in provider.stream(request):
+                if isinstance(event, TextDelta):
+                    if event.text:
+                        await ensure_started()
+                        await writer.add(event.text)
+                elif isinstance(event, ToolCallEvent):
+                    c = event.call
+                    calls.append(
+                        AssistantToolCall(
+                            id=f"{mid}:call:{c.id}",
+                            message_id=mid,
+                            tool_call_id=c.id,
+                            name=c.name,
+                            arguments=c.arguments,
+                        )
+                    )
+                else:
+                    stop_reason, usage = event.stop_reason, event.usage
+        except ProviderError as exc:
+            await writer.close()
+            await ensure_started()
+            await self.journal.append(
+                AssistantMessageCompleted(
+                    id=f"{mid}:completed",
+                    message_id=mid,
+                    stop_reason="error",
+                    text="".join(writer.text),
+                    error=exc.to_json(),
+                )
+            )
+            return
+        finally:
+            writer.abandon()
+        await writer.close()
+        await ensure_started()
+        await self.journal.append(
+            *calls,
+            AssistantMessageCompleted(
+                id=f"{mid}:completed",
+                message_id=mid,
+                stop_reason="tool_use" if calls else stop_reason,
+                text="".join(writer.text),
+                usage=usage,
+            ),
+        )
+
+    async def _tool_batch(self, message_id: str) -> None:
+        rendered = await self._render()
+        view = next(v for v in assemble_messages(self._submission_records()) if v.message_id == message_id)
+        batch = ToolBatch(self, rendered, view)
+        await batch.run()
+
+    async def run_task(self, call: AssistantToolCall, rendered: Rendered) -> ToolOutcome:
+        """Run (or resume) a delegated task in its child conversation."""
+        return error_outcome(call, "unknown_tool", "delegated tasks are not available in this build")
+
+    async def _compact(self) -> bool:
+        rendered = await self._render()
+        provider, model = self.env.providers.resolve(rendered.model)
+        return await compact(self, provider, model)
+
+    async def _bring_to_rest(self, d: Decision) -> None:
+        """Settle aborted or failed: mark unresolved calls, leave an advisory, settle."""
+        records: list[Record] = []
+        mine = self._submission_records()
+        views = assemble_messages(mine)
+        if d.interrupted and views:
+            last = views[-1]
+            for tool in d.interrupted:
+                records.append(interrupted_outcome(last.message_id, tool))
+            records.append(
+                ToolResultsCommitted(
+                    id=f"{last.message_id}:committed",
+                    message_id=last.message_id,
+                    tool_call_ids=[c.tool_call_id for c in last.calls],
+                )
+            )
+        error = d.error
+        if d.signal is not None:
+            records.append(
+                Signal(
+                    id=f"{self.sub.id}:{d.signal}",
+                    signal_type=d.signal,
+                    body=(error or {}).get("message", ""),
+                    attributes={
+                        "reason": (error or {}).get("type"),
+                        "interrupted_tools": [t.to_json() for t in d.interrupted],
+                    },
+                )
+            )
+        outcome = "aborted" if d.action is Action.SETTLE_ABORTED else "failed"
+        if outcome == "aborted" and error is not None:
+            error = {**error, "interrupted_tools": [t.to_json() for t in d.interrupted]}
+        await self.journal.settle(outcome=outcome, reply=None, error=error, records_before=records)
+        self.env.metrics.settled(outcome)
+
+    async def _settle_failed(self, error: dict[str, Any]) -> None:
+        error = {"interrupted_tools": [], **error}
+        await self.journal.settle(outcome="failed", reply=None, error=error)
+        self.env.metrics.settled("failed")
+
+
+class _AgentFailure(Exception):
+    """The agent's own code raised while rendering: a bug to report, not a crash to retry."""
+
+
+_SETTLING = (Action.SETTLE_ABORTED, Action.SETTLE_FAILED, Action.SETTLE_COMPLETED)
+
+__all__ = ["Attempt", "Env", "FencedOut", "ToolOutcome"]

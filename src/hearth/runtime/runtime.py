@@ -1,0 +1,178 @@
+"""The in-process runtime: admission, reading outcomes, aborts and history over one store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from hearth.agent import Agent
+from hearth.config import Settings
+from hearth.errors import (
+    ConversationNotFound,
+    HearthError,
+    ShuttingDown,
+    SubmissionNotFound,
+    UnknownAgent,
+)
+from hearth.receipts import MAX_IDEMPOTENCY_KEY, AbortResult, Receipt, Reply, check_id, reply_or_raise
+from hearth.records import Record
+from hearth.runtime.coordinator import Coordinator
+from hearth.runtime.runner import Env
+from hearth.store.base import NewSubmission, Store, Submission
+
+
+class Runtime:
+    """What ``async with app.run() as rt`` gives you.
+
+    Example::
+
+        async with app.run() as rt:
+            receipt = await rt.dispatch("support", "c-1", "hello")
+            reply = await rt.read(receipt)
+    """
+
+    def __init__(self, env: Env, settings: Settings) -> None:
+        self.env = env
+        self.store: Store = env.store
+        self.settings = settings
+        self.coordinator = Coordinator(env, settings)
+        self.shutting_down = False
+
+    @property
+    def agents(self) -> dict[str, Agent]:
+        return self.env.agents
+
+    async def start(self) -> None:
+        await self.coordinator.start()
+
+    async def stop(self) -> None:
+        """Graceful shutdown: admit nothing more, interrupt running work without settling it,
+        and release its leases so that the next owner resumes it at once."""
+        self.shutting_down = True
+        await self.coordinator.stop()
+
+    # --- admission ------------------------------------------------------------------------
+    def agent(self, name: str) -> Agent:
+        agent = self.env.agents.get(name)
+        if agent is None:
+            raise UnknownAgent(f"no agent named {name!r}; declared: {', '.join(sorted(self.env.agents))}")
+        return agent
+
+    async def dispatch(
+        self,
+        agent: str,
+        id: str,
+        message: str | None = None,
+        *,
+        signal: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """Admit one input durably and return at once with its receipt."""
+        declared = self.agent(agent)
+        check_id(id)
+        kind, payload = _payload(message, signal)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
+        ):
+            raise ValueError(f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters")
+        if self.shutting_down:
+            raise ShuttingDown("the runtime is shutting down and admits no new work")
+        admission = await self.store.admit(
+            NewSubmission(
+                conversation_id=f"{agent}/{id}",
+                agent=agent,
+                kind=kind,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                max_attempts=declared.durability.max_attempts,
+                timeout=float(declared.durability.timeout),
+            )
+        )
+        if not admission.deduplicated:
+            self.env.metrics.admitted += 1
+        self.coordinator.wake()
+        sub = admission.submission
+        return Receipt(
+            submission_id=sub.id,
+            conversation_id=sub.conversation_id,
+            offset=admission.offset,
+            accepted_at=sub.accepted_at,
+            deduplicated=admission.deduplicated,
+        )
+
+    # --- outcomes -------------------------------------------------------------------------
+    async def submission(self, submission_id: str) -> Submission:
+        sub = await self.store.get_submission(submission_id)
+        if sub is None:
+            raise SubmissionNotFound(f"no submission {submission_id!r}")
+        return sub
+
+    async def wait_settled(self, submission_id: str, timeout: float | None = None) -> Submission:
+        """Wait until the submission has its outcome (or ``TimeoutError``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sub = await self.submission(submission_id)
+            if sub.outcome is not None:
+                return sub
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"submission {submission_id} has not settled yet")
+            # Woken by any append to the conversation; the settlement is one.
+            await self.store.notifier.wait(sub.conversation_id, timeout=min(left or 1.0, 1.0))
+
+    async def read(self, receipt: Receipt | str, timeout: float | None = None) -> Reply:
+        """Wait for the settlement and return the reply; raises ``SubmissionFailed`` or
+        ``SubmissionAborted`` for the other outcomes."""
+        sid = receipt.submission_id if isinstance(receipt, Receipt) else receipt
+        sub = await self.wait_settled(sid, timeout)
+        return reply_or_raise(sub.id, sub.outcome, sub.reply, sub.error)
+
+    async def abort(self, agent: str, id: str) -> AbortResult:
+        """Stamp an abort intent on every unsettled submission of the conversation."""
+        self.agent(agent)
+        check_id(id)
+        conversation_id = f"{agent}/{id}"
+        if await self.store.get_conversation(conversation_id) is None:
+            raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        ids = await self.store.request_abort(conversation_id)
+        self.coordinator.abort(conversation_id)
+        return AbortResult(aborted=bool(ids), submission_ids=ids)
+
+    async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:
+        """The conversation's canonical stream (records after ``after``)."""
+        self.agent(agent)
+        check_id(id)
+        conversation_id = f"{agent}/{id}"
+        if await self.store.get_conversation(conversation_id) is None:
+            raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        return await self.store.read(conversation_id, after=after)
+
+    async def settle_all(self, timeout: float = 30.0) -> None:
+        """Wait until no submission is queued or running (handy in scripts and tests)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not await self.store.list_submissions(statuses=("queued", "running")):
+                return
+            await asyncio.sleep(0.02)
+        raise TimeoutError("work is still queued or running")
+
+
+def _payload(message: str | None, signal: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    if (message is None) == (signal is None):
+        raise ValueError("give exactly one of message or signal")
+    if message is not None:
+        if not isinstance(message, str) or not message:
+            raise ValueError("message must be a non-empty string")
+        return "message", {"message": message}
+    assert signal is not None
+    if not isinstance(signal, dict) or not isinstance(signal.get("type"), str) or not signal["type"]:
+        raise ValueError("signal must be an object with a non-empty string 'type'")
+    body = signal.get("body", "")
+    attributes = signal.get("attributes") or {}
+    if not isinstance(body, str) or not isinstance(attributes, dict):
+        raise ValueError("signal.body must be a string and signal.attributes an object")
+    return "signal", {"signal": {"type": signal["type"], "body": body, "attributes": attributes}}
+
+
+__all__ = ["HearthError", "Runtime"]

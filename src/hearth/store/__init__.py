@@ -1,0 +1,89 @@
+"""Where records and submissions live: the ``Store`` interface and the stores behind a URL.
+
+Example::
+
+    store = open_store("sqlite:///var/lib/app/hearth.db")
+    await store.open()   # creates or checks the schema; ``hearth migrate`` does just this
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+from hearth.errors import ConfigurationError
+from hearth.store.base import (
+    JOINED,
+    QUEUED,
+    RUNNING,
+    SETTLED,
+    UNSETTLED,
+    Admission,
+    ConversationInfo,
+    Fence,
+    NewSubmission,
+    Store,
+    StreamNotifier,
+    Submission,
+)
+from hearth.store.sqlite import SQLiteStore
+
+DEFAULT_PATH = "./hearth.db"
+_URL_FORMS = "sqlite:///abs/path.db, sqlite://relative/path.db, a file path, or 'memory'"
+
+
+def open_store(url: str | None) -> Store:
+    """Make the store a database URL names; ``await store.open()`` before using it.
+
+    ``None`` → the SQLite file ``./hearth.db``; ``"memory"`` → a private in-memory SQLite
+    database; ``"sqlite:///abs/path.db"``, ``"sqlite://relative.db"`` or a plain path → that
+    SQLite file. A SQLite URL may end in ``?synchronous=NORMAL`` (default ``FULL``).
+    """
+    if url is None:
+        return SQLiteStore(DEFAULT_PATH)
+    text = url.strip()
+    if text == "memory":
+        return SQLiteStore(":memory:")
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        if not text:
+            raise ConfigurationError(f"the database URL is empty; use {_URL_FORMS}")
+        return SQLiteStore(text)
+    scheme = scheme.lower()
+    if scheme in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            "PostgreSQL support is not available yet; use a SQLite database"
+            " (sqlite:///path/to/hearth.db) for now"
+        )
+    if scheme != "sqlite":
+        raise ConfigurationError(f"unsupported database URL {url!r}; use {_URL_FORMS}")
+    path, _, query = rest.partition("?")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    synchronous = options.pop("synchronous", "FULL")
+    if options:
+        raise ConfigurationError(
+            f"unknown option(s) in database URL {url!r}: {', '.join(sorted(options))};"
+            " only 'synchronous' is understood"
+        )
+    if not path:
+        raise ConfigurationError(f"database URL {url!r} names no file; use {_URL_FORMS}")
+    return SQLiteStore(
+        ":memory:" if path in (":memory:", "/:memory:") else path, synchronous=synchronous
+    )
+
+
+__all__ = [
+    "JOINED",
+    "QUEUED",
+    "RUNNING",
+    "SETTLED",
+    "UNSETTLED",
+    "Admission",
+    "ConversationInfo",
+    "Fence",
+    "NewSubmission",
+    "SQLiteStore",
+    "Store",
+    "StreamNotifier",
+    "Submission",
+    "open_store",
+]

@@ -1,0 +1,48 @@
+"""Helpers for testing agents: a scripted model and a crash harness.
+
+Example::
+
+    from hearth.testing import ScriptedModel, reply, calls, call
+
+    model = ScriptedModel("demo", [calls(call("lookup_order", order_id="7")), reply("Shipped.")])
+    app = hearth.App([support], db="memory", providers=[model])   # support uses "scripted/demo"
+"""
+
+from hearth.testing.crash import ChildRun, CrashHarness
+from hearth.testing.scripted import (
+    CallsStep,
+    ErrorStep,
+    ScriptedModel,
+    StallStep,
+    Step,
+    StepFunction,
+    TextStep,
+    ToolCallSpec,
+    call,
+    calls,
+    error,
+    overflow,
+    reply,
+    stall,
+    stream,
+)
+
+__all__ = [
+    "CallsStep",
+    "ChildRun",
+    "CrashHarness",
+    "ErrorStep",
+    "ScriptedModel",
+    "StallStep",
+    "Step",
+    "StepFunction",
+    "TextStep",
+    "ToolCallSpec",
+    "call",
+    "calls",
+    "error",
+    "overflow",
+    "reply",
+    "stall",
+    "stream",
+]

@@ -1,0 +1,146 @@
+"""A crash harness: run an app in a child process and SIGKILL it at a named point.
+
+Example (in a test)::
+
+    harness = CrashHarness("myapp:app", db=tmp_path / "h.db")
+    first = harness.run(dispatch=[("support", "c-1", "refund order 7")], crash_at="tool:refund")
+    assert first.killed
+    harness.run()  # a new process recovers the work and waits until everything settles
+    records = harness.history("support/c-1")
+
+Crash points: ``before:<record type>`` / ``after:<record type>`` (around the append of a batch
+holding that type), ``tool:<name>`` (a tool call starts), ``step:<name>`` (a ``step.do`` is about to
+run its function), ``hook:<name>`` (an event hook starts). ``#N`` picks the N-th time the point is
+reached in that process, e.g. ``after:assistant_text_delta#2``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hearth.records import Record
+from hearth.store import open_store
+from hearth.store.base import Submission
+
+
+@dataclass
+class ChildRun:
+    """How one child process ended."""
+
+    returncode: int
+    receipts: list[dict[str, Any]] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class CrashHarness:
+    """Runs ``module:attribute`` (a ``hearth.App``) in child processes on one SQLite file."""
+
+    def __init__(
+        self,
+        app: str,
+        db: str | os.PathLike[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        pythonpath: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
+        self.app = app
+        self.db = str(db)
+        self.cwd = str(cwd) if cwd is not None else None
+        self.env = dict(env or {})
+        self.pythonpath = [str(p) for p in pythonpath]
+
+    def _environ(self, crash_at: str | None, extra: dict[str, str] | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("HEARTH_CRASH_AT", None)
+        env.update(self.env)
+        env.update(extra or {})
+        if crash_at:
+            env["HEARTH_CRASH_AT"] = crash_at
+        paths = [*self.pythonpath, env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        return env
+
+    def run(
+        self,
+        *,
+        dispatch: Sequence[tuple[str, str, str]] = (),
+        crash_at: str | None = None,
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        abort: Sequence[tuple[str, str]] = (),
+        idle: float = 0.0,
+    ) -> ChildRun:
+        """Start a child on the database, admit ``dispatch`` messages (agent, id, text), stamp
+        ``abort`` intents, then wait until nothing is queued or running, or until the child dies
+        at ``crash_at``. ``idle`` keeps the child alive that many seconds more."""
+        spec = {
+            "app": self.app,
+            "db": self.db,
+            "dispatch": [list(d) for d in dispatch],
+            "abort": [list(a) for a in abort],
+            "timeout": timeout,
+            "idle": idle,
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "hearth.testing._child", json.dumps(spec)],
+            env=self._environ(crash_at, env),
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout + 30,
+            check=False,
+        )
+        receipts = []
+        for line in proc.stdout.splitlines():
+            if line.startswith("receipt "):
+                receipts.append(json.loads(line[len("receipt ") :]))
+        result = ChildRun(proc.returncode, receipts, proc.stdout, proc.stderr)
+        if not result.ok and not result.killed:
+            raise RuntimeError(
+                f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+            )
+        return result
+
+    def run_until_settled(self, *, max_runs: int = 20, timeout: float = 60.0) -> int:
+        """Restart the app until it exits cleanly (everything settled); return how many runs."""
+        for n in range(1, max_runs + 1):
+            if self.run(timeout=timeout).ok:
+                return n
+        raise RuntimeError(f"work did not settle in {max_runs} runs")
+
+    # --- inspecting the database after the child is gone ----------------------------------
+    def history(self, conversation_id: str) -> list[Record]:
+        return asyncio.run(self._with_store(lambda s: s.read(conversation_id)))
+
+    def submissions(self, conversation_id: str | None = None) -> list[Submission]:
+        return asyncio.run(self._with_store(lambda s: s.list_submissions(conversation_id)))
+
+    def state(self, conversation_id: str) -> dict[str, Any]:
+        return asyncio.run(self._with_store(lambda s: s.get_state(conversation_id)))
+
+    async def _with_store(self, fn: Any) -> Any:
+        store = open_store(self.db)
+        await store.open()
+        try:
+            return await fn(store)
+        finally:
+            await store.close()

@@ -1,0 +1,162 @@
+"""Tools: plain Python functions the model can call.
+
+Example::
+
+    @hearth.tool
+    async def lookup_order(order_id: str) -> dict:
+        \"\"\"Look an order up.\"\"\"
+        return {"id": order_id, "status": "shipped"}
+
+The input schema comes from the signature through pydantic; a parameter annotated
+``hearth.ToolContext`` is injected by the runtime and hidden from the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints, overload
+
+import pydantic
+
+from hearth.errors import ConfigurationError
+from hearth.providers.base import ToolSpec
+from hearth.steps import Steps
+
+_TOOL_NAME_LIMIT = 64
+
+
+@dataclass
+class ToolContext:
+    """What a running tool can know about its call. Add a parameter annotated with this type."""
+
+    tool_call_id: str
+    conversation_id: str
+    log: logging.LoggerAdapter[logging.Logger]
+    step: Steps | None = None  # durable tools only
+
+
+class Tool:
+    """A declared tool. Made by ``@hearth.tool``; calling it calls the wrapped function."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        durable: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        if not self.name or len(self.name) > _TOOL_NAME_LIMIT or not all(
+            c.isalnum() or c in "_-" for c in self.name
+        ):
+            raise ConfigurationError(
+                f"tool name {self.name!r} must be 1-{_TOOL_NAME_LIMIT} letters, digits, _ or -"
+            )
+        self.description = (description or inspect.getdoc(fn) or "").strip()
+        self.durable = durable
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.context_param, self.input_model = _input_model(fn, self.name)
+        if durable and self.context_param is None:
+            raise ConfigurationError(
+                f"durable tool {self.name!r} needs a parameter annotated hearth.ToolContext "
+                "to reach ctx.step"
+            )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<hearth.Tool {self.name}{' durable' if self.durable else ''}>"
+
+    def spec(self) -> ToolSpec:
+        schema = self.input_model.model_json_schema()
+        schema.pop("title", None)
+        return ToolSpec(self.name, self.description, schema)
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Validate the model's arguments; raises ``pydantic.ValidationError``."""
+        if not isinstance(arguments, dict):
+            arguments = {} if arguments is None else {"_": arguments}
+        model = self.input_model.model_validate(arguments)
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    async def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run the tool with validated arguments; return its result as JSON."""
+        kwargs = dict(arguments)
+        if self.context_param is not None:
+            kwargs[self.context_param] = ctx
+        if self.is_async:
+            result = await self.fn(**kwargs)
+        else:
+            result = self.fn(**kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        return to_json_value(result)
+
+
+def to_json_value(value: Any) -> Any:
+    """A tool's return value as JSON: pydantic models are dumped; anything else must already be
+    JSON-serialisable (``TypeError`` otherwise)."""
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"tool result is not JSON-serialisable: {exc}") from None
+
+
+def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[pydantic.BaseModel]]:
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except Exception as exc:
+        raise ConfigurationError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
+    context_param: str | None = None
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(f"tool {name!r}: *args/**kwargs cannot be described to a model")
+        annotation = hints.get(param.name, Any)
+        if annotation is ToolContext:
+            context_param = param.name
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = pydantic.create_model(  # type: ignore[call-overload]
+        f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+    )
+    return context_param, model
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, durable: bool = False
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    durable: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool. Use bare (``@hearth.tool``) or with options
+    (``@hearth.tool(durable=True)``). The docstring is the description the model sees."""
+    if fn is not None:
+        return Tool(fn)
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name=name, description=description, durable=durable)
+
+    return wrap

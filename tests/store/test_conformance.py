@@ -1,0 +1,653 @@
+"""The store contract (SPEC §3, §5, §7): every store implementation passes these tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError, StoreError
+from hearth.records import (
+    AssistantMessageStarted,
+    ConversationCreated,
+    Record,
+    Signal,
+    StateWrite,
+    SubmissionSettled,
+    UserMessage,
+)
+from hearth.store import Fence, NewSubmission, Store, Submission
+
+pytestmark = pytest.mark.anyio
+
+CONV = "support/c-1"
+OTHER = "support/c-2"
+
+
+def new(
+    conversation_id: str = CONV, text: str = "hi", key: str | None = None, **extra: Any
+) -> NewSubmission:
+    return NewSubmission(
+        conversation_id=conversation_id,
+        agent=conversation_id.split("/", 1)[0],
+        kind="message",
+        payload={"text": text},
+        idempotency_key=key,
+        **extra,
+    )
+
+
+async def admitted(store: Store, conversation_id: str = CONV, text: str = "hi") -> Submission:
+    return (await store.admit(new(conversation_id, text))).submission
+
+
+async def running(
+    store: Store, conversation_id: str = CONV, owner: str = "owner-1", now: float | None = None
+) -> Submission:
+    sub = await admitted(store, conversation_id)
+    claimed = await store.claim(owner, 30.0, 100, now=now)
+    return next(c for c in claimed if c.id == sub.id)
+
+
+def msg(n: int, submission_id: str | None = None, content: str | None = None) -> UserMessage:
+    text = f"text {n}" if content is None else content
+    return UserMessage(id=f"m{n}", message_id=f"m{n}", content=text, submission_id=submission_id)
+
+
+def settlement(sub: Submission, outcome: str = "completed", reply: str | None = "done") -> Record:
+    return SubmissionSettled(
+        id=f"{sub.id}:settled", submission_id=sub.id, outcome=outcome, reply=reply
+    )
+
+
+async def ids(store: Store, conversation_id: str = CONV) -> list[str]:
+    return [r.id for r in await store.read(conversation_id)]
+
+
+# --- the stream ------------------------------------------------------------------------------
+
+
+async def test_offsets_are_dense_across_batches(store: Store) -> None:
+    await admitted(store)
+    first = await store.append(CONV, [msg(1), msg(2)])
+    second = await store.append(CONV, [msg(3)])
+    third = await store.append(CONV, [msg(4), msg(5), msg(6)])
+    assert (first, second, third) == ([1, 2], [3], [4, 5, 6])
+    assert [r.offset for r in await store.read(CONV)] == list(range(7))
+    assert await store.last_offset(CONV) == 6
+
+
+async def test_offsets_are_counted_per_conversation(store: Store) -> None:
+    await admitted(store, CONV)
+    await admitted(store, OTHER)
+    assert await store.append(CONV, [msg(1)]) == [1]
+    assert await store.append(OTHER, [msg(1)]) == [1]
+
+
+async def test_records_are_stored_with_their_offset_and_content(store: Store) -> None:
+    await admitted(store)
+    record = UserMessage(id="m1", message_id="m1", content=[{"type": "text", "text": "héllo"}])
+    [offset] = await store.append(CONV, [record])
+    [stored] = await store.read(CONV, after=0)
+    assert stored == record.with_offset(offset)
+
+
+async def test_a_batch_is_atomic_when_its_last_record_conflicts(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [msg(1)])
+    with pytest.raises(IntegrityError):
+        await store.append(CONV, [msg(2), msg(3), msg(1, content="something else")])
+    assert await ids(store) == [f"{CONV}:created", "m1"]
+    assert await store.last_offset(CONV) == 1
+    assert await store.append(CONV, [msg(2)]) == [2]
+
+
+async def test_reappending_the_same_record_returns_its_original_offset(store: Store) -> None:
+    await admitted(store)
+    [offset] = await store.append(CONV, [msg(1)])
+    await store.append(CONV, [msg(2)])
+    again = UserMessage(
+        id="m1", message_id="m1", content="text 1", attempt=7, at="2030-01-01T00:00:00.000Z"
+    )
+    assert await store.append(CONV, [again]) == [offset]
+    assert await ids(store) == [f"{CONV}:created", "m1", "m2"]
+
+
+async def test_reappending_an_id_with_other_content_is_an_integrity_error(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [msg(1)])
+    with pytest.raises(IntegrityError):
+        await store.append(CONV, [msg(1, content="changed")])
+    assert await store.last_offset(CONV) == 1
+
+
+async def test_a_batch_mixing_known_and_new_records_appends_only_the_new(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [msg(1), msg(2)])
+    assert await store.append(CONV, [msg(1), msg(3), msg(2), msg(4)]) == [1, 3, 2, 4]
+    assert await ids(store) == [f"{CONV}:created", "m1", "m2", "m3", "m4"]
+
+
+async def test_a_record_repeated_within_one_batch_is_written_once(store: Store) -> None:
+    await admitted(store)
+    assert await store.append(CONV, [msg(1), msg(1)]) == [1, 1]
+    with pytest.raises(IntegrityError):
+        await store.append(CONV, [msg(2), msg(2, content="other")])
+    assert await store.last_offset(CONV) == 1
+
+
+async def test_record_ids_are_unique_per_conversation_only(store: Store) -> None:
+    await admitted(store, CONV)
+    await admitted(store, OTHER)
+    await store.append(CONV, [msg(1)])
+    assert await store.append(OTHER, [msg(1, content="different here")]) == [1]
+
+
+async def test_appending_to_an_unknown_conversation_is_an_error(store: Store) -> None:
+    with pytest.raises(StoreError):
+        await store.append("support/nobody", [msg(1)])
+    assert await store.get_conversation("support/nobody") is None
+
+
+async def test_an_append_starting_with_conversation_created_creates_a_child(store: Store) -> None:
+    parent = await running(store)
+    child = "researcher/c-1.t1"
+    created = ConversationCreated(
+        id=f"{child}:created",
+        agent="researcher",
+        conversation_id=child,
+        parent={"conversation_id": CONV, "tool_call_id": "t1"},
+    )
+    assert await store.append(child, [created, msg(1)], fence=parent.fence) == [0, 1]
+    info = await store.get_conversation(child)
+    assert info is not None
+    assert (info.agent, info.last_offset, info.parent) == ("researcher", 1, created.parent)
+
+
+async def test_read_returns_records_after_an_offset(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [msg(n) for n in range(1, 6)])
+    assert [r.offset for r in await store.read(CONV, after=3)] == [4, 5]
+    assert await store.read(CONV, after=5) == []
+    assert [r.offset for r in await store.read(CONV)] == [0, 1, 2, 3, 4, 5]
+
+
+async def test_read_respects_the_limit(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [msg(n) for n in range(1, 6)])
+    assert [r.offset for r in await store.read(CONV, after=1, limit=2)] == [2, 3]
+    assert [r.offset for r in await store.read(CONV, limit=0)] == []
+
+
+async def test_an_unknown_conversation_reads_empty(store: Store) -> None:
+    assert await store.read("support/nobody") == []
+    assert await store.last_offset("support/nobody") == -1
+
+
+async def test_last_of_type_returns_the_latest_record_of_that_type(store: Store) -> None:
+    await admitted(store)
+    first = Signal(id="sig1", signal_type="stream_interrupted")
+    second = Signal(id="sig2", signal_type="submission_aborted")
+    await store.append(CONV, [first, msg(1), second, msg(2)])
+    found = await store.last_of_type(CONV, "signal")
+    assert found == second.with_offset(3)
+    assert await store.last_of_type(CONV, "compaction") is None
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+async def test_state_write_records_update_the_state(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [StateWrite(id="w1", name="count", value=1)])
+    await store.append(
+        CONV,
+        [
+            StateWrite(id="w2", name="count", value=2),
+            StateWrite(id="w3", name="seen", value={"a": [1, None]}),
+        ],
+    )
+    assert await store.get_state(CONV) == {"count": 2, "seen": {"a": [1, None]}}
+
+
+async def test_a_rejected_batch_leaves_the_state_unchanged(store: Store) -> None:
+    await admitted(store)
+    await store.append(CONV, [msg(1), StateWrite(id="w1", name="count", value=1)])
+    with pytest.raises(IntegrityError):
+        await store.append(
+            CONV, [StateWrite(id="w2", name="count", value=2), msg(1, content="changed")]
+        )
+    assert await store.get_state(CONV) == {"count": 1}
+
+
+async def test_reappending_an_old_state_write_does_not_revert_the_state(store: Store) -> None:
+    await admitted(store)
+    old = StateWrite(id="w1", name="count", value=1)
+    await store.append(CONV, [old])
+    await store.append(CONV, [StateWrite(id="w2", name="count", value=2)])
+    await store.append(CONV, [old])
+    assert await store.get_state(CONV) == {"count": 2}
+
+
+# --- fencing ---------------------------------------------------------------------------------
+
+
+async def test_a_fenced_append_from_the_current_attempt_is_accepted(store: Store) -> None:
+    sub = await running(store)
+    assert await store.append(CONV, [msg(1, sub.id)], fence=sub.fence) == [1]
+
+
+async def test_a_fenced_append_from_a_stale_attempt_is_rejected(store: Store) -> None:
+    sub = await running(store, now=1000.0)
+    again = await store.claim("owner-2", 30.0, 1, now=2000.0)
+    assert [s.attempt for s in again] == [2]
+    with pytest.raises(FencedOut):
+        await store.append(CONV, [msg(1, sub.id)], fence=sub.fence)
+    assert await store.last_offset(CONV) == 0
+
+
+async def test_a_fenced_append_to_a_queued_submission_is_rejected(store: Store) -> None:
+    sub = await admitted(store)
+    with pytest.raises(FencedOut):
+        await store.append(CONV, [msg(1, sub.id)], fence=Fence(sub.id, 0))
+    assert await store.last_offset(CONV) == 0
+
+
+async def test_a_fenced_append_to_a_settled_submission_is_rejected(store: Store) -> None:
+    sub = await running(store)
+    await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="ok")
+    with pytest.raises(FencedOut):
+        await store.append(CONV, [msg(1, sub.id)], fence=sub.fence)
+    assert await ids(store) == [f"{CONV}:created", f"{sub.id}:settled"]
+
+
+async def test_a_fenced_append_for_an_unknown_submission_is_rejected(store: Store) -> None:
+    await admitted(store)
+    with pytest.raises(FencedOut):
+        await store.append(CONV, [msg(1)], fence=Fence("s_missing", 1))
+
+
+async def test_a_fenced_reappend_is_rejected_too(store: Store) -> None:
+    sub = await running(store)
+    await store.append(CONV, [msg(1, sub.id)], fence=sub.fence)
+    await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply=None)
+    with pytest.raises(FencedOut):
+        await store.append(CONV, [msg(1, sub.id)], fence=sub.fence)
+
+
+# --- admission -------------------------------------------------------------------------------
+
+
+async def test_admission_creates_the_conversation_with_conversation_created_at_0(
+    store: Store,
+) -> None:
+    admission = await store.admit(new())
+    [created] = await store.read(CONV)
+    assert isinstance(created, ConversationCreated)
+    assert (created.offset, created.id) == (0, f"{CONV}:created")
+    assert (created.agent, created.conversation_id, created.parent) == ("support", CONV, None)
+    assert admission.offset == 0
+    assert not admission.deduplicated
+    info = await store.get_conversation(CONV)
+    assert info is not None
+    assert (info.conversation_id, info.agent, info.last_offset) == (CONV, "support", 0)
+
+
+async def test_admission_writes_a_queued_submission_row(store: Store) -> None:
+    admission = await store.admit(new(max_attempts=3, timeout=60.0))
+    sub = admission.submission
+    assert sub.status == "queued"
+    assert (sub.attempt, sub.max_attempts, sub.timeout) == (0, 3, 60.0)
+    assert (sub.kind, sub.payload, sub.conversation_id) == ("message", {"text": "hi"}, CONV)
+    assert sub.deadline is None and sub.started_at is None and sub.lease_owner is None
+    assert sub.accepted_at > 0
+    assert await store.get_submission(sub.id) == sub
+
+
+async def test_a_later_admission_reuses_the_conversation(store: Store) -> None:
+    await store.admit(new())
+    await store.append(CONV, [msg(1)])
+    second = await store.admit(new(text="again"))
+    assert second.offset == 1
+    assert await ids(store) == [f"{CONV}:created", "m1"]
+
+
+async def test_the_same_idempotency_key_and_payload_return_the_first_submission(
+    store: Store,
+) -> None:
+    first = await store.admit(new(key="k1"))
+    again = await store.admit(new(key="k1"))
+    assert again.deduplicated and again.submission == first.submission
+    assert len(await store.list_submissions(CONV)) == 1
+
+
+async def test_deduplication_holds_after_settlement(store: Store) -> None:
+    first = await store.admit(new(key="k1"))
+    [sub] = await store.claim("owner-1", 30.0, 1)
+    await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="hi")
+    again = await store.admit(new(key="k1"))
+    assert again.deduplicated
+    assert again.submission.id == first.submission.id
+    assert (again.submission.status, again.submission.reply) == ("settled", "hi")
+
+
+async def test_the_same_idempotency_key_with_another_payload_conflicts(store: Store) -> None:
+    await store.admit(new(key="k1"))
+    with pytest.raises(IdempotencyConflict):
+        await store.admit(new(text="other", key="k1"))
+    assert len(await store.list_submissions(CONV)) == 1
+
+
+async def test_idempotency_keys_are_scoped_to_the_conversation(store: Store) -> None:
+    first = await store.admit(new(CONV, key="k1"))
+    other = await store.admit(new(OTHER, key="k1"))
+    assert not other.deduplicated
+    assert other.submission.id != first.submission.id
+
+
+async def test_list_submissions_filters_by_conversation_and_status(store: Store) -> None:
+    a1 = await admitted(store, CONV)
+    b1 = await admitted(store, OTHER)
+    a2 = await admitted(store, CONV)
+    await store.claim("owner-1", 30.0, 1)
+    assert [s.id for s in await store.list_submissions()] == [a1.id, b1.id, a2.id]
+    assert [s.id for s in await store.list_submissions(CONV)] == [a1.id, a2.id]
+    assert [s.id for s in await store.list_submissions(statuses=["queued"])] == [b1.id, a2.id]
+    assert [s.id for s in await store.list_submissions(CONV, ["running"])] == [a1.id]
+
+
+async def test_list_conversations_shows_the_newest_first(store: Store) -> None:
+    await admitted(store, CONV)
+    await admitted(store, OTHER)
+    listed = await store.list_conversations()
+    assert [c.conversation_id for c in listed] == [OTHER, CONV]
+    assert [c.conversation_id for c in await store.list_conversations(limit=1)] == [OTHER]
+
+
+# --- claims and leases -----------------------------------------------------------------------
+
+
+async def test_claim_takes_the_oldest_submission_of_a_conversation(store: Store) -> None:
+    first = await admitted(store, CONV, "one")
+    await admitted(store, CONV, "two")
+    [claimed] = await store.claim("owner-1", 30.0, 10, now=1000.0)
+    assert claimed.id == first.id
+    assert (claimed.status, claimed.attempt, claimed.lease_owner) == ("running", 1, "owner-1")
+    assert (claimed.lease_expires_at, claimed.started_at) == (1030.0, 1000.0)
+    assert claimed.deadline == 1000.0 + claimed.timeout
+    assert await store.get_submission(first.id) == claimed
+
+
+async def test_claim_takes_at_most_one_per_conversation_oldest_first(store: Store) -> None:
+    a1 = await admitted(store, CONV)
+    b1 = await admitted(store, OTHER)
+    await admitted(store, CONV)
+    claimed = await store.claim("owner-1", 30.0, 10)
+    assert [c.id for c in claimed] == [a1.id, b1.id]
+
+
+async def test_claim_respects_the_limit(store: Store) -> None:
+    subs = [await admitted(store, f"support/c-{n}") for n in range(5)]
+    claimed = await store.claim("owner-1", 30.0, 2)
+    assert [c.id for c in claimed] == [subs[0].id, subs[1].id]
+
+
+async def test_claim_skips_a_conversation_with_a_running_submission(store: Store) -> None:
+    await running(store, CONV)
+    await admitted(store, CONV)
+    assert await store.claim("owner-2", 30.0, 10) == []
+
+
+async def test_claim_takes_the_next_submission_once_the_first_settles(store: Store) -> None:
+    first = await running(store, CONV)
+    second = await admitted(store, CONV)
+    await store.settle(first.fence, settlement(first), outcome="completed", error=None, reply="")
+    assert [c.id for c in await store.claim("owner-1", 30.0, 10)] == [second.id]
+
+
+async def test_claim_skips_excluded_conversations(store: Store) -> None:
+    await admitted(store, CONV)
+    b1 = await admitted(store, OTHER)
+    claimed = await store.claim("owner-1", 30.0, 10, exclude_conversations=[CONV])
+    assert [c.id for c in claimed] == [b1.id]
+
+
+async def test_claim_leaves_a_live_lease_alone(store: Store) -> None:
+    await running(store, now=1000.0)
+    assert await store.claim("owner-2", 30.0, 10, now=1029.0) == []
+
+
+async def test_claim_reclaims_an_expired_lease_with_the_next_attempt(store: Store) -> None:
+    sub = await running(store, now=1000.0)
+    [again] = await store.claim("owner-2", 30.0, 10, now=1030.0)
+    assert again.id == sub.id
+    assert (again.attempt, again.lease_owner, again.lease_expires_at) == (2, "owner-2", 1060.0)
+
+
+async def test_the_deadline_is_set_by_the_first_claim_only(store: Store) -> None:
+    sub = await running(store, now=1000.0)
+    [again] = await store.claim("owner-2", 30.0, 10, now=5000.0)
+    assert again.deadline == sub.deadline == 1000.0 + sub.timeout
+    assert again.started_at == 1000.0
+
+
+async def test_joined_submissions_are_never_claimed(store: Store) -> None:
+    host = await running(store)
+    guest = await admitted(store)
+    assert await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    await store.release(host.fence, "owner-1")
+    claimed = await store.claim("owner-2", 30.0, 10)
+    assert [c.id for c in claimed] == [host.id]
+
+
+async def test_renew_extends_the_lease_of_the_current_claim(store: Store) -> None:
+    sub = await running(store, owner="owner-1")
+    assert await store.renew(sub.fence, "owner-1", 300.0)
+    row = await store.get_submission(sub.id)
+    assert row is not None and row.lease_expires_at is not None
+    assert row.lease_expires_at > (sub.lease_expires_at or 0)
+
+
+async def test_renew_fails_for_another_owner_or_attempt(store: Store) -> None:
+    sub = await running(store, owner="owner-1")
+    assert not await store.renew(sub.fence, "owner-2", 30.0)
+    assert not await store.renew(Fence(sub.id, sub.attempt + 1), "owner-1", 30.0)
+    await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply=None)
+    assert not await store.renew(sub.fence, "owner-1", 30.0)
+
+
+async def test_release_makes_the_submission_claimable_at_once(store: Store) -> None:
+    sub = await running(store, owner="owner-1", now=1000.0)
+    assert not await store.release(sub.fence, "owner-2")
+    assert await store.release(sub.fence, "owner-1")
+    row = await store.get_submission(sub.id)
+    assert row is not None and (row.status, row.attempt) == ("running", 1)
+    [again] = await store.claim("owner-2", 30.0, 10, now=1001.0)
+    assert (again.id, again.attempt) == (sub.id, 2)
+
+
+async def test_expire_owners_expires_only_their_leases(store: Store) -> None:
+    a = await running(store, CONV, owner="dead", now=1000.0)
+    await running(store, OTHER, owner="alive", now=1000.0)
+    assert await store.expire_owners(["dead", "nobody"]) == 1
+    claimed = await store.claim("owner-3", 30.0, 10, now=1001.0)
+    assert [(c.id, c.attempt) for c in claimed] == [(a.id, 2)]
+
+
+async def test_lease_owners_lists_owners_of_running_submissions(store: Store) -> None:
+    assert await store.lease_owners() == []
+    await running(store, CONV, owner="owner-b")
+    await running(store, OTHER, owner="owner-a")
+    await running(store, "support/c-3", owner="owner-a")
+    assert sorted(await store.lease_owners()) == ["owner-a", "owner-b"]
+
+
+# --- abort and settlement --------------------------------------------------------------------
+
+
+async def test_request_abort_stamps_every_unsettled_submission(store: Store) -> None:
+    done = await running(store)
+    await store.settle(done.fence, settlement(done), outcome="completed", error=None, reply="")
+    live = await running(store)
+    waiting = await admitted(store)
+    elsewhere = await admitted(store, OTHER)
+    assert await store.request_abort(CONV) == [live.id, waiting.id]
+    for sid in (live.id, waiting.id):
+        row = await store.get_submission(sid)
+        assert row is not None and row.abort_requested_at is not None
+    for sid in (done.id, elsewhere.id):
+        row = await store.get_submission(sid)
+        assert row is not None and row.abort_requested_at is None
+
+
+async def test_request_abort_keeps_the_first_stamp(store: Store) -> None:
+    sub = await admitted(store)
+    assert await store.request_abort(CONV) == [sub.id]
+    first = await store.get_submission(sub.id)
+    assert await store.request_abort(CONV) == [sub.id]
+    second = await store.get_submission(sub.id)
+    assert first is not None and second is not None
+    assert second.abort_requested_at == first.abort_requested_at
+
+
+async def test_request_abort_without_unsettled_work_stamps_nothing(store: Store) -> None:
+    assert await store.request_abort("support/nobody") == []
+
+
+async def test_settle_writes_the_outcome_and_the_record_once(store: Store) -> None:
+    sub = await running(store)
+    error = {"type": "timeout", "message": "too slow", "interrupted_tools": []}
+    offset = await store.settle(
+        sub.fence,
+        settlement(sub, "failed", None),
+        outcome="failed",
+        error=error,
+        reply=None,
+        records_before=[Signal(id="sig", signal_type="submission_interrupted")],
+    )
+    assert offset == 2
+    assert await ids(store) == [f"{CONV}:created", "sig", f"{sub.id}:settled"]
+    row = await store.get_submission(sub.id)
+    assert row is not None
+    assert (row.status, row.outcome, row.error, row.reply) == ("settled", "failed", error, None)
+    assert row.settled_at is not None and row.lease_expires_at is None
+
+
+async def test_settling_twice_is_fenced_out(store: Store) -> None:
+    sub = await running(store)
+    await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="a")
+    with pytest.raises(FencedOut):
+        await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="a")
+    assert await store.last_offset(CONV) == 1
+
+
+async def test_settling_from_a_stale_attempt_is_fenced_out(store: Store) -> None:
+    sub = await running(store, now=1000.0)
+    await store.claim("owner-2", 30.0, 1, now=2000.0)
+    with pytest.raises(FencedOut):
+        await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="")
+    row = await store.get_submission(sub.id)
+    assert row is not None and row.status == "running"
+
+
+async def test_settle_queued_settles_a_queued_submission(store: Store) -> None:
+    sub = await admitted(store)
+    offset = await store.settle_queued(
+        sub.id,
+        settlement(sub, "aborted", None),
+        outcome="aborted",
+        error={"type": "aborted", "message": "aborted before it ran"},
+    )
+    assert offset == 1
+    row = await store.get_submission(sub.id)
+    assert row is not None and (row.status, row.outcome) == ("settled", "aborted")
+    assert row.error == {"type": "aborted", "message": "aborted before it ran"}
+
+
+async def test_settle_queued_does_nothing_unless_queued(store: Store) -> None:
+    sub = await running(store)
+    record = settlement(sub, "aborted", None)
+    assert await store.settle_queued(sub.id, record, outcome="aborted", error=None) is None
+    assert await store.settle_queued("s_missing", record, outcome="aborted", error=None) is None
+    assert await store.last_offset(CONV) == 0
+
+
+async def test_join_marks_a_queued_submission_joined_and_appends_its_input(
+    store: Store,
+) -> None:
+    host = await running(store)
+    guest = await admitted(store)
+    assert await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    row = await store.get_submission(guest.id)
+    assert row is not None
+    assert (row.status, row.joined_to) == ("joined", host.id)
+    assert row.started_at is not None
+    assert await ids(store) == [f"{CONV}:created", "m1"]
+
+
+async def test_settling_a_host_settles_its_joined_submissions(store: Store) -> None:
+    host = await running(store)
+    guest = await admitted(store)
+    await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    offset = await store.settle(
+        host.fence, settlement(host), outcome="completed", error=None, reply="both answered"
+    )
+    records = await store.read(CONV)
+    assert offset == 2
+    assert [r.id for r in records] == [
+        f"{CONV}:created",
+        "m1",
+        f"{host.id}:settled",
+        f"{guest.id}:settled",
+    ]
+    own = records[-1]
+    assert isinstance(own, SubmissionSettled)
+    assert (own.submission_id, own.outcome, own.reply) == (guest.id, "completed", "both answered")
+    row = await store.get_submission(guest.id)
+    assert row is not None
+    assert (row.status, row.outcome, row.reply) == ("joined", "completed", "both answered")
+    assert row.settled_at is not None
+
+
+async def test_join_fails_unless_the_target_is_queued_in_that_conversation(
+    store: Store,
+) -> None:
+    host = await running(store, CONV)
+    elsewhere = await admitted(store, OTHER)
+    assert not await store.join(host.fence, elsewhere.id, [msg(1, elsewhere.id)])
+    assert not await store.join(host.fence, "s_missing", [msg(2)])
+    guest = await admitted(store, CONV)
+    assert await store.join(host.fence, guest.id, [msg(3, guest.id)])
+    assert not await store.join(host.fence, guest.id, [msg(4, guest.id)])
+    assert await ids(store) == [f"{CONV}:created", "m3"]
+
+
+async def test_join_from_a_stale_host_is_fenced_out(store: Store) -> None:
+    host = await running(store, now=1000.0)
+    guest = await admitted(store)
+    await store.claim("owner-2", 30.0, 10, now=2000.0)
+    with pytest.raises(FencedOut):
+        await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    row = await store.get_submission(guest.id)
+    assert row is not None and row.status == "queued"
+
+
+# --- wake-ups --------------------------------------------------------------------------------
+
+
+async def test_the_notifier_wakes_a_waiter_after_an_append(store: Store) -> None:
+    await admitted(store)
+    waiter = asyncio.create_task(store.notifier.wait(CONV, timeout=5.0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await store.append(CONV, [AssistantMessageStarted(id="a1", message_id="a1", model="x")])
+    await asyncio.wait_for(waiter, 1.0)
+    assert [r.offset for r in await store.read(CONV, after=0)] == [1]
+
+
+async def test_the_notifier_wakes_a_coordinator_after_an_admission(store: Store) -> None:
+    waiter = asyncio.create_task(store.notifier.wait_any(timeout=5.0))
+    await asyncio.sleep(0.01)
+    await admitted(store)
+    await asyncio.wait_for(waiter, 1.0)

@@ -1,0 +1,314 @@
+"""Behaviour of the SQLite store that the store contract leaves to each implementation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hearth.store
+from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, StoreError
+from hearth.records import UserMessage
+from hearth.store import NewSubmission, SQLiteStore, open_store
+
+pytestmark = pytest.mark.anyio
+
+SRC = str(Path(hearth.store.__file__).resolve().parents[2])
+
+
+def new(conversation_id: str) -> NewSubmission:
+    return NewSubmission(conversation_id, "support", "message", {"text": "hi"})
+
+
+def msg(n: int, content: str = "hello") -> UserMessage:
+    return UserMessage(id=f"m{n}", message_id=f"m{n}", content=content)
+
+
+async def opened(path: Path | str) -> SQLiteStore:
+    store = SQLiteStore(str(path))
+    await store.open()
+    return store
+
+
+async def until_submitted(store: SQLiteStore, count: int) -> None:
+    for _ in range(1000):
+        if store.submitted >= count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"only {store.submitted} operations were queued")
+
+
+# --- owning the file -------------------------------------------------------------------------
+
+
+async def test_a_second_process_cannot_open_a_file_another_process_owns(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    script = (
+        "import asyncio, sys\n"
+        "from hearth.errors import StoreError\n"
+        "from hearth.store.sqlite import SQLiteStore\n"
+        "try:\n"
+        f"    asyncio.run(SQLiteStore({str(path)!r}).open())\n"
+        "except StoreError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    finally:
+        await store.close()
+    assert done.returncode == 3, done.stderr
+    message = done.stdout.strip()
+    assert "\n" not in message
+    assert "another process owns the SQLite file" in message
+    assert "PostgreSQL" in message
+
+
+async def test_data_persists_after_close_and_reopen(tmp_path: Path) -> None:
+    store = await opened(tmp_path / "hearth.db")
+    admission = await store.admit(new("support/c-1"))
+    await store.append("support/c-1", [msg(1)])
+    await store.close()
+    again = await opened(tmp_path / "hearth.db")
+    try:
+        assert [r.id for r in await again.read("support/c-1")] == ["support/c-1:created", "m1"]
+        assert await again.get_submission(admission.submission.id) == admission.submission
+    finally:
+        await again.close()
+
+
+async def test_the_same_store_object_can_be_reopened(tmp_path: Path) -> None:
+    store = await opened(tmp_path / "hearth.db")
+    await store.admit(new("support/c-1"))
+    await store.close()
+    await store.open()
+    try:
+        assert await store.last_offset("support/c-1") == 0
+    finally:
+        await store.close()
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    with pytest.raises(SchemaTooNew, match=r"newer hearth \(schema 2\); upgrade hearth"):
+        await opened(path)
+
+
+async def test_a_file_that_is_not_a_database_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    path.write_bytes(b"this is not a database file, not at all" * 100)
+    with pytest.raises(StoreError, match="cannot open the SQLite file"):
+        await opened(path)
+
+
+async def test_the_file_uses_wal_with_exclusive_locking_and_full_sync(tmp_path: Path) -> None:
+    store = await opened(tmp_path / "hearth.db")
+
+    def pragmas(conn: sqlite3.Connection, _: Any) -> tuple[Any, ...]:
+        return tuple(
+            conn.execute(f"PRAGMA {name}").fetchone()[0]
+            for name in ("journal_mode", "locking_mode", "synchronous")
+        )
+
+    try:
+        assert await store._call(pragmas, write=False) == ("wal", "exclusive", 2)
+    finally:
+        await store.close()
+
+
+async def test_reading_from_an_offset_is_a_primary_key_range_scan() -> None:
+    store = await opened(":memory:")
+
+    def plan(conn: sqlite3.Connection, _: Any) -> str:
+        rows = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT body FROM records WHERE conversation_id = ?"
+            ' AND "offset" > ? ORDER BY "offset" LIMIT ?',
+            ("c", 5, 10),
+        ).fetchall()
+        return " | ".join(str(row[3]) for row in rows)
+
+    try:
+        detail = await store._call(plan, write=False)
+    finally:
+        await store.close()
+    assert "SEARCH records USING INDEX sqlite_autoindex_records_1" in detail
+    assert "offset>?" in detail
+    assert "TEMP B-TREE" not in detail
+
+
+# --- lifecycle -------------------------------------------------------------------------------
+
+
+async def test_close_is_idempotent_and_later_operations_fail() -> None:
+    store = await opened(":memory:")
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError, match="not open"):
+        await store.last_offset("support/c-1")
+
+
+async def test_operations_before_open_fail() -> None:
+    with pytest.raises(StoreError, match="not open"):
+        await SQLiteStore(":memory:").read("support/c-1")
+
+
+async def test_close_finishes_the_work_already_queued(tmp_path: Path) -> None:
+    store = await opened(tmp_path / "hearth.db")
+    await store.admit(new("support/c-1"))
+    store.pause_writer()
+    pending = asyncio.create_task(store.append("support/c-1", [msg(1)]))
+    await until_submitted(store, 2)
+    await store.close()
+    assert await pending == [1]
+
+
+def test_an_unknown_synchronous_mode_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="synchronous"):
+        SQLiteStore(":memory:", synchronous="sometimes")
+
+
+# --- group commit ----------------------------------------------------------------------------
+
+
+async def test_appends_queued_together_share_one_commit() -> None:
+    store = await opened(":memory:")
+    try:
+        conversations = [f"support/c-{n}" for n in range(10)]
+        for conversation_id in conversations:
+            await store.admit(new(conversation_id))
+        commits, submitted = store.commits, store.submitted
+        store.pause_writer()
+        appends = [asyncio.create_task(store.append(c, [msg(1)])) for c in conversations]
+        await until_submitted(store, submitted + 10)
+        store.resume_writer()
+        assert await asyncio.gather(*appends) == [[1]] * 10
+        assert store.commits - commits == 1
+    finally:
+        await store.close()
+
+
+async def test_concurrent_appends_need_no_more_commits_than_appends(tmp_path: Path) -> None:
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        conversations = [f"support/c-{n}" for n in range(50)]
+        await asyncio.gather(*(store.admit(new(c)) for c in conversations))
+        commits = store.commits
+        await asyncio.gather(*(store.append(c, [msg(1)]) for c in conversations))
+        assert store.commits - commits <= len(conversations)
+        assert store.ops >= 100
+    finally:
+        await store.close()
+
+
+async def test_a_failing_operation_fails_alone_within_its_group() -> None:
+    store = await opened(":memory:")
+    try:
+        for n in range(3):
+            await store.admit(new(f"support/c-{n}"))
+        await store.append("support/c-1", [msg(1)])
+        commits, submitted = store.commits, store.submitted
+        store.pause_writer()
+        good_before = asyncio.create_task(store.append("support/c-0", [msg(1)]))
+        bad = asyncio.create_task(store.append("support/c-1", [msg(2), msg(1, "changed")]))
+        good_after = asyncio.create_task(store.append("support/c-2", [msg(1)]))
+        await until_submitted(store, submitted + 3)
+        store.resume_writer()
+        assert await good_before == [1]
+        assert await good_after == [1]
+        with pytest.raises(IntegrityError):
+            await bad
+        assert store.commits - commits == 1
+        assert await store.last_offset("support/c-1") == 1
+    finally:
+        await store.close()
+
+
+async def test_a_failed_transaction_fails_every_operation_of_its_group() -> None:
+    store = await opened(":memory:")
+    try:
+        await store.admit(new("support/c-0"))
+        submitted = store.submitted
+        store.pause_writer()
+        append = asyncio.create_task(store.append("support/c-0", [msg(1)]))
+
+        def sabotage(conn: sqlite3.Connection, _: Any) -> None:
+            conn.execute("ROLLBACK")  # ends the group's transaction under its feet
+
+        broken = asyncio.create_task(store._call(sabotage, write=True))
+        await until_submitted(store, submitted + 2)
+        store.resume_writer()
+        for task in (append, broken):
+            with pytest.raises(StoreError, match="rolled back"):
+                await task
+        assert await store.last_offset("support/c-0") == 0
+        assert await store.append("support/c-0", [msg(1)]) == [1]
+    finally:
+        await store.close()
+
+
+async def test_a_cancelled_caller_does_not_undo_its_write() -> None:
+    store = await opened(":memory:")
+    try:
+        await store.admit(new("support/c-0"))
+        store.pause_writer()
+        append = asyncio.create_task(store.append("support/c-0", [msg(1)]))
+        await asyncio.sleep(0)
+        append.cancel()
+        store.resume_writer()
+        with pytest.raises(asyncio.CancelledError):
+            await append
+        assert await store.last_offset("support/c-0") == 1
+    finally:
+        await store.close()
+
+
+# --- URLs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "path", "synchronous"),
+    [
+        (None, "./hearth.db", "FULL"),
+        ("memory", ":memory:", "FULL"),
+        ("sqlite:///abs/path.db", "/abs/path.db", "FULL"),
+        ("sqlite://relative.db", "relative.db", "FULL"),
+        ("sqlite://data/hearth.db?synchronous=normal", "data/hearth.db", "NORMAL"),
+        ("sqlite://:memory:", ":memory:", "FULL"),
+        ("some/dir/app.db", "some/dir/app.db", "FULL"),
+    ],
+)
+def test_open_store_maps_urls_to_sqlite_files(url: str | None, path: str, synchronous: str) -> None:
+    store = open_store(url)
+    assert isinstance(store, SQLiteStore)
+    assert (store.path, store.synchronous) == (path, synchronous)
+
+
+def test_open_store_says_postgresql_is_not_available_yet() -> None:
+    with pytest.raises(ConfigurationError, match="PostgreSQL support is not available yet"):
+        open_store("postgresql://user@localhost/hearth")
+
+
+@pytest.mark.parametrize("url", ["mysql://localhost/db", "", "sqlite://", "sqlite://x.db?y=1"])
+def test_open_store_refuses_other_urls(url: str) -> None:
+    with pytest.raises(ConfigurationError):
+        open_store(url)
