@@ -44,4 +44,3 @@ def reached(point: str) -> None:
     _seen += 1
     if _seen >= _nth:
         os.kill(os.getpid(), signal.SIGKILL)
-

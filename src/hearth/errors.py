@@ -71,9 +71,7 @@ class SubmissionError(HearthError):
         self.submission_id = submission_id
         self.error: dict[str, Any] = dict(error or {})
         self.type: str = str(self.error.get("type", "unknown"))
-        self.interrupted_tools: list[dict[str, Any]] = list(
-            self.error.get("interrupted_tools", [])
-        )
+        self.interrupted_tools: list[dict[str, Any]] = list(self.error.get("interrupted_tools", []))
         message = self.error.get("message") or self.type
         super().__init__(f"submission {submission_id}: {message}")
 

@@ -52,8 +52,10 @@ class Tool:
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
-        if not self.name or len(self.name) > _TOOL_NAME_LIMIT or not all(
-            c.isalnum() or c in "_-" for c in self.name
+        if (
+            not self.name
+            or len(self.name) > _TOOL_NAME_LIMIT
+            or not all(c.isalnum() or c in "_-" for c in self.name)
         ):
             raise ConfigurationError(
                 f"tool name {self.name!r} must be 1-{_TOOL_NAME_LIMIT} letters, digits, _ or -"
@@ -120,14 +122,16 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[py
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigurationError(f"tool {name!r}: *args/**kwargs cannot be described to a model")
+            raise ConfigurationError(
+                f"tool {name!r}: *args/**kwargs cannot be described to a model"
+            )
         annotation = hints.get(param.name, Any)
         if annotation is ToolContext:
             context_param = param.name
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
-    model = pydantic.create_model(  # type: ignore[call-overload]
+    model = pydantic.create_model(
         f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
     )
     return context_param, model

@@ -135,9 +135,7 @@ class FakeServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0)
-        )
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         try:
@@ -163,8 +161,11 @@ class FakeServer:
             self.requests.append(Seen(method, path, headers, body))
             answer = self.answers.popleft() if self.answers else Answer(status=599)
             await asyncio.sleep(answer.head_delay)
-            lines = [f"HTTP/1.1 {answer.status} Scripted", "transfer-encoding: chunked",
-                     "connection: close"]
+            lines = [
+                f"HTTP/1.1 {answer.status} Scripted",
+                "transfer-encoding: chunked",
+                "connection: close",
+            ]
             lines += [f"{k}: {v}" for k, v in answer.headers.items()]
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
             await writer.drain()

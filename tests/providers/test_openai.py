@@ -83,8 +83,17 @@ def texts(events: list[Any]) -> str:
 async def test_plain_reply_streams_text_deltas_then_finished_with_usage(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:
-    server.sse([chunk({"role": "assistant", "content": ""}), text("Hel"), text("lo"),
-                text(" there"), chunk(finish="stop"), usage(12, 3), DONE])
+    server.sse(
+        [
+            chunk({"role": "assistant", "content": ""}),
+            text("Hel"),
+            text("lo"),
+            text(" there"),
+            chunk(finish="stop"),
+            usage(12, 3),
+            DONE,
+        ]
+    )
     events, error = await collect(provider, hello)
     assert error is None
     assert events == [
@@ -104,15 +113,17 @@ async def test_plain_reply_streams_text_deltas_then_finished_with_usage(
 async def test_tool_call_arguments_split_across_chunks_become_one_call(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:
-    server.sse([
-        call_part(0, id="call_abc", name="get_weather"),
-        call_part(0, args='{"ci'),
-        call_part(0, args='ty": "Os'),
-        call_part(0, args='lo"}'),
-        chunk(finish="tool_calls"),
-        usage(20, 9),
-        DONE,
-    ])
+    server.sse(
+        [
+            call_part(0, id="call_abc", name="get_weather"),
+            call_part(0, args='{"ci'),
+            call_part(0, args='ty": "Os'),
+            call_part(0, args='lo"}'),
+            chunk(finish="tool_calls"),
+            usage(20, 9),
+            DONE,
+        ]
+    )
     events, error = await collect(provider, hello)
     assert error is None
     assert events == [
@@ -124,16 +135,18 @@ async def test_tool_call_arguments_split_across_chunks_become_one_call(
 async def test_two_parallel_tool_calls_are_reported_once_each_in_index_order(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:
-    server.sse([
-        text("Checking both."),
-        call_part(0, id="call_1", name="get_weather", args='{"city":'),
-        call_part(1, id="call_2", name="get_time", args='{"tz": "Europe/'),
-        call_part(0, args=' "Oslo"}'),
-        call_part(1, args='Oslo"}'),
-        chunk(finish="tool_calls"),
-        usage(30, 15),
-        DONE,
-    ])
+    server.sse(
+        [
+            text("Checking both."),
+            call_part(0, id="call_1", name="get_weather", args='{"city":'),
+            call_part(1, id="call_2", name="get_time", args='{"tz": "Europe/'),
+            call_part(0, args=' "Oslo"}'),
+            call_part(1, args='Oslo"}'),
+            chunk(finish="tool_calls"),
+            usage(30, 15),
+            DONE,
+        ]
+    )
     events, error = await collect(provider, hello)
     assert error is None
     assert events[0] == TextDelta("Checking both.")
@@ -293,8 +306,9 @@ async def test_429_is_transient_with_retry_after(
 async def test_429_for_an_exhausted_quota_is_terminal(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:
-    server.error(429, {"error": {"message": "You exceeded your current quota",
-                                 "code": "insufficient_quota"}})
+    server.error(
+        429, {"error": {"message": "You exceeded your current quota", "code": "insufficient_quota"}}
+    )
     _, error = await collect(provider, hello)
     assert error.kind == "terminal"
 
@@ -344,15 +358,29 @@ async def test_a_plain_string_error_body_is_used_as_the_message(
 @pytest.mark.parametrize(
     "payload",
     [
-        {"error": {"message": "This model's maximum context length is 128000 tokens. However, "
-                              "your messages resulted in 130000 tokens.",
-                   "type": "invalid_request_error", "code": "context_length_exceeded"}},
+        {
+            "error": {
+                "message": "This model's maximum context length is 128000 tokens. However, "
+                "your messages resulted in 130000 tokens.",
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+            }
+        },
         # vLLM words it the same way, without a code
-        {"object": "error", "message": "This model's maximum context length is 8192 tokens.",
-         "type": "BadRequestError", "code": 400},
+        {
+            "object": "error",
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "BadRequestError",
+            "code": 400,
+        },
         # llama.cpp's server
-        {"error": {"code": 400, "message": "the request exceeds the available context size, "
-                                           "try increasing it", "type": "exceed_context_size_error"}},
+        {
+            "error": {
+                "code": 400,
+                "type": "exceed_context_size_error",
+                "message": "the request exceeds the available context size, try increasing it",
+            }
+        },
     ],
 )
 async def test_context_overflow_is_reported_as_overflow(
@@ -404,8 +432,9 @@ async def test_losing_only_the_trailing_usage_keeps_the_reply(
 async def test_an_error_event_mid_stream_is_transient_after_the_partial(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:
-    error_chunk = {"error": {"message": "The server had an error while processing",
-                             "type": "server_error"}}
+    error_chunk = {
+        "error": {"message": "The server had an error while processing", "type": "server_error"}
+    }
     server.sse([text("par"), f"data: {json.dumps(error_chunk)}\n\n"])
     events, error = await collect(provider, hello)
     assert events == [TextDelta("par")]
@@ -454,16 +483,17 @@ async def test_cancelling_the_consumer_closes_the_connection_at_once(
 ) -> None:
     server.sse([text("one")], end="hang")
     seen: list[Any] = []
+    first = anyio.Event()
 
     async def consume() -> None:
         async for event in provider.stream(hello):
             seen.append(event)
+            first.set()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(consume)
         with anyio.fail_after(2):
-            while not seen:
-                await anyio.sleep(0.01)
+            await first.wait()
         tg.cancel_scope.cancel()
     assert seen == [TextDelta("one")]
     assert await server.wait_disconnect(timeout=1.0) < 1.0
@@ -528,3 +558,26 @@ def test_context_windows_come_from_the_table_and_can_be_overridden() -> None:
     assert provider.context_window("my-model") == 32768
     assert provider.context_window("something-unknown") == 8192
     assert OpenAIProvider(context_windows={"*": 2048}).context_window("unknown") == 2048
+
+
+async def test_a_plain_break_without_aclosing_also_drops_the_connection_soon(
+    server: Any, provider: OpenAIProvider, hello: ModelRequest
+) -> None:
+    server.sse([text("one"), text("two")], end="hang")
+    async for _ in provider.stream(hello):
+        break  # the generator is finalised by the event loop's async-generator hook
+    assert await server.wait_disconnect(timeout=1.0) < 1.0
+
+
+def test_one_provider_works_from_successive_event_loops(server: Any, hello: ModelRequest) -> None:
+    import asyncio
+
+    provider = OpenAIProvider(f"{server.url}/v1", timeout=2.0)
+
+    async def once() -> list[Any]:
+        server.sse([text("hi"), chunk(finish="stop"), DONE])
+        return [event async for event in provider.stream(hello)]
+
+    first = asyncio.run(once())
+    second = asyncio.run(once())
+    assert first == second == [TextDelta("hi"), Finished("stop", None)]

@@ -317,8 +317,10 @@ async def test_the_same_idempotency_key_and_payload_return_the_first_submission(
     store: Store,
 ) -> None:
     first = await store.admit(new(key="k1"))
+    await store.append(CONV, [msg(1)])
     again = await store.admit(new(key="k1"))
     assert again.deduplicated and again.submission == first.submission
+    assert again.offset == first.offset == 0  # the first receipt, unchanged
     assert len(await store.list_submissions(CONV)) == 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import hearth.store
 from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, StoreError
 from hearth.records import UserMessage
-from hearth.store import NewSubmission, SQLiteStore, open_store
+from hearth.store import NewSubmission, SQLiteStore, Store, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -60,16 +61,17 @@ async def test_a_second_process_cannot_open_a_file_another_process_owns(tmp_path
         "    print(exc)\n"
         "    sys.exit(3)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     try:
+        await store.admit(new("support/c-1"))
         done = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-c", script],
             capture_output=True,
             text=True,
-            env=env,
+            env=_env(),
             timeout=60,
         )
+        assert await store.append("support/c-1", [msg(1)]) == [1]  # the owner is unharmed
     finally:
         await store.close()
     assert done.returncode == 3, done.stderr
@@ -77,6 +79,48 @@ async def test_a_second_process_cannot_open_a_file_another_process_owns(tmp_path
     assert "\n" not in message
     assert "another process owns the SQLite file" in message
     assert "PostgreSQL" in message
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.crash
+async def test_committed_work_survives_a_sigkill_and_the_file_reopens_at_once(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hearth.db"
+    script = (
+        "import asyncio, sys, time\n"
+        "from hearth.records import UserMessage\n"
+        "from hearth.store import NewSubmission, SQLiteStore\n"
+        "async def main():\n"
+        f"    store = SQLiteStore({str(path)!r})\n"
+        "    await store.open()\n"
+        "    await store.admit(NewSubmission('support/c-1', 'support', 'message', {}))\n"
+        "    for n in range(1, 101):\n"
+        "        m = UserMessage(id=f'm{n}', message_id=f'm{n}', content='x')\n"
+        "        await store.append('support/c-1', [m])\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n"
+        "asyncio.run(main())\n"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, env=_env()
+    )
+    try:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert line.strip() == b"ready"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        await child.wait()
+    store = await opened(path)
+    try:
+        assert await store.last_offset("support/c-1") == 100
+        assert len(await store.read("support/c-1")) == 101
+    finally:
+        await store.close()
 
 
 async def test_data_persists_after_close_and_reopen(tmp_path: Path) -> None:
@@ -180,6 +224,10 @@ async def test_close_finishes_the_work_already_queued(tmp_path: Path) -> None:
     await until_submitted(store, 2)
     await store.close()
     assert await pending == [1]
+
+
+def test_the_sqlite_store_implements_the_store_interface() -> None:
+    assert isinstance(SQLiteStore(":memory:"), Store)
 
 
 def test_an_unknown_synchronous_mode_is_a_configuration_error() -> None:

@@ -7,6 +7,7 @@ error status comes out of it as a ``ProviderError`` classified transient / overf
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import time
@@ -19,6 +20,7 @@ import httpx2
 from hearth.errors import ProviderError
 
 __all__ = [
+    "ClientSlot",
     "SSEEvent",
     "classify_failure",
     "error_details",
@@ -198,25 +200,19 @@ def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
 def _transport_failure(provider: str, url: str, exc: Exception) -> ProviderError:
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, httpx2.ConnectTimeout):
-        return ProviderError(
-            f"{provider}: timed out connecting to {url}", kind="transient"
-        )
+        return ProviderError(f"{provider}: timed out connecting to {url}", kind="transient")
     if isinstance(exc, httpx2.TimeoutException):
         return ProviderError(
             f"{provider}: timed out waiting for {url} ({type(exc).__name__})", kind="transient"
         )
     if isinstance(exc, httpx2.ConnectError):
-        return ProviderError(
-            f"{provider}: could not connect to {url}: {detail}", kind="transient"
-        )
+        return ProviderError(f"{provider}: could not connect to {url}: {detail}", kind="transient")
     if isinstance(exc, httpx2.UnsupportedProtocol | httpx2.LocalProtocolError):
         return ProviderError(f"{provider}: cannot send a request to {url}: {detail}")
     if isinstance(exc, httpx2.TooManyRedirects):
         return ProviderError(f"{provider}: too many redirects from {url}")
     # Reset, dropped or garbled connections: the stream was cut mid-way.
-    return ProviderError(
-        f"{provider}: the connection to {url} failed: {detail}", kind="transient"
-    )
+    return ProviderError(f"{provider}: the connection to {url} failed: {detail}", kind="transient")
 
 
 ErrorResponse = Callable[[int, str, httpx2.Headers], ProviderError]
@@ -251,3 +247,39 @@ async def post_sse(
         raise _transport_failure(provider, url, exc) from exc
     except httpx2.InvalidURL as exc:
         raise ProviderError(f"{provider}: invalid URL {url!r}: {exc}") from exc
+    except OSError as exc:  # a socket error the transport did not wrap
+        raise ProviderError(
+            f"{provider}: the connection to {url} failed: {exc}", kind="transient"
+        ) from exc
+
+
+class ClientSlot:
+    """A provider's httpx2 client: the one it was given, or one it makes on first use.
+
+    A client it made is closed by ``aclose`` and remade when used from another event loop (its
+    pooled connections belong to the loop that opened them); a given client is never touched.
+    """
+
+    def __init__(self, client: httpx2.AsyncClient | None, timeout: httpx2.Timeout) -> None:
+        self._client = client
+        self._owned = client is None
+        self._timeout = timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> httpx2.AsyncClient:
+        if not self._owned and self._client is not None:
+            return self._client
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._client is None or loop is not self._loop:
+            # The old client's connections died with their loop: let it be collected.
+            self._client = httpx2.AsyncClient(timeout=self._timeout)
+            self._loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._owned and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()

@@ -18,7 +18,13 @@ from typing import Any
 import httpx2
 
 from hearth.errors import ProviderError
-from hearth.providers._sse import classify_failure, error_details, post_sse, retry_after_seconds
+from hearth.providers._sse import (
+    ClientSlot,
+    classify_failure,
+    error_details,
+    post_sse,
+    retry_after_seconds,
+)
 from hearth.providers.base import (
     AssistantTurn,
     Finished,
@@ -31,7 +37,7 @@ from hearth.providers.base import (
     UserTurn,
 )
 from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW, context_window_for
-from hearth.providers.openai import SUMMARY_PREFIX, decode_arguments, note_text
+from hearth.providers.openai import decode_arguments, note_text, system_prompt
 
 __all__ = ["AnthropicProvider"]
 
@@ -105,8 +111,14 @@ def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
             else:  # its call is not in the transcript (e.g. compacted away): show it as text
                 text = json.dumps(message.content, default=str)
                 label = "error from" if message.is_error else "result of"
-                add("user", [_text_block(f"[{label} tool call {message.tool_call_id} "
-                                         f"({message.name})] {text}")])
+                add(
+                    "user",
+                    [
+                        _text_block(
+                            f"[{label} tool call {message.tool_call_id} ({message.name})] {text}"
+                        )
+                    ],
+                )
         else:
             add("user", [_text_block(note_text(message))])
 
@@ -260,10 +272,8 @@ class AnthropicProvider:
         self._api_key = api_key
         self._windows = dict(context_windows or {})
         self.max_tokens = max_tokens
-        self._timeout = httpx2.Timeout(timeout, connect=connect_timeout)
         self._headers = dict(headers or {})
-        self._client = client
-        self._owns_client = client is None
+        self._client = ClientSlot(client, httpx2.Timeout(timeout, connect=connect_timeout))
 
     @property
     def base_url(self) -> str:
@@ -278,16 +288,11 @@ class AnthropicProvider:
         return bool(model)
 
     def context_window(self, model: str) -> int:
-        return context_window_for(
-            model, default=DEFAULT_ANTHROPIC_WINDOW, overrides=self._windows
-        )
+        return context_window_for(model, default=DEFAULT_ANTHROPIC_WINDOW, overrides=self._windows)
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (``request.options`` are passed through)."""
-        system = request.system
-        if request.summary:
-            summary = f"{SUMMARY_PREFIX}{request.summary}"
-            system = f"{system}\n\n{summary}" if system else summary
+        system = system_prompt(request)
         body: dict[str, Any] = {
             "max_tokens": self.max_tokens,
             **request.options,
@@ -313,18 +318,13 @@ class AnthropicProvider:
             raise ProviderError("anthropic: ANTHROPIC_API_KEY is not set")
         return headers
 
-    def _http(self) -> httpx2.AsyncClient:
-        if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=self._timeout)
-        return self._client
-
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """Stream one message: text deltas, then every tool call, then ``Finished``."""
         headers = self._request_headers()
         body = self.request_body(request)
         reply = _Reply()
         events = post_sse(
-            self._http(),
+            self._client.get(),
             f"{self.base_url}/v1/messages",
             body=body,
             headers=headers,
@@ -361,9 +361,7 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         """Close the HTTP client if this provider created it."""
-        if self._client is not None and self._owns_client:
-            await self._client.aclose()
-            self._client = None
+        await self._client.aclose()
 
 
 def _classify(

@@ -124,7 +124,9 @@ def estimate_tokens(request: ModelRequest) -> int:
         if isinstance(m, UserTurn):
             size += len(m.content if isinstance(m.content, str) else json.dumps(m.content))
         elif isinstance(m, AssistantTurn):
-            size += len(m.text) + sum(len(json.dumps(c.arguments)) + len(c.name) for c in m.tool_calls)
+            size += len(m.text) + sum(
+                len(json.dumps(c.arguments)) + len(c.name) for c in m.tool_calls
+            )
         elif isinstance(m, ToolResult):
             size += len(json.dumps(m.content, default=str))
         else:

@@ -18,7 +18,13 @@ from typing import Any
 import httpx2
 
 from hearth.errors import ProviderError
-from hearth.providers._sse import classify_failure, error_details, post_sse, retry_after_seconds
+from hearth.providers._sse import (
+    ClientSlot,
+    classify_failure,
+    error_details,
+    post_sse,
+    retry_after_seconds,
+)
 from hearth.providers.base import (
     AssistantTurn,
     Finished,
@@ -39,8 +45,12 @@ __all__ = ["OpenAIProvider"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 SUMMARY_PREFIX = "Summary of the earlier conversation: "
 
-_STOP_REASONS = {"stop": "stop", "tool_calls": "tool_use", "function_call": "tool_use",
-                 "length": "length"}
+_STOP_REASONS = {
+    "stop": "stop",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "length": "length",
+}
 
 
 def note_text(note: SystemNote) -> str:
@@ -53,6 +63,14 @@ def result_text(result: ToolResult) -> str:
     content = result.content
     text = content if isinstance(content, str) else json.dumps(content, default=str)
     return f"error: {text}" if result.is_error else text
+
+
+def system_prompt(request: ModelRequest) -> str:
+    """The system prompt, followed by the latest compaction summary when there is one."""
+    if not request.summary:
+        return request.system
+    summary = f"{SUMMARY_PREFIX}{request.summary}"
+    return f"{request.system}\n\n{summary}" if request.system else summary
 
 
 def decode_arguments(raw: str) -> dict[str, Any]:
@@ -130,8 +148,11 @@ class _Transcript:
     def tool_result(self, result: ToolResult) -> None:
         if result.tool_call_id not in self._known:
             self._user.append(
-                {"type": "text", "text": f"[result of tool call {result.tool_call_id} "
-                 f"({result.name})] {result_text(result)}"}
+                {
+                    "type": "text",
+                    "text": f"[result of tool call {result.tool_call_id} "
+                    f"({result.name})] {result_text(result)}",
+                }
             )
             return
         if result.tool_call_id not in self._pending:
@@ -169,11 +190,7 @@ def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:
     if messages and messages[0]["role"] == "assistant":
         # Many chat templates require the first non-system message to be the user's.
         messages.insert(0, {"role": "user", "content": "(conversation continues)"})
-    system = request.system
-    if request.summary:
-        system = f"{system}\n\n{SUMMARY_PREFIX}{request.summary}" if system else (
-            f"{SUMMARY_PREFIX}{request.summary}"
-        )
+    system = system_prompt(request)
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return messages
@@ -299,10 +316,8 @@ class OpenAIProvider:
         self._base_url = base_url
         self._api_key = api_key
         self._windows = dict(context_windows or {})
-        self._timeout = httpx2.Timeout(timeout, connect=connect_timeout)
         self._headers = dict(headers or {})
-        self._client = client
-        self._owns_client = client is None
+        self._client = ClientSlot(client, httpx2.Timeout(timeout, connect=connect_timeout))
 
     @property
     def base_url(self) -> str:
@@ -354,18 +369,13 @@ class OpenAIProvider:
             )
         return headers
 
-    def _http(self) -> httpx2.AsyncClient:
-        if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=self._timeout)
-        return self._client
-
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """Stream one completion: text deltas, then every tool call, then ``Finished``."""
         headers = self._request_headers()
         body = self.request_body(request)
         reply = _Reply()
         events = post_sse(
-            self._http(),
+            self._client.get(),
             f"{self.base_url}/chat/completions",
             body=body,
             headers=headers,
@@ -404,9 +414,7 @@ class OpenAIProvider:
 
     async def aclose(self) -> None:
         """Close the HTTP client if this provider created it."""
-        if self._client is not None and self._owns_client:
-            await self._client.aclose()
-            self._client = None
+        await self._client.aclose()
 
 
 def _error_response(status: int, body: str, headers: httpx2.Headers) -> ProviderError:

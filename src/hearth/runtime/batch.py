@@ -25,7 +25,13 @@ from hearth.records import (
     ToolResultsCommitted,
     ToolStepSettled,
 )
-from hearth.runtime.recovery import TASK_TOOL, CallPlan, InterruptedTool, MessageView, plan_tool_batch
+from hearth.runtime.recovery import (
+    TASK_TOOL,
+    CallPlan,
+    InterruptedTool,
+    MessageView,
+    plan_tool_batch,
+)
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext
 
@@ -54,7 +60,9 @@ def interrupted_outcome(message_id: str, tool: InterruptedTool) -> ToolOutcome:
     )
 
 
-def error_outcome(call: AssistantToolCall, kind: str, message: str, duration_ms: int = 0) -> ToolOutcome:
+def error_outcome(
+    call: AssistantToolCall, kind: str, message: str, duration_ms: int = 0
+) -> ToolOutcome:
     return ToolOutcome(
         id=f"{call.message_id}:outcome:{call.tool_call_id}",
         message_id=call.message_id,
@@ -76,7 +84,9 @@ class ToolBatch:
     async def run(self) -> None:
         view = self.view
         declared = {name: t.durable for name, t in self.rendered.tools.items()}
-        plan = plan_tool_batch(view, self.attempt.sub.attempt, declared, list(self.rendered.subagents))
+        plan = plan_tool_batch(
+            view, self.attempt.sub.attempt, declared, list(self.rendered.subagents)
+        )
         state = await self.attempt.store.get_state(self.attempt.conversation_id)
         buffer = StateBuffer(state)
         jobs = []
@@ -89,7 +99,9 @@ class ToolBatch:
                 await self.journal.append(interrupted_outcome(view.message_id, tool))
             elif verdict is CallPlan.CHILD_GONE:
                 await self.journal.append(
-                    error_outcome(call, "subagent_missing", "the subagent for this task is no longer declared")
+                    error_outcome(
+                        call, "subagent_missing", "the subagent for this task is no longer declared"
+                    )
                 )
             else:
                 jobs.append(self._run_call(call, verdict, buffer))
@@ -111,7 +123,9 @@ class ToolBatch:
             ),
         )
 
-    async def _run_call(self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer) -> None:
+    async def _run_call(
+        self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer
+    ) -> None:
         started = time.monotonic()
         outcome = await self._call_outcome(call, verdict, buffer, started)
         await self.journal.append(outcome)
@@ -128,7 +142,9 @@ class ToolBatch:
             return await self.attempt.run_task(call, self.rendered)
         tool = self.rendered.tools.get(call.name)
         if tool is None:
-            return error_outcome(call, "unknown_tool", f"there is no tool named {call.name!r}", ms())
+            return error_outcome(
+                call, "unknown_tool", f"there is no tool named {call.name!r}", ms()
+            )
         token = current_unit.set(buffer)
         try:
             content = await self._invoke(tool, call)
@@ -176,7 +192,9 @@ class ToolBatch:
         async def record(name: str, value: Any) -> None:
             t0 = time.perf_counter()
             await self.journal.append(
-                ToolStepSettled(id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value)
+                ToolStepSettled(
+                    id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
+                )
             )
             metrics.observe_step(time.perf_counter() - t0)
 

@@ -35,7 +35,8 @@ def build_context(records: Sequence[Record]) -> tuple[str | None, list[Message]]
         if isinstance(rec, Compaction):
             summary = rec.summary
             start = next(
-                (i for i, r in enumerate(records) if r.offset >= rec.first_kept_offset), len(records)
+                (i for i, r in enumerate(records) if r.offset >= rec.first_kept_offset),
+                len(records),
             )
             break
     messages: list[Message] = []

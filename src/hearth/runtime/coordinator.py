@@ -130,7 +130,9 @@ class Coordinator:
             await asyncio.sleep(self.settings.heartbeat_s)
             for claim in list(self._claims.values()):
                 try:
-                    held = await self.store.renew(claim.sub.fence, self.owner, self.settings.lease_s)
+                    held = await self.store.renew(
+                        claim.sub.fence, self.owner, self.settings.lease_s
+                    )
                 except Exception:
                     log.exception("renewing the lease of %s failed", claim.sub.id)
                     continue

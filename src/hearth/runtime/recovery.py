@@ -21,7 +21,6 @@ from hearth.records import (
     AssistantToolCall,
     ChildConversationLinked,
     Compaction,
-    HookSeamCommitted,
     Record,
     Signal,
     ToolOutcome,
@@ -180,7 +179,9 @@ def plan_tool_batch(
         elif call.name == TASK_TOOL:
             agent = call.arguments.get("agent") if isinstance(call.arguments, dict) else None
             declared_child = isinstance(agent, str) and agent in subagents
-            plan[call.tool_call_id] = CallPlan.RESUME_CHILD if declared_child else CallPlan.CHILD_GONE
+            plan[call.tool_call_id] = (
+                CallPlan.RESUME_CHILD if declared_child else CallPlan.CHILD_GONE
+            )
         elif declared.get(call.name, False):
             plan[call.tool_call_id] = CallPlan.REEXECUTE
         else:
@@ -210,7 +211,7 @@ def backoff_delay(errors: int, retry_after: float | None, *, jitter: float | Non
         return float(retry_after)
     base = BACKOFF_BASE_S * 2 ** max(errors - 1, 0)
     j = random.uniform(0.8, 1.2) if jitter is None else jitter
-    return base * j
+    return float(base * j)
 
 
 def _interrupted_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
@@ -305,7 +306,9 @@ def _after_error(
         return Decision(
             Action.RETRY_TRANSIENT,
             message_id=last.message_id,
-            delay=backoff_delay(errors, retry_after if isinstance(retry_after, int | float) else None),
+            delay=backoff_delay(
+                errors, retry_after if isinstance(retry_after, int | float) else None
+            ),
             partial=bool(last.streamed_text) and not last.interrupted_signal,
         )
     if kind == "overflow":

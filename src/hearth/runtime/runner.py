@@ -83,7 +83,10 @@ class Attempt:
             decision = classify_recovery(evidence)
             if agent is None and decision.action not in _SETTLING:
                 await self._settle_failed(
-                    {"type": "agent_missing", "message": f"agent {self.agent_name!r} is not declared"}
+                    {
+                        "type": "agent_missing",
+                        "message": f"agent {self.agent_name!r} is not declared",
+                    }
                 )
                 return
             try:
@@ -145,7 +148,9 @@ class Attempt:
                 except ProviderError as exc:
                     compacted, reason = False, f"compaction failed: {exc.message}"
                 else:
-                    reason = "the context exceeds the model's window and nothing older can be compacted"
+                    reason = (
+                        "the context exceeds the model's window and nothing older can be compacted"
+                    )
                 if not compacted:
                     await self._settle_failed({"type": "provider_error", "message": reason})
                     return True
@@ -195,7 +200,9 @@ class Attempt:
         except ConfigurationError:
             raise
         except Exception as exc:
-            raise _AgentFailure(f"rendering {self.agent_name!r} raised {type(exc).__name__}: {exc}")
+            raise _AgentFailure(
+                f"rendering {self.agent_name!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _request(self, rendered: Rendered, model: str) -> ModelRequest:
         summary, messages = build_context(self.journal.records)
@@ -230,7 +237,9 @@ class Attempt:
             if not started:
                 started = True
                 await self.journal.append(
-                    AssistantMessageStarted(id=f"{mid}:started", message_id=mid, model=rendered.model)
+                    AssistantMessageStarted(
+                        id=f"{mid}:started", message_id=mid, model=rendered.model
+                    )
                 )
 
         calls: list[AssistantToolCall] = []
@@ -284,13 +293,17 @@ class Attempt:
 
     async def _tool_batch(self, message_id: str) -> None:
         rendered = await self._render()
-        view = next(v for v in assemble_messages(self._submission_records()) if v.message_id == message_id)
+        view = next(
+            v for v in assemble_messages(self._submission_records()) if v.message_id == message_id
+        )
         batch = ToolBatch(self, rendered, view)
         await batch.run()
 
     async def run_task(self, call: AssistantToolCall, rendered: Rendered) -> ToolOutcome:
         """Run (or resume) a delegated task in its child conversation."""
-        return error_outcome(call, "unknown_tool", "delegated tasks are not available in this build")
+        return error_outcome(
+            call, "unknown_tool", "delegated tasks are not available in this build"
+        )
 
     async def _compact(self) -> bool:
         rendered = await self._render()

@@ -15,7 +15,14 @@ from hearth.errors import (
     SubmissionNotFound,
     UnknownAgent,
 )
-from hearth.receipts import MAX_IDEMPOTENCY_KEY, AbortResult, Receipt, Reply, check_id, reply_or_raise
+from hearth.receipts import (
+    MAX_IDEMPOTENCY_KEY,
+    AbortResult,
+    Receipt,
+    Reply,
+    check_id,
+    reply_or_raise,
+)
 from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.runner import Env
@@ -56,7 +63,9 @@ class Runtime:
     def agent(self, name: str) -> Agent:
         agent = self.env.agents.get(name)
         if agent is None:
-            raise UnknownAgent(f"no agent named {name!r}; declared: {', '.join(sorted(self.env.agents))}")
+            raise UnknownAgent(
+                f"no agent named {name!r}; declared: {', '.join(sorted(self.env.agents))}"
+            )
         return agent
 
     async def dispatch(
@@ -73,9 +82,12 @@ class Runtime:
         check_id(id)
         kind, payload = _payload(message, signal)
         if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
+            not isinstance(idempotency_key, str)
+            or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
         ):
-            raise ValueError(f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters")
+            raise ValueError(
+                f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"
+            )
         if self.shutting_down:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
         admission = await self.store.admit(
@@ -166,7 +178,11 @@ def _payload(message: str | None, signal: dict[str, Any] | None) -> tuple[str, d
             raise ValueError("message must be a non-empty string")
         return "message", {"message": message}
     assert signal is not None
-    if not isinstance(signal, dict) or not isinstance(signal.get("type"), str) or not signal["type"]:
+    if (
+        not isinstance(signal, dict)
+        or not isinstance(signal.get("type"), str)
+        or not signal["type"]
+    ):
         raise ValueError("signal must be an object with a non-empty string 'type'")
     body = signal.get("body", "")
     attributes = signal.get("attributes") or {}

@@ -33,7 +33,9 @@ class DeltaWriter:
         self.text.append(delta)
         self._pending.append(delta)
         since = time.monotonic() - self._last_flush
-        if len(self._pending) >= FLUSH_CHUNKS or (since >= FLUSH_INTERVAL_S and self._timer is None):
+        if len(self._pending) >= FLUSH_CHUNKS or (
+            since >= FLUSH_INTERVAL_S and self._timer is None
+        ):
             await self.flush()
         elif self._timer is None:
             self._timer = asyncio.create_task(self._flush_later(FLUSH_INTERVAL_S - since))

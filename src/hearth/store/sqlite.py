@@ -91,6 +91,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     payload TEXT NOT NULL,
     idempotency_key TEXT,
     payload_digest TEXT NOT NULL,
+    admitted_offset INTEGER NOT NULL,
     status TEXT NOT NULL,
     outcome TEXT,
     error TEXT,
@@ -158,7 +159,6 @@ class SQLiteStore:
         self.submitted = 0
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._conn: sqlite3.Connection | None = None
         self._closing = False
         self._gate = threading.Event()
         self._gate.set()
@@ -185,6 +185,8 @@ class SQLiteStore:
     async def close(self) -> None:
         """Finish the queued work, stop the writer thread and close the file. Idempotent."""
         thread = self._thread
+        if thread is not None and not thread.is_alive():
+            self._thread = thread = None  # the writer died; nothing is left to stop
         if thread is None or self._closing:
             return
         self._closing = True
@@ -485,23 +487,27 @@ class SQLiteStore:
     # --- the writer thread ----------------------------------------------------------------------
     def _main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
         try:
-            self._conn = _connect(self.path, self.synchronous)
+            conn = _connect(self.path, self.synchronous)
         except BaseException as exc:
-            loop.call_soon_threadsafe(_fail, ready, exc)
+            _post(loop, _fail, ready, exc)
             return
-        loop.call_soon_threadsafe(_succeed, ready, None)
-        stop = self._serve(self._conn)
-        self._conn.close()
-        self._conn = None
-        while True:  # anything queued behind the stop is refused, never left hanging
-            try:
-                late = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(late, _Op):
-                late.error = StoreError("the SQLite store was closed")
-                late.loop.call_soon_threadsafe(self._deliver, [late])
-        stop.loop.call_soon_threadsafe(_succeed, stop.future, None)
+        _post(loop, _succeed, ready, None)
+        stop: _Stop | None = None
+        try:
+            stop = self._serve(conn)
+        finally:
+            self._closing = True
+            conn.close()
+            while True:  # anything queued behind the stop is refused, never left hanging
+                try:
+                    late = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(late, _Op):
+                    late.error = StoreError("the SQLite store was closed")
+                    _post(late.loop, self._deliver, [late])
+            if stop is not None:
+                _post(stop.loop, _succeed, stop.future, None)
 
     def _serve(self, conn: sqlite3.Connection) -> _Stop:
         while True:
@@ -557,7 +563,7 @@ class SQLiteStore:
         for op in group:
             by_loop.setdefault(op.loop, []).append(op)
         for loop, ops in by_loop.items():
-            loop.call_soon_threadsafe(self._deliver, ops)
+            _post(loop, self._deliver, ops)
 
     def _deliver(self, ops: list[_Op]) -> None:
         touched: Touched = {}
@@ -773,11 +779,12 @@ def _admit(conn: sqlite3.Connection, new: NewSubmission, touched: Touched) -> Ad
                     f"idempotency key {new.idempotency_key!r} was already used in"
                     f" {conversation_id} with a different payload; use a new key"
                 )
-            return Admission(_submission(row), _last_offset(conn, conversation_id), True)
+            return Admission(_submission(row), row["admitted_offset"], True)
+    offset = _last_offset(conn, conversation_id)
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
-        " payload_digest, status, attempt, max_attempts, timeout, accepted_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) RETURNING *",
+        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) RETURNING *",
         (
             "s_" + uuid.uuid4().hex[:20],
             conversation_id,
@@ -785,13 +792,13 @@ def _admit(conn: sqlite3.Connection, new: NewSubmission, touched: Touched) -> Ad
             _json(new.payload),
             new.idempotency_key,
             digest,
+            offset,
             QUEUED,
             new.max_attempts,
             new.timeout,
             time.time(),
         ),
     ).fetchone()
-    offset = _last_offset(conn, conversation_id)
     touched[conversation_id] = offset  # wakes the coordinator's ``wait_any``
     return Admission(_submission(row), offset, False)
 
@@ -872,6 +879,13 @@ def _as_store_error(exc: Exception) -> Exception:
     if isinstance(exc, sqlite3.Error):
         return StoreError(f"SQLite error: {exc}")
     return exc
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
 
 
 def _succeed(future: asyncio.Future[Any], value: Any) -> None:

@@ -24,7 +24,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hearth.records import Record
@@ -115,9 +114,7 @@ class CrashHarness:
                 receipts.append(json.loads(line[len("receipt ") :]))
         result = ChildRun(proc.returncode, receipts, proc.stdout, proc.stderr)
         if not result.ok and not result.killed:
-            raise RuntimeError(
-                f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
-            )
+            raise RuntimeError(f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
         return result
 
     def run_until_settled(self, *, max_runs: int = 20, timeout: float = 60.0) -> int:
@@ -133,6 +130,10 @@ class CrashHarness:
 
     def submissions(self, conversation_id: str | None = None) -> list[Submission]:
         return asyncio.run(self._with_store(lambda s: s.list_submissions(conversation_id)))
+
+    def request_abort(self, conversation_id: str) -> list[str]:
+        """Stamp an abort intent while no process is running (as a peer process would)."""
+        return asyncio.run(self._with_store(lambda s: s.request_abort(conversation_id)))
 
     def state(self, conversation_id: str) -> dict[str, Any]:
         return asyncio.run(self._with_store(lambda s: s.get_state(conversation_id)))
