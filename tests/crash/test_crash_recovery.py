@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from crashlab import Lab
 
 from hearth.records import (
     AssistantMessageCompleted,
@@ -18,8 +19,6 @@ from hearth.records import (
     UserMessage,
 )
 
-from crashlab import Lab
-
 pytestmark = pytest.mark.crash
 
 
@@ -32,7 +31,9 @@ def settled(records: list[Record]) -> list[SubmissionSettled]:
 
 
 def test_killed_before_the_input_was_appended_gets_a_clean_first_attempt(lab: Lab) -> None:
-    first = lab.harness.run(dispatch=[("toolie", "c1", "charge me")], crash_at="before:user_message")
+    first = lab.harness.run(
+        dispatch=[("toolie", "c1", "charge me")], crash_at="before:user_message"
+    )
     assert first.killed
     records = lab.harness.history("toolie/c1")
     assert of(records, UserMessage) == []
@@ -80,7 +81,9 @@ def test_killed_inside_an_ordinary_tool_does_not_run_it_again(lab: Lab) -> None:
 
 
 def test_killed_after_the_tool_ran_but_before_its_outcome_landed_is_not_run_again(lab: Lab) -> None:
-    first = lab.harness.run(dispatch=[("toolie", "c1", "charge me")], crash_at="before:tool_outcome")
+    first = lab.harness.run(
+        dispatch=[("toolie", "c1", "charge me")], crash_at="before:tool_outcome"
+    )
     assert first.killed
     assert lab.count("charge") == 1
     assert lab.harness.run().ok
@@ -120,7 +123,9 @@ def test_parallel_calls_keep_the_recorded_outcome_and_mark_the_other(lab: Lab) -
 
 
 def test_killed_after_the_response_completed_settles_without_a_model_call(lab: Lab) -> None:
-    first = lab.harness.run(dispatch=[("finisher", "c1", "hi")], crash_at="before:submission_settled")
+    first = lab.harness.run(
+        dispatch=[("finisher", "c1", "hi")], crash_at="before:submission_settled"
+    )
     assert first.killed
     assert lab.harness.run().ok  # the script has one response: a second model call would fail
     records = lab.harness.history("finisher/c1")
@@ -194,7 +199,9 @@ def test_a_state_write_in_an_interrupted_batch_is_rolled_back(lab: Lab) -> None:
 
 
 def test_a_state_write_in_a_committed_batch_is_kept_across_a_crash(lab: Lab) -> None:
-    first = lab.harness.run(dispatch=[("stateful", "c1", "bump")], crash_at="after:tool_results_committed")
+    first = lab.harness.run(
+        dispatch=[("stateful", "c1", "bump")], crash_at="after:tool_results_committed"
+    )
     assert first.killed
     assert lab.harness.run().ok
     records = lab.harness.history("stateful/c1")

@@ -149,42 +149,51 @@ class FakeServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
-            method, path, _ = request_line.split(" ", 2)
-            headers = {}
-            for line in header_lines:
-                if ":" in line:
-                    name, value = line.split(":", 1)
-                    headers[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            self.requests.append(Seen(method, path, headers, body))
-            answer = self.answers.popleft() if self.answers else Answer(status=599)
-            await asyncio.sleep(answer.head_delay)
-            lines = [
-                f"HTTP/1.1 {answer.status} Scripted",
-                "transfer-encoding: chunked",
-                "connection: close",
-            ]
-            lines += [f"{k}: {v}" for k, v in answer.headers.items()]
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-            await writer.drain()
-            for part in answer.parts:
-                writer.write(b"%x\r\n%s\r\n" % (len(part), part))
-                await writer.drain()
-                await asyncio.sleep(answer.delay)
-            if answer.end == "finish":
-                writer.write(b"0\r\n\r\n")
-                await writer.drain()
-            elif answer.end == "hang":
-                # Wait for the client to go away; EOF (or a reset) marks the disconnect.
-                with contextlib.suppress(ConnectionError):
-                    await asyncio.wait_for(reader.read(), timeout=10)
-                self.disconnected_at = time.monotonic()
+            # Keep-alive: serve requests on this connection until an answer ends it.
+            while await self._serve_one(reader, writer):
+                pass
         except (ConnectionError, asyncio.IncompleteReadError):
             self.disconnected_at = time.monotonic()
         finally:
             writer.close()
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+            return False  # the client closed an idle keep-alive connection
+        request_line, *header_lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = request_line.split(" ", 2)
+        headers = {}
+        for line in header_lines:
+            if ":" in line:
+                name, value = line.split(":", 1)
+                headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        self.requests.append(Seen(method, path, headers, body))
+        answer = self.answers.popleft() if self.answers else Answer(status=599)
+        await asyncio.sleep(answer.head_delay)
+        keep_alive = answer.end == "finish"
+        lines = [f"HTTP/1.1 {answer.status} Scripted", "transfer-encoding: chunked"]
+        lines += [] if keep_alive else ["connection: close"]
+        lines += [f"{k}: {v}" for k, v in answer.headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        await writer.drain()
+        for part in answer.parts:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(answer.delay)
+        if answer.end == "finish":
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        elif answer.end == "hang":
+            # Wait for the client to go away; EOF (or a reset) marks the disconnect.
+            with contextlib.suppress(ConnectionError):
+                await asyncio.wait_for(reader.read(), timeout=10)
+            self.disconnected_at = time.monotonic()
+        return keep_alive
 
 
 @pytest.fixture

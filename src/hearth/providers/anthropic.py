@@ -35,9 +35,12 @@ from hearth.providers.base import (
     ToolCallEvent,
     ToolResult,
     UserTurn,
+    decode_tool_arguments,
+    note_text,
+    result_text,
+    system_prompt,
 )
 from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW, context_window_for
-from hearth.providers.openai import decode_arguments, note_text, system_prompt
 
 __all__ = ["AnthropicProvider"]
 
@@ -109,16 +112,8 @@ def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
             if message.tool_call_id in known_calls:
                 add("user", [_result_block(message)])
             else:  # its call is not in the transcript (e.g. compacted away): show it as text
-                text = json.dumps(message.content, default=str)
-                label = "error from" if message.is_error else "result of"
-                add(
-                    "user",
-                    [
-                        _text_block(
-                            f"[{label} tool call {message.tool_call_id} ({message.name})] {text}"
-                        )
-                    ],
-                )
+                label = f"[result of tool call {message.tool_call_id} ({message.name})]"
+                add("user", [_text_block(f"{label} {result_text(message)}")])
         else:
             add("user", [_text_block(note_text(message))])
 
@@ -180,7 +175,7 @@ class _Reply:
                 continue
             raw = "".join(block.json_parts)
             if raw:
-                arguments = decode_arguments(raw)
+                arguments = decode_tool_arguments(raw)
             else:
                 arguments = block.input if isinstance(block.input, dict) else {}
             call_id = block.id or f"call_{uuid.uuid4().hex}"

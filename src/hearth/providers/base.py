@@ -134,3 +134,43 @@ def estimate_tokens(request: ModelRequest) -> int:
     for t in request.tools:
         size += len(t.name) + len(t.description) + len(json.dumps(t.parameters))
     return size // 4 + 1
+
+
+# --- rendering helpers shared by the HTTP providers -------------------------------------------
+
+SUMMARY_PREFIX = "Summary of the earlier conversation: "
+
+
+def system_prompt(request: ModelRequest) -> str:
+    """The system prompt, followed by the latest compaction summary when there is one."""
+    if not request.summary:
+        return request.system
+    summary = f"{SUMMARY_PREFIX}{request.summary}"
+    return f"{request.system}\n\n{summary}" if request.system else summary
+
+
+def note_text(note: SystemNote) -> str:
+    """How a runtime note reads on the user side of the conversation."""
+    return f"[runtime note: {note.kind}] {note.text}"
+
+
+def result_text(result: ToolResult) -> str:
+    """A tool result as text: strings as they are, anything else as JSON; errors marked."""
+    import json
+
+    content = result.content
+    text = content if isinstance(content, str) else json.dumps(content, default=str)
+    return f"error: {text}" if result.is_error else text
+
+
+def decode_tool_arguments(raw: str) -> dict[str, Any]:
+    """A tool call's arguments object; what is not a JSON object is kept as ``{"_raw": raw}``."""
+    import json
+
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"_raw": raw}
+    return value if isinstance(value, dict) else {"_raw": raw}

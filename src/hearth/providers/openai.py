@@ -31,19 +31,21 @@ from hearth.providers.base import (
     Message,
     ModelEvent,
     ModelRequest,
-    SystemNote,
     TextDelta,
     ToolCall,
     ToolCallEvent,
     ToolResult,
     UserTurn,
+    decode_tool_arguments,
+    note_text,
+    result_text,
+    system_prompt,
 )
 from hearth.providers.models import DEFAULT_OPENAI_WINDOW, context_window_for
 
 __all__ = ["OpenAIProvider"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-SUMMARY_PREFIX = "Summary of the earlier conversation: "
 
 _STOP_REASONS = {
     "stop": "stop",
@@ -51,37 +53,6 @@ _STOP_REASONS = {
     "function_call": "tool_use",
     "length": "length",
 }
-
-
-def note_text(note: SystemNote) -> str:
-    """How a runtime note reads on the user side of the conversation."""
-    return f"[runtime note: {note.kind}] {note.text}"
-
-
-def result_text(result: ToolResult) -> str:
-    """A tool result as text: strings as they are, anything else as JSON; errors marked."""
-    content = result.content
-    text = content if isinstance(content, str) else json.dumps(content, default=str)
-    return f"error: {text}" if result.is_error else text
-
-
-def system_prompt(request: ModelRequest) -> str:
-    """The system prompt, followed by the latest compaction summary when there is one."""
-    if not request.summary:
-        return request.system
-    summary = f"{SUMMARY_PREFIX}{request.summary}"
-    return f"{request.system}\n\n{summary}" if request.system else summary
-
-
-def decode_arguments(raw: str) -> dict[str, Any]:
-    """A tool call's arguments object; what is not a JSON object is kept as ``{"_raw": raw}``."""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {"_raw": raw}
-    return value if isinstance(value, dict) else {"_raw": raw}
 
 
 # --- request ------------------------------------------------------------------------------------
@@ -277,7 +248,7 @@ class _Reply:
             ToolCall(
                 id=call.id or f"call_{uuid.uuid4().hex}",
                 name=call.name,
-                arguments=decode_arguments("".join(call.arguments)),
+                arguments=decode_tool_arguments("".join(call.arguments)),
             )
             for _, call in sorted(self.calls.items())
         ]

@@ -1,0 +1,399 @@
+"""The in-process runtime: admission, the turn loop, tools, state, abort, deadlines, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import pydantic
+import pytest
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult
+from hearth.records import (
+    AssistantTextDelta,
+    Record,
+    Signal,
+    SubmissionSettled,
+    ToolOutcome,
+    UserMessage,
+)
+from hearth.testing import ScriptedModel, Step, call, calls, error, reply, stall, stream
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def app_with(*agents: hearth.Agent, models: list[ScriptedModel], db: str = "memory") -> hearth.App:
+    return hearth.App(list(agents), db=db, providers=models)
+
+
+def simple_agent(
+    model: str, *tools: hearth.Tool, name: str | None = None, **kw: Any
+) -> hearth.Agent:
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model(f"scripted/{model}")
+        for t in tools:
+            ctx.use_tool(t)
+        return "system"
+
+    return hearth.Agent(render, name=name or model, **kw)
+
+
+def of(records: list[Record], kind: type[Record]) -> list[Any]:
+    return [r for r in records if isinstance(r, kind)]
+
+
+def results(request: ModelRequest) -> list[ToolResult]:
+    return [m for m in request.messages if isinstance(m, ToolResult)]
+
+
+# --- admission and reading -------------------------------------------------------------------
+
+
+async def test_dispatch_returns_a_receipt_and_read_returns_the_reply() -> None:
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("hello there")])])
+    async with app.run() as rt:
+        receipt = await rt.dispatch("a", "c-1", "hi")
+        assert receipt.conversation_id == "a/c-1" and receipt.offset == 0
+        reply_ = await rt.read(receipt, timeout=10)
+    assert reply_ == hearth.Reply("hello there", receipt.submission_id, "completed")
+
+
+async def test_the_same_idempotency_key_and_payload_return_the_first_receipt() -> None:
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("one")], repeat_last=True)])
+    async with app.run() as rt:
+        first = await rt.dispatch("a", "c", "hi", idempotency_key="k1")
+        await rt.read(first, timeout=10)
+        again = await rt.dispatch("a", "c", "hi", idempotency_key="k1")
+        assert again.submission_id == first.submission_id and again.deduplicated
+        with pytest.raises(hearth.IdempotencyConflict):
+            await rt.dispatch("a", "c", "something else", idempotency_key="k1")
+        assert len(await rt.store.list_submissions("a/c")) == 1
+
+
+@pytest.mark.parametrize(
+    ("agent", "id", "message", "exc"),
+    [
+        ("nobody", "c", "hi", hearth.UnknownAgent),
+        ("a", "bad id", "hi", hearth.InvalidId),
+        ("a", "-x", "hi", hearth.InvalidId),
+        ("a", "c", "", ValueError),
+    ],
+)
+async def test_bad_input_is_refused_before_admission(
+    agent: str, id: str, message: str, exc: type
+) -> None:
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("x")])])
+    async with app.run() as rt:
+        with pytest.raises(exc):
+            await rt.dispatch(agent, id, message)
+        assert await rt.store.list_submissions() == []
+
+
+async def test_an_idempotency_key_over_256_characters_is_refused() -> None:
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("x")])])
+    async with app.run() as rt:
+        with pytest.raises(ValueError, match="idempotency_key"):
+            await rt.dispatch("a", "c", "hi", idempotency_key="k" * 257)
+
+
+async def test_submissions_of_one_conversation_run_one_at_a_time_in_admission_order() -> None:
+    model = ScriptedModel(
+        "a", lambda req: stream("re: ", str(req.messages[-1].content), delay=0.02)
+    )  # type: ignore[union-attr]
+    app = app_with(simple_agent("a"), models=[model])
+    async with app.run() as rt:
+        receipts = [await rt.dispatch("a", "c", f"m{i}") for i in range(4)]
+        replies = [await rt.read(r, timeout=10) for r in receipts]
+        history = await rt.history("a", "c")
+    assert [r.text for r in replies] == ["re: m0", "re: m1", "re: m2", "re: m3"]
+    kinds = [r.type for r in history if r.type in ("user_message", "submission_settled")]
+    assert kinds == ["user_message", "submission_settled"] * 4
+
+
+async def test_different_conversations_run_concurrently() -> None:
+    both_inside = asyncio.Event()
+    inside = 0
+
+    @hearth.tool
+    async def meet() -> str:
+        """Wait for the other conversation."""
+        nonlocal inside
+        inside += 1
+        if inside == 2:
+            both_inside.set()
+        await asyncio.wait_for(both_inside.wait(), 5)
+        return "met"
+
+    model = ScriptedModel("a", [calls(call("meet")), reply("done")])
+    app = app_with(simple_agent("a", meet), models=[model])
+    async with app.run() as rt:
+        r1 = await rt.dispatch("a", "c1", "go")
+        r2 = await rt.dispatch("a", "c2", "go")
+        assert (await rt.read(r1, timeout=10)).text == "done"
+        assert (await rt.read(r2, timeout=10)).text == "done"
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+class Address(pydantic.BaseModel):
+    city: str
+    zip: str
+
+
+@hearth.tool
+def ship(
+    order_id: Annotated[str, pydantic.Field(description="The order to ship")],
+    to: Address,
+    express: bool = False,
+) -> Address:
+    """Ship an order."""
+    return Address(city=to.city.upper(), zip=to.zip)
+
+
+def test_a_tool_schema_comes_from_its_signature() -> None:
+    spec = ship.spec()
+    assert spec.name == "ship" and spec.description == "Ship an order."
+    props = spec.parameters["properties"]
+    assert props["order_id"]["description"] == "The order to ship"
+    assert props["express"]["default"] is False
+    assert spec.parameters["required"] == ["order_id", "to"]
+
+
+async def test_tool_results_validation_errors_and_exceptions_are_outcomes_the_model_sees() -> None:
+    runs = []
+
+    @hearth.tool
+    async def explode() -> None:
+        """Fail."""
+        runs.append("explode")
+        raise RuntimeError("boom")
+
+    def script(request: ModelRequest) -> Step:
+        if not results(request):
+            return calls(
+                call("ship", order_id="7", to={"city": "oslo", "zip": "0150"}),
+                call("ship", order_id="8"),
+                call("explode"),
+                call("missing"),
+            )
+        return reply(
+            ";".join(
+                f"{r.name}:{r.content['type'] if r.is_error else r.content}"
+                for r in results(request)
+            )
+        )
+
+    app = app_with(simple_agent("a", ship, explode), models=[ScriptedModel("a", script)])
+    async with app.run() as rt:
+        reply_ = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+        outcomes = of(await rt.history("a", "c"), ToolOutcome)
+    assert reply_.text == (
+        "ship:{'city': 'OSLO', 'zip': '0150'};ship:validation;"
+        "explode:exception;missing:unknown_tool"
+    )
+    assert runs == ["explode"]  # an exception is not retried
+    assert outcomes[2].content["message"] == "RuntimeError: boom"
+    assert "to" in outcomes[1].content["message"]
+
+
+async def test_step_names_must_be_unique_non_empty_and_values_json() -> None:
+    @hearth.tool(durable=True)
+    async def misuse(how: str, ctx: hearth.ToolContext) -> str:
+        """Break step rules."""
+        assert ctx.step is not None
+        if how == "reuse":
+            await ctx.step.do("a", lambda: 1)
+            await ctx.step.do("a", lambda: 2)
+        elif how == "empty":
+            await ctx.step.do("", lambda: 1)
+        else:
+            await ctx.step.do("obj", lambda: object())
+        return "unreachable"
+
+    model = ScriptedModel(
+        "a",
+        [
+            calls(
+                call("misuse", how="reuse"), call("misuse", how="empty"), call("misuse", how="json")
+            ),
+            lambda req: reply(" | ".join(r.content["message"] for r in results(req))),
+        ],
+    )
+    app = app_with(simple_agent("a", misuse), models=[model])
+    async with app.run() as rt:
+        text = (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text
+    assert "already used" in text and "non-empty" in text and "not JSON" in text
+
+
+def test_a_durable_tool_needs_a_tool_context_parameter() -> None:
+    def plain(x: int) -> int:
+        return x
+
+    with pytest.raises(hearth.ConfigurationError, match="ToolContext"):
+        hearth.tool(durable=True)(plain)
+
+
+def test_agent_names_default_from_the_function_and_must_be_valid() -> None:
+    def customer_support(ctx: hearth.AgentContext) -> str:
+        return ""
+
+    assert hearth.agent(customer_support).name == "customer-support"
+    with pytest.raises(hearth.ConfigurationError):
+        hearth.Agent(customer_support, name="Bad_Name")
+    with pytest.raises(TypeError):
+        hearth.Durability(max_attempt=3)  # type: ignore[call-arg]
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+async def test_state_written_by_a_tool_is_visible_to_the_next_render() -> None:
+    @hearth.agent
+    def counter(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/counter")
+        n, set_n = ctx.use_state("n", 0)
+
+        @hearth.tool
+        def incr() -> int:
+            """Increment."""
+            set_n(n + 1)
+            set_n(n + 1)  # the same value twice is one write
+            return n + 1
+
+        ctx.use_tool(incr)
+        return f"n={n}"
+
+    model = ScriptedModel(
+        "counter", [calls(call("incr")), lambda req: reply(req.system)], repeat_last=False
+    )
+    app = app_with(counter, models=[model])
+    async with app.run() as rt:
+        assert (await rt.read(await rt.dispatch("counter", "c", "go"), timeout=10)).text == "n=1"
+        assert await rt.store.get_state("counter/c") == {"n": 1}
+        writes = [r for r in await rt.history("counter", "c") if r.type == "state_write"]
+        assert len(writes) == 1
+
+
+async def test_setting_state_during_render_fails_the_submission_clearly() -> None:
+    @hearth.agent
+    def eager(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/eager")
+        _, set_flag = ctx.use_state("flag", False)
+        set_flag(True)
+        return ""
+
+    app = app_with(eager, models=[ScriptedModel("eager", [reply("x")])])
+    async with app.run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(await rt.dispatch("eager", "c", "go"), timeout=10)
+    assert info.value.type == "agent_error"
+    assert "while eager was rendering" in str(info.value)
+
+
+# --- abort, deadlines, provider errors --------------------------------------------------------
+
+
+async def test_abort_settles_running_and_queued_work_aborted() -> None:
+    model = ScriptedModel("a", [stall(after_chunks=["thinking"])], repeat_last=True)
+    app = app_with(simple_agent("a"), models=[model])
+    async with app.run() as rt:
+        running = await rt.dispatch("a", "c", "first")
+        queued = await rt.dispatch("a", "c", "second")
+        while not any(isinstance(r, AssistantTextDelta) for r in await rt.history("a", "c")):
+            await asyncio.sleep(0.01)
+        result = await rt.abort("a", "c")
+        assert result.aborted and set(result.submission_ids) == {
+            running.submission_id,
+            queued.submission_id,
+        }
+        for receipt in (running, queued):
+            with pytest.raises(hearth.SubmissionAborted):
+                await rt.read(receipt, timeout=10)
+        history = await rt.history("a", "c")
+    assert len(model.requests) == 1  # the queued one did no model work
+    assert len(of(history, UserMessage)) == 1
+    assert [s.signal_type for s in of(history, Signal)] == [
+        "submission_aborted",
+        "submission_aborted",
+    ]
+    closed = [r for r in history if r.type == "assistant_message_completed"]
+    assert closed[0].stop_reason == "aborted" and closed[0].text == "thinking"
+
+
+async def test_abort_after_completion_keeps_it_completed() -> None:
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("done")])])
+    async with app.run() as rt:
+        receipt = await rt.dispatch("a", "c", "go")
+        await rt.read(receipt, timeout=10)
+        result = await rt.abort("a", "c")
+        assert not result.aborted and result.submission_ids == []
+        assert (await rt.read(receipt)).text == "done"
+
+
+async def test_the_deadline_is_enforced_on_running_work() -> None:
+    agent = simple_agent("a", durability=hearth.Durability(timeout=0.5))
+    app = app_with(agent, models=[ScriptedModel("a", [stall()])])
+    async with app.run() as rt:
+        receipt = await rt.dispatch("a", "c", "go")
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(receipt, timeout=10)
+    assert info.value.type == "timeout"
+
+
+async def test_transient_provider_errors_are_retried_then_succeed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+    attempts = 0
+
+    def script(request: ModelRequest) -> Step:
+        nonlocal attempts
+        attempts += 1
+        return error("transient", "503 overloaded") if attempts <= 2 else reply("finally")
+
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", script)])
+    async with app.run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "finally"
+    assert attempts == 3
+
+
+async def test_a_terminal_provider_error_fails_with_its_message() -> None:
+    app = app_with(
+        simple_agent("a"), models=[ScriptedModel("a", [error("terminal", "401 bad key")])]
+    )
+    async with app.run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+    assert info.value.type == "provider_error" and "401 bad key" in str(info.value)
+
+
+# --- shutdown --------------------------------------------------------------------------------
+
+
+async def test_graceful_shutdown_releases_running_work_and_the_next_run_finishes_it(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    model = ScriptedModel(
+        "a", [stream("part one, ", "part two", delays=[0, 30]), reply("the rest")]
+    )
+    app = app_with(simple_agent("a"), models=[model], db=db)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("a", "c", "go")
+        while not any(isinstance(r, AssistantTextDelta) for r in await rt.history("a", "c")):
+            await asyncio.sleep(0.01)
+    async with app.run() as rt:
+        sub = await rt.submission(receipt.submission_id)
+        assert sub.status == "running" and sub.outcome is None and sub.lease_expires_at == 0
+        assert (await rt.read(receipt, timeout=10)).text == "the rest"
+        history = await rt.history("a", "c")
+    assert len(of(history, SubmissionSettled)) == 1
+    assert [s.signal_type for s in of(history, Signal)] == ["stream_interrupted"]
