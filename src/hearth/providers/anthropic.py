@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,7 +313,7 @@ class AnthropicProvider:
             raise ProviderError("anthropic: ANTHROPIC_API_KEY is not set")
         return headers
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Stream one message: text deltas, then every tool call, then ``Finished``."""
         headers = self._request_headers()
         body = self.request_body(request)

@@ -7,7 +7,7 @@ retry on their own (retries belong to the durable budget).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -108,7 +108,7 @@ class ModelProvider(Protocol):
         """The model's context window in tokens."""
         ...
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Stream the response. Cancelling the iteration closes the underlying request."""
         ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from hearth.errors import ProviderError
@@ -43,9 +44,10 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
     )
     tokens_before = estimate_tokens(request)
     parts: list[str] = []
-    async for event in provider.stream(request):
-        if isinstance(event, TextDelta):
-            parts.append(event.text)
+    async with contextlib.aclosing(provider.stream(request)) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
     text = "".join(parts).strip()
     if not text:
         raise ProviderError("the model returned an empty summary", kind="transient")

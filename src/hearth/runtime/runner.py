@@ -7,6 +7,7 @@ classifier decide, do that one step, repeat until the submission settles.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -245,24 +246,25 @@ class Attempt:
         calls: list[AssistantToolCall] = []
         stop_reason, usage = "stop", None
         try:
-            async for event in provider.stream(request):
-                if isinstance(event, TextDelta):
-                    if event.text:
-                        await ensure_started()
-                        await writer.add(event.text)
-                elif isinstance(event, ToolCallEvent):
-                    c = event.call
-                    calls.append(
-                        AssistantToolCall(
-                            id=f"{mid}:call:{c.id}",
-                            message_id=mid,
-                            tool_call_id=c.id,
-                            name=c.name,
-                            arguments=c.arguments,
+            async with contextlib.aclosing(provider.stream(request)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        if event.text:
+                            await ensure_started()
+                            await writer.add(event.text)
+                    elif isinstance(event, ToolCallEvent):
+                        c = event.call
+                        calls.append(
+                            AssistantToolCall(
+                                id=f"{mid}:call:{c.id}",
+                                message_id=mid,
+                                tool_call_id=c.id,
+                                name=c.name,
+                                arguments=c.arguments,
+                            )
                         )
-                    )
-                else:
-                    stop_reason, usage = event.stop_reason, event.usage
+                    else:
+                        stop_reason, usage = event.stop_reason, event.usage
         except ProviderError as exc:
             await writer.close()
             await ensure_started()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -282,7 +282,7 @@ class ScriptedModel:
     async def aclose(self) -> None:
         return None
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Play the step chosen for ``request``; cancelling stops it at once (sleeps included)."""
         self.requests.append(request)
         position = sum(1 for m in request.messages if isinstance(m, AssistantTurn))

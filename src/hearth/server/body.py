@@ -1,0 +1,96 @@
+"""Reading a JSON request body: media type, size limit (enforced while reading), parsing."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from hearth.server.errors import ApiError
+
+# Past the limit the rest of a body is read and dropped up to this many bytes, so that an
+# ordinary client, still uploading, reads the 413 instead of a broken pipe. Never buffered.
+_DRAIN_LIMIT = 16 * 1024 * 1024
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+async def read_json(request: Request, max_body: int) -> Any:
+    """The parsed body, or an ``ApiError`` (415, 413 or 400)."""
+    if not is_json_media_type(request.headers.get("content-type")):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "send the body as JSON, with the header Content-Type: application/json",
+        )
+    too_big = ApiError(
+        413,
+        "payload_too_large",
+        f"the body is over the limit of {max_body} bytes (HEARTH_MAX_BODY)",
+        {"max_body": max_body},
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
+        if length > max_body:
+            if length > _DRAIN_LIMIT:
+                raise too_big  # not worth reading at all; the connection will be closed
+            await _drain(request)
+            raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                if size <= _DRAIN_LIMIT:
+                    continue
+                break
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "invalid_request", "the client went away mid-body") from None
+    if size > max_body:
+        raise too_big
+    return parse_json(b"".join(chunks))
+
+
+async def _drain(request: Request) -> None:
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > _DRAIN_LIMIT:
+                return
+    except ClientDisconnect:
+        return
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON: no ``NaN``/``Infinity``, no overflowing numbers."""
+    if not raw.strip():
+        raise ApiError(400, "invalid_json", "the body is empty; send a JSON object")
+    try:
+        return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value

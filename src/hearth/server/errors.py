@@ -1,0 +1,86 @@
+"""The JSON error envelope, and how hearth's exceptions map onto HTTP statuses.
+
+Every error answer is ``{"error": {"type": str, "message": str, "details": ...}}``. The ``type`` is
+a stable snake_case word that the client SDK maps back onto ``hearth.errors``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from hearth.errors import (
+    ConfigurationError,
+    ConversationNotFound,
+    HearthError,
+    IdempotencyConflict,
+    InvalidId,
+    ShuttingDown,
+    StoreError,
+    SubmissionNotFound,
+    UnknownAgent,
+)
+
+log = logging.getLogger("hearth.server")
+
+
+class ApiError(Exception):
+    """An answer other than success, raised anywhere below an endpoint."""
+
+    def __init__(
+        self,
+        status: int,
+        type: str,
+        message: str,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.type, self.message, self.details, self.headers)
+
+
+def error_response(
+    status: int,
+    type: str,
+    message: str,
+    details: Any = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"type": type, "message": message, "details": details}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# The statuses of hearth's own errors; anything unlisted is a server fault (500).
+_MAPPED: list[tuple[type[BaseException], int, str]] = [
+    (UnknownAgent, 404, "unknown_agent"),
+    (ConversationNotFound, 404, "conversation_not_found"),
+    (SubmissionNotFound, 404, "submission_not_found"),
+    (InvalidId, 400, "invalid_id"),
+    (IdempotencyConflict, 409, "idempotency_conflict"),
+    (ShuttingDown, 503, "shutting_down"),
+    (StoreError, 503, "unavailable"),
+    (ConfigurationError, 503, "unavailable"),
+]
+
+
+def api_error(exc: BaseException) -> ApiError:
+    """The answer for an exception raised while serving a request."""
+    if isinstance(exc, ApiError):
+        return exc
+    for kind, status, name in _MAPPED:
+        if isinstance(exc, kind):
+            headers = {"Retry-After": "1"} if status == 503 else None
+            return ApiError(status, name, str(exc) or name.replace("_", " "), headers=headers)
+    if isinstance(exc, HearthError):
+        return ApiError(500, "internal", f"{type(exc).__name__}: {exc}")
+    log.error("unexpected error while serving a request", exc_info=exc)
+    return ApiError(500, "internal", "the server failed; see its log")

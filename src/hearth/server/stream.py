@@ -1,0 +1,160 @@
+"""Reading a conversation's stream over HTTP: SSE that stays open, JSON pages, long-polls.
+
+Live tailing needs no database polling: before each read, a waiter is armed on the store's
+``StreamNotifier``, so an append committed while the read runs still wakes the reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from hearth.errors import StoreError
+from hearth.records import Record
+from hearth.runtime.runtime import Runtime
+from hearth.store.base import Submission
+
+PAGE_LIMIT = 1000  # records in one JSON page
+_SSE_BATCH = 500  # records read per step while an SSE stream catches up
+_RECHECK_S = 5.0  # how often an idle reader looks at ``shutting_down`` set from elsewhere
+
+
+def record_json(record: Record) -> str:
+    return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+
+class AppendWaiter:
+    """Armed before a read, so that an append committed during that read is not missed."""
+
+    def __init__(self, runtime: Runtime, conversation_id: str) -> None:
+        self._task = asyncio.ensure_future(runtime.store.notifier.wait(conversation_id))
+
+    async def __aenter__(self) -> AppendWaiter:
+        await asyncio.sleep(0)  # let the waiter register before the caller reads
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._task.cancel()
+
+    async def wait(self, timeout: float | None, also: asyncio.Future[Any]) -> None:
+        """Until an append, ``also`` completes, or ``timeout`` passes."""
+        await asyncio.wait({self._task, also}, timeout=timeout, return_when="FIRST_COMPLETED")
+
+
+class Closing:
+    """Set once when the server begins to shut down; readers end their answers then."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def watch(self, *others: Callable[[], Awaitable[Any]]) -> asyncio.Task[None]:
+        """A task done when closing begins (or when any of ``others`` returns)."""
+
+        async def first() -> None:
+            waits = [asyncio.ensure_future(self.event.wait())]
+            waits += [asyncio.ensure_future(other()) for other in others]
+            try:
+                await asyncio.wait(waits, return_when="FIRST_COMPLETED")
+            finally:
+                for w in waits:
+                    w.cancel()
+
+        return asyncio.ensure_future(first())
+
+
+def sse_response(
+    runtime: Runtime,
+    conversation_id: str,
+    after: int,
+    closing: Closing,
+    heartbeat_s: float,
+    on_open: Callable[[int], None] = lambda _: None,
+) -> EventSourceResponse:
+    """One SSE event per committed record after ``after``; stays open, tails live."""
+    shutdown = anyio.Event()  # set by sse-starlette when the ASGI server itself is exiting
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        stop = closing.watch(shutdown.wait)
+        on_open(+1)
+        last = after
+        try:
+            while not stop.done() and not runtime.shutting_down:
+                async with AppendWaiter(runtime, conversation_id) as waiter:
+                    batch = await runtime.store.read(conversation_id, after=last, limit=_SSE_BATCH)
+                    if not batch:
+                        await waiter.wait(_RECHECK_S, stop)
+                        continue
+                for record in batch:
+                    yield ServerSentEvent(data=record_json(record), id=str(record.offset))
+                last = batch[-1].offset
+        except StoreError:
+            return  # the store closed under us: the server is going away
+        finally:
+            stop.cancel()
+            on_open(-1)
+
+    return EventSourceResponse(
+        events(),
+        ping=heartbeat_s,
+        headers={"Cache-Control": "no-store"},
+        shutdown_event=shutdown,
+        shutdown_grace_period=1.0,
+    )
+
+
+async def json_page(
+    runtime: Runtime,
+    conversation_id: str,
+    after: int,
+    limit: int,
+    wait: float,
+    closing: Closing,
+) -> dict[str, Any]:
+    """Up to ``limit`` records after ``after``; with ``wait``, long-poll for the first one."""
+    deadline = time.monotonic() + wait
+    stop = closing.watch()
+    try:
+        while True:
+            async with AppendWaiter(runtime, conversation_id) as waiter:
+                records = await runtime.store.read(conversation_id, after=after, limit=limit + 1)
+                left = deadline - time.monotonic()
+                if records or left <= 0 or stop.done():
+                    break
+                await waiter.wait(left, stop)
+    finally:
+        stop.cancel()
+    more = len(records) > limit
+    records = records[:limit]
+    return {
+        "records": [r.to_json() for r in records],
+        "next_offset": records[-1].offset if records else after,
+        "up_to_date": not more,
+    }
+
+
+async def wait_for_settlement(
+    runtime: Runtime, sub: Submission, wait: float, closing: Closing
+) -> Submission:
+    """The submission once settled, or as it stands after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    stop = closing.watch()
+    try:
+        while sub.outcome is None:
+            async with AppendWaiter(runtime, sub.conversation_id) as waiter:
+                sub = await runtime.submission(sub.id)  # the settlement is an append: re-read
+                left = deadline - time.monotonic()
+                if sub.outcome is not None or left <= 0 or stop.done():
+                    break
+                await waiter.wait(left, stop)
+    finally:
+        stop.cancel()
+    return sub

@@ -1,0 +1,107 @@
+"""JSON views of durable state: a conversation's snapshot and a submission's status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hearth.records import Record
+from hearth.store.base import Submission
+
+
+def submission_view(sub: Submission) -> dict[str, Any]:
+    """What ``GET .../submissions/{sid}`` answers."""
+    return {
+        "id": sub.id,
+        "conversation_id": sub.conversation_id,
+        "status": sub.status,
+        "outcome": sub.outcome,
+        "error": sub.error,
+        "reply": sub.reply,
+        "attempt": sub.attempt,
+        "accepted_at": sub.accepted_at,
+        "settled_at": sub.settled_at,
+    }
+
+
+def snapshot(conversation_id: str, records: list[Record], subs: list[Submission]) -> dict[str, Any]:
+    """The conversation as messages (deltas folded in) plus its submissions."""
+    return {
+        "conversation_id": conversation_id,
+        "offset": records[-1].offset if records else -1,
+        "messages": messages(records),
+        "submissions": [_submission_summary(s) for s in subs],
+    }
+
+
+def _submission_summary(sub: Submission) -> dict[str, Any]:
+    out = sub.to_json()
+    out.pop("conversation_id", None)
+    return out
+
+
+def messages(records: list[Record]) -> list[dict[str, Any]]:
+    """User, assistant, tool and signal messages in stream order.
+
+    An assistant message still streaming shows its persisted text with ``"in_progress": true``.
+    """
+    out: list[dict[str, Any]] = []
+    open_messages: dict[str, dict[str, Any]] = {}
+    for record in records:
+        r = record.to_json()
+        kind = r["type"]
+        if kind == "user_message":
+            out.append(_msg("user", r, content=r["content"], message_id=r["message_id"]))
+        elif kind == "signal":
+            out.append(
+                _msg(
+                    "signal",
+                    r,
+                    signal_type=r["signal_type"],
+                    body=r["body"],
+                    attributes=r["attributes"],
+                )
+            )
+        elif kind == "assistant_message_started":
+            msg = _msg(
+                "assistant",
+                r,
+                message_id=r["message_id"],
+                model=r["model"],
+                text="",
+                tool_calls=[],
+                in_progress=True,
+            )
+            open_messages[r["message_id"]] = msg
+            out.append(msg)
+        elif kind == "assistant_text_delta" and r["message_id"] in open_messages:
+            open_messages[r["message_id"]]["text"] += r["delta"]
+        elif kind == "assistant_tool_call" and r["message_id"] in open_messages:
+            open_messages[r["message_id"]]["tool_calls"].append(
+                {"id": r["tool_call_id"], "name": r["name"], "arguments": r["arguments"]}
+            )
+        elif kind == "assistant_message_completed":
+            msg = open_messages.pop(r["message_id"], None)
+            if msg is None:
+                msg = _msg("assistant", r, message_id=r["message_id"], tool_calls=[])
+                out.append(msg)
+            msg.update(
+                in_progress=False, text=r["text"], stop_reason=r["stop_reason"], error=r["error"]
+            )
+        elif kind == "tool_outcome":
+            out.append(
+                _msg(
+                    "tool",
+                    r,
+                    tool_call_id=r["tool_call_id"],
+                    name=r["name"],
+                    is_error=r["is_error"],
+                    content=r["content"],
+                )
+            )
+        elif kind == "compaction":
+            out.append(_msg("summary", r, summary=r["summary"]))
+    return out
+
+
+def _msg(role: str, r: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"role": role, "offset": r["offset"], "submission_id": r["submission_id"], **fields}
