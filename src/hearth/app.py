@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hearth.agent import Agent
 from hearth.config import Settings
@@ -15,6 +15,9 @@ from hearth.runtime.metrics import Metrics
 from hearth.runtime.runner import Env
 from hearth.runtime.runtime import Runtime
 from hearth.store import open_store
+
+if TYPE_CHECKING:
+    from hearth.server import HearthASGI
 
 
 def _builtin_providers() -> list[ModelProvider]:
@@ -94,3 +97,17 @@ class App:
                 await runtime.stop()
             finally:
                 await store.close()
+
+    def asgi(self, *, sse_heartbeat_s: float = 15.0) -> HearthASGI:
+        """The HTTP API (SPEC §8) as an ASGI app: run it with any ASGI server, or mount it.
+
+        Its lifespan starts and stops the runtime; mounted inside another Starlette/FastAPI
+        app (whose mounts get no lifespan) it starts on the first request, or pass
+        ``lifespan=api.lifespan`` to the outer app. Example::
+
+            api = app.asgi()
+            outer = Starlette(routes=[Mount("/hearth", api)], lifespan=api.lifespan)
+        """
+        from hearth.server import build_asgi
+
+        return build_asgi(self, sse_heartbeat_s=sse_heartbeat_s)

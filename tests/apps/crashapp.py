@@ -194,7 +194,4 @@ models = [
 app = hearth.App(
     [streamer, toolie, durable, parallel, finisher, fragile, hurried, stateful],
     providers=models,
-    lease_s=5,
-    heartbeat_s=1,
-    scan_s=1,
 )

@@ -17,7 +17,12 @@ class Lab:
         self.harness = CrashHarness(
             app,
             db=tmp_path / "hearth.db",
-            env={"HEARTH_TEST_LOG": str(self.log)},
+            env={
+                "HEARTH_TEST_LOG": str(self.log),
+                "HEARTH_LEASE_S": "5",
+                "HEARTH_HEARTBEAT_S": "1",
+                "HEARTH_SCAN_S": "1",
+            },
             pythonpath=[APPS],
         )
 

@@ -74,4 +74,4 @@ def script(request: ModelRequest) -> Step:
     return reply("plain")
 
 
-app = hearth.App([mixed], providers=[ScriptedModel("mixed", script)], lease_s=5, heartbeat_s=1)
+app = hearth.App([mixed], providers=[ScriptedModel("mixed", script)])

@@ -210,3 +210,20 @@ def test_a_state_write_in_a_committed_batch_is_kept_across_a_crash(lab: Lab) -> 
     assert lab.harness.state("stateful/c1") == {"count": 1}
     (done,) = settled(records)
     assert done.reply == "saw bump=ok; count=1"
+
+
+def test_a_restarted_process_takes_over_a_dead_local_owner_without_waiting_for_the_lease(
+    lab: Lab,
+) -> None:
+    slow_leases = {"HEARTH_LEASE_S": "300", "HEARTH_HEARTBEAT_S": "100", "HEARTH_SCAN_S": "300"}
+    first = lab.harness.run(
+        dispatch=[("toolie", "c1", "charge me")], crash_at="tool:charge", env=slow_leases
+    )
+    assert first.killed
+    (sub,) = lab.harness.submissions("toolie/c1")
+    assert sub.status == "running" and sub.lease_expires_at is not None
+    assert sub.lease_expires_at > time.time() + 200  # the dead owner's lease is far from expiry
+    # the restart must settle well within its own timeout, long before the lease would expire
+    assert lab.harness.run(env=slow_leases, timeout=20).ok
+    (done,) = settled(lab.harness.history("toolie/c1"))
+    assert done.outcome == "completed"

@@ -80,11 +80,11 @@ def messages(records: list[Record]) -> list[dict[str, Any]]:
                 {"id": r["tool_call_id"], "name": r["name"], "arguments": r["arguments"]}
             )
         elif kind == "assistant_message_completed":
-            msg = open_messages.pop(r["message_id"], None)
-            if msg is None:
-                msg = _msg("assistant", r, message_id=r["message_id"], tool_calls=[])
-                out.append(msg)
-            msg.update(
+            done = open_messages.pop(r["message_id"], None)
+            if done is None:
+                done = _msg("assistant", r, message_id=r["message_id"], tool_calls=[])
+                out.append(done)
+            done.update(
                 in_progress=False, text=r["text"], stop_reason=r["stop_reason"], error=r["error"]
             )
         elif kind == "tool_outcome":

@@ -1,0 +1,224 @@
+"""The ASGI application: one hearth ``App`` (or a running ``Runtime``) behind HTTP.
+
+Lifecycle. Run directly by an ASGI server (``hearth serve``, ``uvicorn``), the application's own
+lifespan starts the runtime and stops it. Mounted inside another Starlette or FastAPI app, where
+sub-application lifespans never run, it starts the runtime on the first request instead; give the
+outer app ``lifespan=hearth_asgi.lifespan`` to start it at boot and stop it gracefully::
+
+    api = app.asgi()
+    outer = Starlette(routes=[Mount("/hearth", api)], lifespan=api.lifespan)
+
+Built from a ``Runtime`` that the caller started, it never starts or stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from hearth.config import Settings
+from hearth.runtime.runtime import Runtime
+from hearth.server.errors import ApiError, api_error, error_response
+from hearth.server.stream import Closing
+
+if TYPE_CHECKING:
+    from hearth.app import App
+
+log = logging.getLogger("hearth.server")
+
+Endpoint = Callable[["HearthASGI", Request], Awaitable[Response]]
+DEFAULT_HEARTBEAT_S = 15.0
+
+
+class HearthASGI:
+    """The HTTP API of SPEC §8 as an ASGI callable. Make one with ``app.asgi()``."""
+
+    def __init__(self, target: App | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S):
+        if isinstance(target, Runtime):
+            self._app: App | None = None
+            self._runtime: Runtime | None = target
+        else:
+            self._app = target
+            self._runtime = None
+        self.sse_heartbeat_s = sse_heartbeat_s
+        self.closing = Closing()
+        self.sse_streams = 0
+        self._start_lock: asyncio.Lock | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._release: asyncio.Event | None = None
+        self._stopper: asyncio.Task[None] | None = None
+        from hearth.server.routes import routes
+
+        self._router = Starlette(
+            routes=[
+                Route(path, self._endpoint(fn), methods=methods) for path, fn, methods in routes()
+            ],
+            exception_handlers={HTTPException: _http_exception},
+            lifespan=self.lifespan,
+        )
+
+    # --- settings and the runtime ---------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        if self._runtime is not None:
+            return self._runtime.settings
+        assert self._app is not None
+        return self._app.settings
+
+    @property
+    def shutting_down(self) -> bool:
+        rt = self._runtime
+        return self.closing.is_set() or (rt is not None and rt.shutting_down)
+
+    async def runtime(self) -> Runtime:
+        """The running runtime, started now if nobody started it yet."""
+        if self._runtime is not None:
+            return self._runtime
+        if self.closing.is_set():
+            raise ApiError(503, "shutting_down", "the server is shutting down")
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._runtime is None:
+                await self._start()
+        assert self._runtime is not None
+        return self._runtime
+
+    async def _start(self) -> None:
+        assert self._app is not None
+        app = self._app
+        ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+        release = asyncio.Event()
+
+        async def own() -> None:
+            # One task holds ``app.run()`` open from start to stop, whoever asked for either.
+            try:
+                async with app.run() as rt:
+                    ready.set_result(rt)
+                    await release.wait()
+            except BaseException as exc:
+                if not ready.done():
+                    ready.set_exception(exc)
+                    return
+                raise
+
+        owner = asyncio.create_task(own(), name="hearth-runtime")
+        try:
+            self._runtime = await ready
+        except Exception as exc:
+            await asyncio.gather(owner, return_exceptions=True)
+            raise ApiError(503, "unavailable", f"the runtime could not start: {exc}") from exc
+        self._owner, self._release = owner, release
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting (503), end open streams and long-polls, and interrupt running work so
+        that its leases are released. Safe to call more than once; needs the event loop."""
+        self.closing.event.set()
+        rt = self._runtime
+        if rt is not None and self._owner is not None:
+            rt.shutting_down = True
+            if self._stopper is None:
+                self._stopper = asyncio.ensure_future(rt.stop())
+
+    async def stop(self) -> None:
+        """Shut down and close the store (when this app started the runtime)."""
+        self.begin_shutdown()
+        owner, release = self._owner, self._release
+        if owner is None or release is None:
+            return
+        if self._stopper is not None:
+            with contextlib.suppress(Exception):
+                await self._stopper
+        release.set()
+        try:
+            await owner
+        finally:
+            self._owner = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Any = None) -> AsyncIterator[None]:
+        """Start the runtime before serving and stop it after; usable as an outer app's
+        ``lifespan``."""
+        if self._app is not None:
+            try:
+                await self.runtime()
+            except ApiError as exc:
+                raise RuntimeError(exc.message) from exc.__cause__
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    def count_sse(self, delta: int) -> None:
+        self.sse_streams += delta
+
+    # --- requests -------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._authorized(scope):
+            response = error_response(
+                401,
+                "unauthorized",
+                "a bearer token is required: send Authorization: Bearer <HEARTH_TOKEN>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self._router(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        token = self.settings.token
+        if not token or route_path(scope) == "/healthz":
+            return True
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, given = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    return hmac.compare_digest(given.strip().encode(), token.encode())
+        return False
+
+    def _endpoint(self, fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            try:
+                return await fn(self, request)
+            except Exception as exc:
+                return api_error(exc).response()
+
+        return handle
+
+
+def route_path(scope: Scope) -> str:
+    """The request path below the mount point, if mounted."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :] or "/"
+    return path
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    message = {
+        404: f"no route {request.method} {route_path(request.scope)}; see /openapi.json",
+        405: f"{request.method} is not allowed here",
+    }.get(exc.status_code, exc.detail)
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(exc.status_code, kind, message, headers=headers)
+
+
+def build_asgi(
+    target: App | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+) -> HearthASGI:
+    """The ASGI application serving ``target`` (an ``App``, or a ``Runtime`` you started)."""
+    return HearthASGI(target, sse_heartbeat_s=sse_heartbeat_s)

@@ -1,0 +1,109 @@
+"""Operational routes: liveness, metrics, the OpenAPI description, the admin view, the console."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from hearth.server.errors import ApiError
+from hearth.server.openapi import openapi_document
+from hearth.store.base import Submission
+
+if TYPE_CHECKING:
+    from hearth.server.asgi import HearthASGI
+
+RECENT = 20  # settled submissions listed by the admin view
+_QUEUED_TOO_LONG_S = 60.0
+
+
+async def healthz(server: HearthASGI, request: Request) -> Response:
+    await server.runtime()
+    if server.shutting_down:
+        raise ApiError(503, "shutting_down", "the server is shutting down")
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(server: HearthASGI, request: Request) -> Response:
+    rt = await server.runtime()
+    text = rt.env.metrics.render()
+    text += f"# TYPE hearth_sse_streams gauge\nhearth_sse_streams {server.sse_streams}\n"
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def openapi(server: HearthASGI, request: Request) -> Response:
+    return JSONResponse(openapi_document(request.scope.get("root_path", "")))
+
+
+async def admin_submissions(server: HearthASGI, request: Request) -> Response:
+    """Submissions by status, the leases held, and work that looks stuck (for ``hearth inspect``).
+
+    Counting reads every submission row: an operator's tool, not a hot path.
+    """
+    rt = await server.runtime()
+    conversation = request.query_params.get("conversation") or None
+    subs = await rt.store.list_submissions(conversation)
+    now = time.time()
+    unsettled = [s for s in subs if s.outcome is None]
+    settled = [s for s in subs if s.outcome is not None]
+    settled.sort(key=lambda s: s.settled_at or 0.0, reverse=True)
+    return JSONResponse(
+        {
+            "now": now,
+            "owner": rt.coordinator.owner,
+            "counts": dict(Counter(s.status for s in subs)),
+            "outcomes": dict(Counter(s.outcome for s in settled)),
+            "unsettled": [s.to_json() for s in unsettled],
+            "recent": [s.to_json() for s in settled[:RECENT]],
+            "leases": [
+                {
+                    "submission_id": s.id,
+                    "conversation_id": s.conversation_id,
+                    "owner": s.lease_owner,
+                    "expires_in_s": round((s.lease_expires_at or now) - now, 3),
+                    "attempt": s.attempt,
+                }
+                for s in unsettled
+                if s.status == "running"
+            ],
+            "stuck": [
+                {"submission_id": s.id, "conversation_id": s.conversation_id, "reason": reason}
+                for s in unsettled
+                if (reason := stuck_reason(s, now))
+            ],
+        }
+    )
+
+
+def stuck_reason(sub: Submission, now: float) -> str | None:
+    """Why an unsettled submission looks stuck, or None."""
+    if sub.status == "running" and sub.lease_expires_at is not None and sub.lease_expires_at < now:
+        return "its lease expired: its owner is gone and the next scan will take it over"
+    if sub.deadline is not None and sub.deadline < now:
+        return "it is past its deadline and should settle failed at once"
+    if sub.status == "queued" and now - sub.accepted_at > _QUEUED_TOO_LONG_S:
+        waited = now - sub.accepted_at
+        return f"queued for {waited:.0f} s (is an earlier one of its conversation running?)"
+    return None
+
+
+_CONSOLE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>hearth</title>
+<style>body{font:15px/1.5 system-ui,sans-serif;max-width:44rem;margin:3rem auto;padding:0 1rem}
+code{background:#f3f3f3;padding:0 .25rem}</style></head>
+<body><h1>hearth</h1>
+<p>This server runs durable agents. The web console is not built yet; meanwhile:</p>
+<ul>
+<li><a href="openapi.json">openapi.json</a>: the HTTP API</li>
+<li><a href="healthz">healthz</a> and <a href="metrics">metrics</a></li>
+<li><code>hearth tail AGENT ID</code> follows a conversation live;
+<code>hearth inspect</code> lists submissions, leases and stuck work</li>
+</ul></body></html>
+"""
+
+
+async def console(server: HearthASGI, request: Request) -> Response:
+    return HTMLResponse(_CONSOLE)
