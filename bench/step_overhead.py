@@ -55,9 +55,8 @@ async def main(steps: int, sync: str) -> None:
     warm = samples[50:] if len(samples) > 100 else samples
     ms = [s * 1000 for s in warm]
     print(f"step.do on SQLite synchronous={sync}: {len(ms)} steps")
-    print(
-        f"  median {statistics.median(ms):.3f} ms   p90 {pct(ms, 0.9):.3f} ms   p99 {pct(ms, 0.99):.3f} ms"
-    )
+    median, p90, p99 = statistics.median(ms), pct(ms, 0.9), pct(ms, 0.99)
+    print(f"  median {median:.3f} ms   p90 {p90:.3f} ms   p99 {p99:.3f} ms")
 
 
 if __name__ == "__main__":

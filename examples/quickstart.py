@@ -1,6 +1,7 @@
 """The README's quick example: an agent with an ordinary and a durable tool, on SQLite."""
 
 import asyncio
+
 import hearth
 from hearth.testing import ScriptedModel, call, calls, reply
 

@@ -81,7 +81,9 @@ def check_invariants(lab: Lab, conversations: set[str], admitted: int) -> None:
     for conv in conversations:
         records = lab.harness.history(f"mixed/{conv}")
         assert [r.offset for r in records] == list(range(len(records)))  # dense offsets
-        settled_ids.update(r.submission_id or "" for r in records if isinstance(r, SubmissionSettled))
+        settled_ids.update(
+            r.submission_id or "" for r in records if isinstance(r, SubmissionSettled)
+        )
         started = {r.message_id for r in records if isinstance(r, AssistantMessageStarted)}
         completed = {r.message_id for r in records if isinstance(r, AssistantMessageCompleted)}
         assert started == completed  # nobody is left mid-message

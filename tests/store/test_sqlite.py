@@ -338,7 +338,8 @@ async def test_a_cancelled_caller_does_not_undo_its_write() -> None:
     [
         (None, "./hearth.db", "FULL"),
         ("memory", ":memory:", "FULL"),
-        ("sqlite:///abs/path.db", "/abs/path.db", "FULL"),
+        ("sqlite:///relative.db", "relative.db", "FULL"),
+        ("sqlite:////abs/path.db", "/abs/path.db", "FULL"),
         ("sqlite://relative.db", "relative.db", "FULL"),
         ("sqlite://data/hearth.db?synchronous=normal", "data/hearth.db", "NORMAL"),
         ("sqlite://:memory:", ":memory:", "FULL"),
@@ -356,7 +357,7 @@ def test_open_store_says_postgresql_is_not_available_yet() -> None:
         open_store("postgresql://user@localhost/hearth")
 
 
-@pytest.mark.parametrize("url", ["mysql://localhost/db", "", "sqlite://", "sqlite://x.db?y=1"])
+@pytest.mark.parametrize("url", ["mysql://localhost/db", "", "sqlite://", "sqlite:///", "sqlite://x.db?y=1"])
 def test_open_store_refuses_other_urls(url: str) -> None:
     with pytest.raises(ConfigurationError):
         open_store(url)

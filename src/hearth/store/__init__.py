@@ -2,7 +2,7 @@
 
 Example::
 
-    store = open_store("sqlite:///var/lib/app/hearth.db")
+    store = open_store("sqlite:////var/lib/app/hearth.db")
     await store.open()   # creates or checks the schema; ``hearth migrate`` does just this
 """
 
@@ -28,15 +28,16 @@ from hearth.store.base import (
 from hearth.store.sqlite import SQLiteStore
 
 DEFAULT_PATH = "./hearth.db"
-_URL_FORMS = "sqlite:///abs/path.db, sqlite://relative/path.db, a file path, or 'memory'"
+_URL_FORMS = "sqlite:///relative/path.db, sqlite:////abs/path.db, a file path, or 'memory'"
 
 
 def open_store(url: str | None) -> Store:
     """Make the store a database URL names; ``await store.open()`` before using it.
 
     ``None`` → the SQLite file ``./hearth.db``; ``"memory"`` → a private in-memory SQLite
-    database; ``"sqlite:///abs/path.db"``, ``"sqlite://relative.db"`` or a plain path → that
-    SQLite file. A SQLite URL may end in ``?synchronous=NORMAL`` (default ``FULL``).
+    database; ``"sqlite:///hearth.db"`` (relative to the working directory),
+    ``"sqlite:////var/lib/hearth.db"`` (absolute: four slashes, as in SQLAlchemy) or a plain
+    path → that SQLite file. A SQLite URL may end in ``?synchronous=NORMAL`` (default ``FULL``).
     """
     if url is None:
         return SQLiteStore(DEFAULT_PATH)
@@ -57,6 +58,8 @@ def open_store(url: str | None) -> Store:
     if scheme != "sqlite":
         raise ConfigurationError(f"unsupported database URL {url!r}; use {_URL_FORMS}")
     path, _, query = rest.partition("?")
+    if path.startswith("/"):
+        path = path[1:]  # sqlite:///x.db names x.db; sqlite:////abs/x.db names /abs/x.db
     options = dict(parse_qsl(query, keep_blank_values=True))
     synchronous = options.pop("synchronous", "FULL")
     if options:
@@ -67,7 +70,7 @@ def open_store(url: str | None) -> Store:
     if not path:
         raise ConfigurationError(f"database URL {url!r} names no file; use {_URL_FORMS}")
     return SQLiteStore(
-        ":memory:" if path in (":memory:", "/:memory:") else path, synchronous=synchronous
+        ":memory:" if path == ":memory:" else path, synchronous=synchronous
     )
 
 
