@@ -6,6 +6,7 @@ outcome (completed, failed or aborted), through crashes, restarts and redeploys.
 
 from hearth.agent import Agent, AgentContext, Durability, agent
 from hearth.app import App
+from hearth.client import AsyncClient, Client
 from hearth.errors import (
     ConfigurationError,
     ConversationNotFound,
@@ -38,6 +39,8 @@ __all__ = [
     "Agent",
     "AgentContext",
     "App",
+    "AsyncClient",
+    "Client",
     "ConfigurationError",
     "ConversationNotFound",
     "Durability",

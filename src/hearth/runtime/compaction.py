@@ -31,9 +31,9 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
     previous = next((r for r in reversed(records) if isinstance(r, Compaction)), None)
     start = previous.first_kept_offset if previous is not None else 0
     older = [r for r in records if start <= r.offset < first_kept and not isinstance(r, Compaction)]
-    if not older:
-        return False
     _, messages = build_context(older)
+    if not messages:
+        return False  # nothing the model has seen lies before the input (only bookkeeping)
     summary = previous.summary if previous is not None else None
     request = ModelRequest(
         model=model,
@@ -59,4 +59,6 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
             tokens_before=tokens_before,
         )
     )
+    # The caller may rebuild the context at once (the pre-call estimate): let it see the record.
+    await attempt.journal.refresh()
     return True

@@ -21,10 +21,12 @@ from hearth.records import (
     AssistantToolCall,
     ChildConversationLinked,
     Compaction,
+    HookSeamCommitted,
     Record,
     Signal,
     ToolOutcome,
     ToolResultsCommitted,
+    UserMessage,
 )
 
 TASK_TOOL = "task"  # the built-in delegation tool
@@ -39,6 +41,8 @@ class Action(Enum):
     RUN_TOOLS = "run_tools"  # run or repair the open tool batch, then commit it
     RETRY_TRANSIENT = "retry_transient"  # back off, then ask the model again
     COMPACT = "compact"  # summarise older records, then retry the turn
+    RUN_START_HOOKS = "run_start_hooks"  # the on_agent_start seam of a delivered input
+    RUN_FINISH_HOOKS = "run_finish_hooks"  # the on_agent_finish seam where the response stops
     SETTLE_COMPLETED = "settle_completed"
     SETTLE_ABORTED = "settle_aborted"
     SETTLE_FAILED = "settle_failed"
@@ -63,6 +67,13 @@ class Evidence:
     max_attempts: int
     deadline_passed: bool
     abort_requested: bool
+    start_hooks: bool = False  # the current render declares on_agent_start callbacks
+    finish_hooks: bool = False  # the current render declares on_agent_finish callbacks
+
+
+START_HOOK = "on_agent_start"
+FINISH_HOOK = "on_agent_finish"
+CONTINUATION = "continuation"  # the signal type of text appended by an on_agent_finish hook
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,7 @@ def plan_tool_batch(
             plan[call.tool_call_id] = CallPlan.KEEP
         elif call.attempt == attempt:
             plan[call.tool_call_id] = CallPlan.RUN
-        elif call.name == TASK_TOOL:
+        elif call.name == TASK_TOOL and TASK_TOOL not in declared:
             agent = call.arguments.get("agent") if isinstance(call.arguments, dict) else None
             declared_child = isinstance(agent, str) and agent in subagents
             plan[call.tool_call_id] = (
@@ -226,16 +237,48 @@ def _interrupted_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, .
     )
 
 
-def _completed_reply(views: Sequence[MessageView]) -> str | None:
-    """The final text if the submission's last assistant message is a completed response with
-    nothing after it left to do (no tool calls)."""
+def _completed_response(
+    views: Sequence[MessageView], records: Sequence[Record]
+) -> MessageView | None:
+    """The submission's last assistant message if it is a finished response with nothing left
+    to do after it: no tool calls, and no input or continuation appended since."""
     if not views:
         return None
     last = views[-1]
     done = last.completed
     if done is None or done.stop_reason not in ("stop", "length") or last.calls:
         return None
-    return done.text
+    if any(_model_visible(r) for r in records[last.index :]):
+        return None
+    return last
+
+
+def _model_visible(rec: Record) -> bool:
+    return isinstance(rec, UserMessage) or (
+        isinstance(rec, Signal) and rec.signal_type == CONTINUATION
+    )
+
+
+def _seams(records: Sequence[Record], hook: str) -> set[str]:
+    return {r.message_id for r in records if isinstance(r, HookSeamCommitted) and r.hook == hook}
+
+
+def input_key(rec: Record) -> str:
+    """The id a start seam is keyed on: a user message's ``message_id``, else the record id."""
+    return rec.message_id if isinstance(rec, UserMessage) else rec.id
+
+
+def _pending_start_seam(records: Sequence[Record], views: Sequence[MessageView]) -> str | None:
+    """The first delivered input after the last assistant message whose start seam is missing."""
+    done = _seams(records, START_HOOK)
+    after = views[-1].index if views else -1
+    for i, rec in enumerate(records):
+        if i <= after:
+            continue
+        delivered = isinstance(rec, UserMessage) or (i == 0 and isinstance(rec, Signal))
+        if delivered and input_key(rec) not in done:
+            return input_key(rec)
+    return None
 
 
 def classify_recovery(ev: Evidence) -> Decision:
@@ -243,10 +286,18 @@ def classify_recovery(ev: Evidence) -> Decision:
     (``close_open_messages``); this function assumes every message in ``ev.records`` is closed
     or was never started."""
     views = assemble_messages(ev.records)
-    reply = _completed_reply(views) if ev.input_appended else None
-    if reply is not None:
+    final = _completed_response(views, ev.records) if ev.input_appended else None
+    if final is not None:
+        stopping = ev.abort_requested or ev.deadline_passed or ev.attempt > ev.max_attempts
+        if (
+            ev.finish_hooks
+            and not stopping
+            and final.message_id not in _seams(ev.records, FINISH_HOOK)
+        ):
+            return Decision(Action.RUN_FINISH_HOOKS, message_id=final.message_id)
         # Finished work is never discarded: past the budget, the deadline, or an abort intent.
-        return Decision(Action.SETTLE_COMPLETED, message_id=views[-1].message_id, reply=reply)
+        reply = final.completed.text if final.completed is not None else ""
+        return Decision(Action.SETTLE_COMPLETED, message_id=final.message_id, reply=reply)
 
     interrupted = _interrupted_tools(views)
     if ev.abort_requested:
@@ -267,6 +318,10 @@ def classify_recovery(ev: Evidence) -> Decision:
         )
     if not ev.input_appended:
         return Decision(Action.START)
+    if ev.start_hooks:
+        pending = _pending_start_seam(ev.records, views)
+        if pending is not None:
+            return Decision(Action.RUN_START_HOOKS, message_id=pending)
     if not views:
         return Decision(Action.CONTINUE)
 

@@ -14,7 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from hearth.agent import Agent, Rendered
+from hearth import _faults
+from hearth.agent import MAX_CONTINUATIONS, Agent, Rendered
 from hearth.errors import ConfigurationError, FencedOut, ProviderError
 from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
 from hearth.providers.registry import ProviderRegistry
@@ -29,20 +30,26 @@ from hearth.records import (
     ToolResultsCommitted,
     UserMessage,
 )
-from hearth.runtime.batch import ToolBatch, error_outcome, interrupted_outcome
+from hearth.runtime.batch import ToolBatch, interrupted_outcome
 from hearth.runtime.compaction import compact
 from hearth.runtime.context import build_context
+from hearth.runtime.hooks import AgentFinish, AgentStart, HookFailure, run_seam
 from hearth.runtime.journal import Journal
 from hearth.runtime.metrics import Metrics
 from hearth.runtime.recovery import (
+    CONTINUATION,
+    FINISH_HOOK,
+    START_HOOK,
     Action,
     Decision,
     Evidence,
     assemble_messages,
     classify_recovery,
     close_open_messages,
+    input_key,
 )
 from hearth.runtime.streaming import DeltaWriter
+from hearth.runtime.tasks import MAX_DEPTH, TaskPreempted, run_child_task, task_tool_spec
 from hearth.store.base import Store, Submission
 
 log = logging.getLogger("hearth.runner")
@@ -74,30 +81,45 @@ class Attempt:
         self.log = logging.LoggerAdapter(log, {"submission_id": sub.id})
 
     # --- the loop -------------------------------------------------------------------------
+    depth = 0  # delegation depth: 0 for a submission, 1 for its task's child, ...
+
+    @property
+    def agent(self) -> Agent | None:
+        return self.env.agents.get(self.agent_name)
+
     async def run(self) -> None:
         compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
         after = compaction.first_kept_offset - 1 if isinstance(compaction, Compaction) else -1
         await self.journal.load(after)
-        agent = self.env.agents.get(self.agent_name)
         while True:
-            evidence = await self._evidence()
+            rendered, render_error = await self._try_render()
+            evidence = await self._evidence(rendered)
             decision = classify_recovery(evidence)
-            if agent is None and decision.action not in _SETTLING:
-                await self._settle_failed(
-                    {
-                        "type": "agent_missing",
-                        "message": f"agent {self.agent_name!r} is not declared",
-                    }
-                )
+            if rendered is None and decision.action not in _SETTLING:
+                await self._settle_failed(render_error or {"type": "agent_error", "message": "?"})
                 return
             try:
-                if await self._step(decision):
+                if await self._step(decision, rendered):
                     return
             except (ConfigurationError, _AgentFailure) as exc:
                 await self._settle_failed({"type": "agent_error", "message": str(exc)})
                 return
+            except HookFailure as exc:
+                await self._settle_failed({"type": "hook_error", "message": str(exc)})
+                return
+            except TaskPreempted:
+                continue  # a child stopped for an abort or the deadline: classify again
 
-    async def _evidence(self) -> Evidence:
+    async def _try_render(self) -> tuple[Rendered | None, dict[str, Any] | None]:
+        if self.agent is None:
+            message = f"agent {self.agent_name!r} is not declared"
+            return None, {"type": "agent_missing", "message": message}
+        try:
+            return await self._render(), None
+        except (ConfigurationError, _AgentFailure) as exc:
+            return None, {"type": "agent_error", "message": str(exc)}
+
+    async def _evidence(self, rendered: Rendered | None) -> Evidence:
         await self.journal.refresh()
         mine = self._submission_records()
         closes = close_open_messages(mine)
@@ -105,17 +127,24 @@ class Attempt:
             await self.journal.append(*closes)
             await self.journal.refresh()
             mine = self._submission_records()
-        row = await self.store.get_submission(self.sub.id)
-        abort = row is not None and row.abort_requested_at is not None
-        deadline = self.sub.deadline
+        abort, deadline_passed = await self._stop_requests()
         return Evidence(
             records=mine,
             input_appended=bool(mine),
             attempt=self.sub.attempt,
             max_attempts=self.sub.max_attempts,
-            deadline_passed=deadline is not None and time.time() >= deadline,
+            deadline_passed=deadline_passed,
             abort_requested=abort,
+            start_hooks=bool(rendered and rendered.on_start),
+            finish_hooks=bool(rendered and rendered.on_finish),
         )
+
+    async def _stop_requests(self) -> tuple[bool, bool]:
+        """Whether an abort intent is stamped, and whether the deadline has passed."""
+        row = await self.store.get_submission(self.sub.id)
+        abort = row is not None and row.abort_requested_at is not None
+        deadline = self.sub.deadline
+        return abort, deadline is not None and time.time() >= deadline
 
     def _submission_records(self) -> list[Record]:
         records = self.journal.records
@@ -124,28 +153,38 @@ class Attempt:
                 return records[i:]
         return []
 
-    async def _step(self, d: Decision) -> bool:
+    async def _step(self, d: Decision, rendered: Rendered | None) -> bool:
         """Do what the decision says; True once the submission is settled."""
+        if d.action in _SETTLING:
+            return await self._settle(d)
+        assert rendered is not None
         match d.action:
             case Action.START:
                 await self._append_input()
+            case Action.RUN_START_HOOKS:
+                assert d.message_id is not None
+                await self._start_seam(d.message_id, rendered)
+            case Action.RUN_FINISH_HOOKS:
+                assert d.message_id is not None
+                await self._finish_seam(d.message_id, rendered)
             case Action.CONTINUE:
-                await self._model_turn()
+                if not await self._join_queued():
+                    await self._model_turn(rendered)
             case Action.CONTINUE_PARTIAL:
                 await self._signal_interrupted_stream(d.message_id)
-                await self._model_turn()
+                await self._model_turn(rendered)
             case Action.RETRY_TRANSIENT:
                 if d.partial:
                     await self._signal_interrupted_stream(d.message_id)
                 self.log.info("transient provider error; retrying in %.1fs", d.delay)
                 await asyncio.sleep(d.delay)
-                await self._model_turn()
+                await self._model_turn(rendered)
             case Action.RUN_TOOLS:
                 assert d.message_id is not None
-                await self._tool_batch(d.message_id)
+                await self._tool_batch(d.message_id, rendered)
             case Action.COMPACT:
                 try:
-                    compacted = await self._compact()
+                    compacted = await self._compact(rendered)
                 except ProviderError as exc:
                     compacted, reason = False, f"compaction failed: {exc.message}"
                 else:
@@ -155,14 +194,26 @@ class Attempt:
                 if not compacted:
                     await self._settle_failed({"type": "provider_error", "message": reason})
                     return True
-            case Action.SETTLE_COMPLETED:
-                await self.journal.settle(outcome="completed", reply=d.reply, error=None)
-                self.env.metrics.settled("completed")
-                return True
-            case Action.SETTLE_ABORTED | Action.SETTLE_FAILED:
-                await self._bring_to_rest(d)
-                return True
         return False
+
+    async def _settle(self, d: Decision) -> bool:
+        if d.action is Action.SETTLE_COMPLETED:
+            await self._finish("completed", reply=d.reply or "", error=None, records=[])
+        else:
+            await self._bring_to_rest(d)
+        return True
+
+    async def _finish(
+        self,
+        outcome: str,
+        *,
+        reply: str | None,
+        error: dict[str, Any] | None,
+        records: list[Record],
+    ) -> None:
+        """Write the settlement (after ``records``) exactly once."""
+        await self.journal.settle(outcome=outcome, reply=reply, error=error, records_before=records)
+        self.env.metrics.settled(outcome)
 
     # --- steps ----------------------------------------------------------------------------
     async def _append_input(self) -> None:
@@ -194,7 +245,8 @@ class Attempt:
         )
 
     async def _render(self) -> Rendered:
-        agent = self.env.agents[self.agent_name]
+        agent = self.agent
+        assert agent is not None
         state = await self.store.get_state(self.conversation_id)
         try:
             return agent.render(self.id, state)
@@ -219,15 +271,17 @@ class Attempt:
         )
 
     def _extra_tools(self, rendered: Rendered) -> tuple[ToolSpec, ...]:
+        if rendered.subagents and self.depth < MAX_DEPTH:
+            return (task_tool_spec(rendered),)
         return ()
 
-    async def _model_turn(self) -> None:
-        rendered = await self._render()
+    async def _model_turn(self, rendered: Rendered) -> None:
+        await self.journal.refresh()  # records appended since this step's evidence was read
         provider, model = self.env.providers.resolve(rendered.model)
         request = self._request(rendered, model)
         window = provider.context_window(model)
         if estimate_tokens(request) > window - min(COMPACTION_RESERVE, window // 4):
-            if await self._compact():
+            if await self._compact(rendered):
                 request = self._request(rendered, model)
         mid = f"m_{uuid.uuid4().hex[:20]}"
         writer = DeltaWriter(self.journal, mid)
@@ -293,24 +347,76 @@ class Attempt:
             ),
         )
 
-    async def _tool_batch(self, message_id: str) -> None:
-        rendered = await self._render()
-        view = next(
-            v for v in assemble_messages(self._submission_records()) if v.message_id == message_id
-        )
-        batch = ToolBatch(self, rendered, view)
-        await batch.run()
+    async def _tool_batch(self, message_id: str, rendered: Rendered) -> None:
+        views = assemble_messages(self._submission_records())
+        view = next(v for v in views if v.message_id == message_id)
+        await ToolBatch(self, rendered, view).run()
 
     async def run_task(self, call: AssistantToolCall, rendered: Rendered) -> ToolOutcome:
         """Run (or resume) a delegated task in its child conversation."""
-        return error_outcome(
-            call, "unknown_tool", "delegated tasks are not available in this build"
-        )
+        return await run_child_task(self, call, rendered)
 
-    async def _compact(self) -> bool:
-        rendered = await self._render()
+    async def _compact(self, rendered: Rendered) -> bool:
         provider, model = self.env.providers.resolve(rendered.model)
         return await compact(self, provider, model)
+
+    # --- hooks and joining ----------------------------------------------------------------
+    def _input_content(self, key: str) -> Any:
+        for rec in self._submission_records():
+            if input_key(rec) == key:
+                if isinstance(rec, UserMessage):
+                    return rec.content
+                if isinstance(rec, Signal):
+                    return {"type": rec.signal_type, "body": rec.body, "attributes": rec.attributes}
+        return None
+
+    async def _start_seam(self, key: str, rendered: Rendered) -> None:
+        event = AgentStart(
+            agent=self.agent_name,
+            id=self.id,
+            conversation_id=self.conversation_id,
+            submission_id=self.sub.id,
+            input=self._input_content(key),
+            log=self.log,
+        )
+        await run_seam(self, START_HOOK, key, rendered.on_start, event)
+
+    async def _finish_seam(self, message_id: str, rendered: Rendered) -> None:
+        mine = self._submission_records()
+        used = sum(1 for r in mine if isinstance(r, Signal) and r.signal_type == CONTINUATION)
+        view = next(v for v in assemble_messages(mine) if v.message_id == message_id)
+        event = AgentFinish(
+            agent=self.agent_name,
+            id=self.id,
+            conversation_id=self.conversation_id,
+            submission_id=self.sub.id,
+            input=self._input_content(input_key(mine[0])),
+            text=view.completed.text if view.completed is not None else "",
+            log=self.log,
+            remaining=max(MAX_CONTINUATIONS - used, 0),
+        )
+        await run_seam(self, FINISH_HOOK, message_id, rendered.on_finish, event)
+
+    async def _join_queued(self) -> bool:
+        """At a turn boundary (a tool batch just committed), let messages that arrived
+        meanwhile join the live response. True when any joined."""
+        views = assemble_messages(self._submission_records())
+        if not views or not views[-1].committed:
+            return False
+        queued = await self.store.list_submissions(self.conversation_id, statuses=("queued",))
+        joined = False
+        for sub in queued:
+            if sub.kind != "message" or sub.abort_requested_at is not None:
+                break  # order is kept: nothing joins past one that cannot
+            record = UserMessage(
+                id=f"{sub.id}:input", message_id=sub.id, content=sub.payload.get("message", "")
+            )
+            _faults.reached("before:user_message")
+            if not await self.store.join(self.sub.fence, sub.id, self.journal.stamp([record])):
+                break
+            _faults.reached("after:user_message")
+            joined = True
+        return joined
 
     async def _bring_to_rest(self, d: Decision) -> None:
         """Settle aborted or failed: mark unresolved calls, leave an advisory, settle."""
@@ -344,13 +450,12 @@ class Attempt:
         outcome = "aborted" if d.action is Action.SETTLE_ABORTED else "failed"
         if outcome == "aborted" and error is not None:
             error = {**error, "interrupted_tools": [t.to_json() for t in d.interrupted]}
-        await self.journal.settle(outcome=outcome, reply=None, error=error, records_before=records)
-        self.env.metrics.settled(outcome)
+        await self._finish(outcome, reply=None, error=error, records=records)
 
     async def _settle_failed(self, error: dict[str, Any]) -> None:
-        error = {"interrupted_tools": [], **error}
-        await self.journal.settle(outcome="failed", reply=None, error=error)
-        self.env.metrics.settled("failed")
+        await self._finish(
+            "failed", reply=None, error={"interrupted_tools": [], **error}, records=[]
+        )
 
 
 class _AgentFailure(Exception):

@@ -69,9 +69,7 @@ def open_store(url: str | None) -> Store:
         )
     if not path:
         raise ConfigurationError(f"database URL {url!r} names no file; use {_URL_FORMS}")
-    return SQLiteStore(
-        ":memory:" if path == ":memory:" else path, synchronous=synchronous
-    )
+    return SQLiteStore(":memory:" if path == ":memory:" else path, synchronous=synchronous)
 
 
 __all__ = [

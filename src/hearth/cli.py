@@ -1,0 +1,357 @@
+"""The ``hearth`` command (also ``python -m hearth``): serve, send, tail, inspect, migrate, demo.
+
+Errors are one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+import httpx2
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import hearth
+from hearth.client import Client
+from hearth.errors import HearthError, SubmissionError
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]hearth:[/red] {escape(message)}")
+    sys.exit(code)
+
+
+def friendly(fn: F) -> F:
+    """Turn every expected failure into one line and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except SubmissionError as exc:
+            fail(f"the submission settled {_outcome(exc)}: {exc.error.get('message') or exc.type}")
+        except httpx2.ConnectError:
+            url = kwargs.get("url") or "the server"
+            fail(f"cannot reach {url}: is `hearth serve` running there? (--url, HEARTH_URL)")
+        except httpx2.TransportError as exc:
+            fail(f"the connection to the server failed: {exc or type(exc).__name__}")
+        except HearthError as exc:
+            fail(str(exc) or type(exc).__name__)
+        except TimeoutError as exc:
+            fail(str(exc) or "timed out")
+        except OSError as exc:
+            fail(str(exc))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _outcome(exc: SubmissionError) -> str:
+    return "aborted" if isinstance(exc, hearth.SubmissionAborted) else "failed"
+
+
+def default_url() -> str:
+    if os.environ.get("HEARTH_URL"):
+        return os.environ["HEARTH_URL"]
+    host = os.environ.get("HEARTH_HOST") or "127.0.0.1"
+    return f"http://{host}:{os.environ.get('HEARTH_PORT') or 8000}"
+
+
+url_option = click.option(
+    "--url",
+    default=default_url,
+    show_default="HEARTH_URL, or http://127.0.0.1:8000",
+    help="The server's base URL.",
+)
+token_option = click.option(
+    "--token", envvar="HEARTH_TOKEN", default=None, help="Bearer token (HEARTH_TOKEN)."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(hearth.__version__, prog_name="hearth")
+def main() -> None:
+    """hearth: durable AI agents. Start with `hearth demo`."""
+
+
+# --- serve -----------------------------------------------------------------------------------
+@main.command()
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--db", help="Database URL (HEARTH_DB); default ./hearth.db.")
+@click.option("--host", help="Interface to bind (HEARTH_HOST); default 127.0.0.1.")
+@click.option("--port", type=int, help="Port (HEARTH_PORT); default 8000, 0 for any free one.")
+@click.option("--token", help="Require this bearer token on every route but /healthz.")
+@click.option("--workers", type=int, help="Submissions run at once (HEARTH_WORKERS).")
+@click.option("--lease-s", type=float, help="Lease length in seconds (HEARTH_LEASE_S).")
+@click.option("--heartbeat-s", type=float, help="Lease renewal period (HEARTH_HEARTBEAT_S).")
+@click.option("--scan-s", type=float, help="Expired-lease scan period (HEARTH_SCAN_S).")
+@click.option("--max-body", type=int, help="Largest request body in bytes (HEARTH_MAX_BODY).")
+@click.option("--shutdown-s", type=float, help="Longest graceful exit (HEARTH_SHUTDOWN_S).")
+@click.option("--reload", is_flag=True, help="Restart when code changes (development).")
+@click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
+@click.option("--log-level", default="warning", show_default=True, help="uvicorn's log level.")
+@click.option("--access-log", is_flag=True, help="Log every request.")
+@friendly
+def serve(
+    app_ref: str,
+    reload: bool,
+    app_dir: str,
+    log_level: str,
+    access_log: bool,
+    **options: Any,
+) -> None:
+    """Serve MODULE:APP (a hearth.App) over HTTP until SIGTERM or Ctrl-C."""
+    from hearth.server.serve import load_app
+    from hearth.server.serve import serve as run_server
+
+    app = load_app(app_ref, app_dir)
+    app.configure(**options)
+    settings = app.settings
+    if reload:
+        _serve_reload(app_ref, app_dir, options, log_level)
+        return
+
+    def ready(url: str) -> None:
+        db = settings.db or "./hearth.db"
+        agents = ", ".join(sorted(app.agents))
+        click.echo(f"hearth: serving {url} (agents: {agents}; db: {db})", nl=True)
+        sys.stdout.flush()
+
+    run_server(app, log_level=log_level, access_log=access_log, on_ready=ready)
+
+
+def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level: str) -> None:
+    import uvicorn
+
+    from hearth.server.reload import SPEC_VAR
+    from hearth.server.serve import load_app
+
+    settings = load_app(app_ref, app_dir).settings
+    spec = {"app": app_ref, "app_dir": os.path.abspath(app_dir), "options": options}
+    os.environ[SPEC_VAR] = json.dumps(spec)
+    uvicorn.run(
+        "hearth.server.reload:make",
+        factory=True,
+        reload=True,
+        reload_dirs=[os.path.abspath(app_dir)],
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+    )
+
+
+# --- send ------------------------------------------------------------------------------------
+@main.command()
+@click.argument("agent")
+@click.argument("id")
+@click.argument("message")
+@url_option
+@token_option
+@click.option("--wait", is_flag=True, help="Wait for the reply and print it.")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds.")
+@click.option("--idempotency-key", default=None, help="Admit at most once per key.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@friendly
+def send(
+    agent: str,
+    id: str,
+    message: str,
+    url: str,
+    token: str | None,
+    wait: bool,
+    timeout: float | None,
+    idempotency_key: str | None,
+    as_json: bool,
+) -> None:
+    """Send MESSAGE to conversation AGENT/ID."""
+    with Client(url, token) as client:
+        conv = client.conversation(agent, id)
+        receipt = conv.send(message, idempotency_key=idempotency_key)
+        if not wait:
+            if as_json:
+                click.echo(json.dumps(receipt.to_json()))
+            else:
+                again = " (deduplicated: admitted before)" if receipt.deduplicated else ""
+                click.echo(f"{receipt.submission_id} admitted to {conv.conversation_id}{again}")
+            return
+        with err.status(f"waiting for {receipt.submission_id} to settle…"):
+            reply = conv.read(receipt, timeout=timeout)
+        if as_json:
+            click.echo(json.dumps({"submission_id": reply.submission_id, "reply": reply.text}))
+        else:
+            click.echo(reply.text)
+
+
+# --- tail ------------------------------------------------------------------------------------
+@main.command()
+@click.argument("agent")
+@click.argument("id")
+@click.option("--offset", type=int, default=-1, show_default=True, help="Show records after it.")
+@url_option
+@token_option
+@click.option("--follow/--no-follow", default=True, help="Keep following live (default).")
+@click.option("--json", "as_json", is_flag=True, help="Print each record as one JSON line.")
+@friendly
+def tail(
+    agent: str, id: str, offset: int, url: str, token: str | None, follow: bool, as_json: bool
+) -> None:
+    """Print the stream of AGENT/ID, then follow it live (reconnecting as needed)."""
+    with Client(url, token) as client:
+        conv = client.conversation(agent, id)
+        records = conv.stream(offset) if follow else iter(conv.history(offset))
+        for record in records:
+            if as_json:
+                click.echo(json.dumps(record, ensure_ascii=False))
+            else:
+                out.print(describe(record))
+            sys.stdout.flush()
+
+
+# --- inspect ---------------------------------------------------------------------------------
+@main.command()
+@url_option
+@token_option
+@click.option("--conversation", default=None, help="Only this AGENT/ID.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@friendly
+def inspect(url: str, token: str | None, conversation: str | None, as_json: bool) -> None:
+    """Submissions by status, the leases held, and stuck work."""
+    with Client(url, token) as client:
+        data = client.admin_submissions(conversation)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    counts = Table(title="submissions", title_justify="left")
+    counts.add_column("status")
+    counts.add_column("count", justify="right")
+    for status in ("queued", "running", "settled", "joined"):
+        counts.add_row(status, str(data["counts"].get(status, 0)))
+    for outcome, n in sorted(data["outcomes"].items()):
+        counts.add_row(f"  {outcome}", str(n))
+    out.print(counts)
+    if data["unsettled"]:
+        table = Table(title="unsettled", title_justify="left")
+        for col in ("submission", "conversation", "status", "attempt", "lease owner"):
+            table.add_column(col)
+        for sub in data["unsettled"]:
+            table.add_row(
+                sub["id"],
+                sub["conversation_id"],
+                sub["status"],
+                f"{sub['attempt']}/{sub['max_attempts']}",
+                sub["lease_owner"] or "",
+            )
+        out.print(table)
+    for lease in data["leases"]:
+        out.print(
+            f"lease {lease['submission_id']} ({lease['conversation_id']}) held by"
+            f" {lease['owner']}, expires in {lease['expires_in_s']:.1f} s"
+        )
+    if data["stuck"]:
+        for item in data["stuck"]:
+            out.print(
+                f"[yellow]stuck[/yellow] {item['submission_id']} ({item['conversation_id']}):"
+                f" {escape(item['reason'])}"
+            )
+    else:
+        out.print("no stuck work")
+
+
+# --- migrate ---------------------------------------------------------------------------------
+@main.command()
+@click.option("--db", envvar="HEARTH_DB", default=None, help="Database URL (HEARTH_DB).")
+@friendly
+def migrate(db: str | None) -> None:
+    """Create the database schema, or check that it is current."""
+    from hearth.store import open_store
+
+    async def run() -> None:
+        store = open_store(db)
+        await store.open()
+        await store.close()
+
+    with err.status(f"migrating {db or './hearth.db'}…"):
+        asyncio.run(run())
+    click.echo(f"hearth: the schema of {db or './hearth.db'} is current")
+
+
+# --- demo ------------------------------------------------------------------------------------
+@main.command()
+@friendly
+def demo() -> None:
+    """Crash a server mid-tool and watch hearth recover, live (about 15 s)."""
+    from hearth.demo import run_demo
+
+    sys.exit(run_demo(out))
+
+
+# --- one line per record ---------------------------------------------------------------------
+def describe(record: dict[str, Any]) -> str:
+    """A record as one line of rich markup: offset, type, and what it says."""
+    kind = str(record.get("type"))
+    summary = escape(_summary(kind, record))
+    colour = {"submission_settled": "green", "signal": "yellow"}.get(kind, "cyan")
+    if kind == "tool_outcome" and record.get("is_error"):
+        colour = "red"
+    return f"[dim]{record.get('offset', '?'):>5}[/dim] [{colour}]{kind}[/{colour}] {summary}"
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _summary(kind: str, r: dict[str, Any]) -> str:
+    get = r.get
+    match kind:
+        case "conversation_created":
+            return f"{get('conversation_id')}" + (
+                f" (child of {get('parent')})" if get("parent") else ""
+            )
+        case "user_message":
+            return _short(get("content"))
+        case "signal":
+            return f"{get('signal_type')}: {_short(get('body'))}"
+        case "assistant_message_started":
+            return f"model {get('model')}"
+        case "assistant_text_delta":
+            return _short(get("delta"))
+        case "assistant_tool_call":
+            return f"{get('name')}({_short(get('arguments'), 60)}) id={get('tool_call_id')}"
+        case "assistant_message_completed":
+            return f"{get('stop_reason')}: {_short(get('text') or '')}"
+        case "tool_outcome":
+            mark = "error " if get("is_error") else ""
+            return f"{get('name')} → {mark}{_short(get('content'))} ({get('duration_ms')} ms)"
+        case "tool_results_committed":
+            return ", ".join(get("tool_call_ids") or [])
+        case "tool_step_settled":
+            return f"{get('tool_call_id')} step {get('step')!r} = {_short(get('value'), 60)}"
+        case "state_write":
+            return f"{get('name')} = {_short(get('value'), 60)}"
+        case "hook_seam_committed":
+            return str(get("hook"))
+        case "child_conversation_linked":
+            return f"{get('tool_call_id')} → {get('child_conversation_id')}"
+        case "compaction":
+            return f"summary of {get('tokens_before')} tokens, kept from {get('first_kept_offset')}"
+        case "submission_settled":
+            detail = get("reply") if get("outcome") == "completed" else get("error")
+            return f"{get('outcome')}: {_short(detail or '')}"
+    return _short({k: v for k, v in r.items() if k not in ("offset", "id", "type", "at")})

@@ -1,0 +1,110 @@
+"""Event hooks: the seams where ``on_agent_start`` and ``on_agent_finish`` callbacks run.
+
+A seam is every callback of one hook at one point. Its state writes (and, for a finish seam,
+the text its callbacks append) commit in one batch with its ``hook_seam_committed`` record; a
+committed seam never runs again, an interrupted one runs again on recovery (at least once).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hearth import _faults
+from hearth.agent import MAX_CONTINUATIONS, Hook, StateBuffer, current_unit
+from hearth.records import HookSeamCommitted, Record, Signal, StateWrite
+from hearth.runtime.recovery import CONTINUATION, FINISH_HOOK, START_HOOK
+
+if TYPE_CHECKING:
+    from hearth.runtime.runner import Attempt
+
+log = logging.getLogger("hearth.hooks")
+
+
+@dataclass
+class AgentStart:
+    """What an ``on_agent_start`` callback receives: who, and the input being delivered."""
+
+    agent: str
+    id: str
+    conversation_id: str
+    submission_id: str
+    input: Any  # the message text (or parts), or the signal ``{"type", "body", "attributes"}``
+    log: logging.LoggerAdapter[logging.Logger]
+
+
+@dataclass
+class AgentFinish:
+    """What an ``on_agent_finish`` callback receives. ``append(text)`` continues the response."""
+
+    agent: str
+    id: str
+    conversation_id: str
+    submission_id: str
+    input: Any
+    text: str  # the response as it would stop
+    log: logging.LoggerAdapter[logging.Logger]
+    remaining: int = MAX_CONTINUATIONS
+    appended: list[str] = field(default_factory=list)
+
+    def append(self, text: str) -> None:
+        """Continue the response: the model is asked again with ``text`` as a note."""
+        if not isinstance(text, str) or not text:
+            raise ValueError("append() takes a non-empty string")
+        if len(self.appended) >= self.remaining:
+            self.log.warning(
+                "on_agent_finish continued this response %d times already; the limit is %d",
+                MAX_CONTINUATIONS - self.remaining + len(self.appended),
+                MAX_CONTINUATIONS,
+            )
+            return
+        self.appended.append(text)
+
+
+class HookFailure(Exception):
+    """A hook callback raised: the submission fails with ``hook_error``."""
+
+
+async def run_seam(
+    attempt: Attempt, hook: str, key: str, callbacks: list[Hook], event: Any
+) -> None:
+    """Run every callback of one seam, then commit its writes with its seam record."""
+    state = await attempt.store.get_state(attempt.conversation_id)
+    buffer = StateBuffer(state)
+    token = current_unit.set(buffer)
+    try:
+        for fn in callbacks:
+            _faults.reached(f"hook:{hook}")
+            try:
+                result = fn(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                name = getattr(fn, "__name__", "callback")
+                raise HookFailure(
+                    f"{hook} callback {name} raised {type(exc).__name__}: {exc}"
+                ) from exc
+    finally:
+        current_unit.reset(token)
+    records: list[Record] = [
+        StateWrite(id=f"{key}:{hook}:state:{name}", name=name, value=value)
+        for name, value in buffer.writes.items()
+    ]
+    if isinstance(event, AgentFinish):
+        base = MAX_CONTINUATIONS - event.remaining
+        records += [
+            Signal(
+                id=f"{key}:{hook}:continue:{base + i}",
+                signal_type=CONTINUATION,
+                body=text,
+                attributes={"message_id": key},
+            )
+            for i, text in enumerate(event.appended)
+        ]
+    records.append(HookSeamCommitted(id=f"{key}:{hook}", hook=hook, message_id=key))
+    await attempt.journal.append(*records)
+
+
+__all__ = ["FINISH_HOOK", "START_HOOK", "AgentFinish", "AgentStart", "HookFailure", "run_seam"]

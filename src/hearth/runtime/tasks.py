@@ -1,0 +1,124 @@
+"""Delegated tasks: the built-in ``task`` tool runs a subagent as a child conversation.
+
+The child has its own canonical stream, linked from the parent's by a
+``child_conversation_linked`` record written before the child starts. It runs inside the
+parent's attempt — fenced by the parent's claim, under its budget and deadline — through the same
+turn loop as any submission, so recovery resumes an interrupted child from its own records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import TYPE_CHECKING, Any
+
+from hearth.agent import Rendered
+from hearth.providers.base import ToolSpec
+from hearth.records import ChildConversationLinked, ConversationCreated, ToolOutcome
+from hearth.runtime.batch import error_outcome
+from hearth.runtime.recovery import TASK_TOOL
+
+if TYPE_CHECKING:
+    from hearth.records import AssistantToolCall
+    from hearth.runtime.runner import Attempt
+
+MAX_DEPTH = 4  # a submission's agent is depth 0; its task's child is depth 1; ...
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+class TaskPreempted(Exception):
+    """A child stopped because its parent was aborted or ran past its deadline: the parent's
+    own classification settles it next."""
+
+
+def child_id(parent_conversation_id: str, tool_call_id: str) -> str:
+    """A deterministic conversation id for the child of one task call, valid as an HTTP id."""
+    digest = hashlib.sha256(f"{parent_conversation_id}\n{tool_call_id}".encode()).hexdigest()[:16]
+    parent_id = parent_conversation_id.split("/", 1)[-1]
+    return f"{_UNSAFE.sub('-', parent_id)[:80]}.task-{digest}"
+
+
+def task_tool_spec(rendered: Rendered) -> ToolSpec:
+    lines = [f"- {name}: {sub.description}" for name, sub in sorted(rendered.subagents.items())]
+    return ToolSpec(
+        TASK_TOOL,
+        "Delegate a self-contained task to a subagent, which works on it in its own conversation "
+        "and returns its final answer. Available subagents:\n" + "\n".join(lines),
+        {
+            "type": "object",
+            "properties": {
+                "agent": {"type": "string", "enum": sorted(rendered.subagents)},
+                "prompt": {"type": "string", "description": "Everything the subagent needs."},
+            },
+            "required": ["agent", "prompt"],
+            "additionalProperties": False,
+        },
+    )
+
+
+async def run_child_task(
+    parent: Attempt, call: AssistantToolCall, rendered: Rendered
+) -> ToolOutcome:
+    """Run (or, after a crash, resume) the child conversation of one ``task`` call."""
+    args: dict[str, Any] = call.arguments if isinstance(call.arguments, dict) else {}
+    name, prompt = args.get("agent"), args.get("prompt")
+    sub = rendered.subagents.get(name) if isinstance(name, str) else None
+    if sub is None:
+        known = ", ".join(sorted(rendered.subagents)) or "none"
+        return error_outcome(call, "subagent_missing", f"no subagent {name!r} (declared: {known})")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return error_outcome(
+            call, "validation", "invalid arguments: prompt must be a non-empty string"
+        )
+    if parent.depth >= MAX_DEPTH:
+        return error_outcome(call, "depth_exceeded", f"delegation is limited to {MAX_DEPTH} levels")
+    child_conversation = f"{sub.agent.name}/{child_id(parent.conversation_id, call.tool_call_id)}"
+    await parent.journal.append(
+        ChildConversationLinked(
+            id=f"{call.message_id}:child:{call.tool_call_id}",
+            tool_call_id=call.tool_call_id,
+            child_conversation_id=child_conversation,
+        )
+    )
+    from hearth.runtime.child import ChildAttempt  # the child loop is the parent's loop class
+
+    child = ChildAttempt(parent, sub.agent, child_conversation, prompt)
+    created = ConversationCreated(
+        id=f"{child_conversation}:created",
+        agent=sub.agent.name,
+        conversation_id=child_conversation,
+        parent={"conversation_id": parent.conversation_id, "tool_call_id": call.tool_call_id},
+    )
+    await parent.store.append(
+        child_conversation, child.journal.stamp([created]), fence=parent.sub.fence
+    )
+    await child.run()
+    outcome, reply, error = child.result or ("failed", None, None)
+    if outcome == "completed":
+        return ToolOutcome(
+            id=f"{call.message_id}:outcome:{call.tool_call_id}",
+            message_id=call.message_id,
+            tool_call_id=call.tool_call_id,
+            name=call.name,
+            is_error=False,
+            content=reply or "",
+        )
+    reason = (error or {}).get("type")
+    if outcome == "aborted" or reason in ("timeout", "retry_exhausted"):
+        raise TaskPreempted(child_conversation)
+    failed = error_outcome(
+        call, "task_failed", f"{sub.agent.name} failed: {(error or {}).get('message', reason)}"
+    )
+    content = {**failed.content, "child_conversation_id": child_conversation}
+    return ToolOutcome(**{**_fields(failed), "content": content})
+
+
+def _fields(outcome: ToolOutcome) -> dict[str, Any]:
+    return {
+        "id": outcome.id,
+        "message_id": outcome.message_id,
+        "tool_call_id": outcome.tool_call_id,
+        "name": outcome.name,
+        "is_error": outcome.is_error,
+        "content": outcome.content,
+    }

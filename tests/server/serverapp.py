@@ -1,0 +1,80 @@
+"""Agents for the HTTP tests, importable by child processes (``serverapp:app``).
+
+``$HEARTH_TEST_SLOW_S`` is how long ``slow_job`` sleeps between its two steps (default 2 s);
+``$HEARTH_TEST_CHUNKS`` how many 50 ms chunks ``streamer`` streams (default 40).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import hearth
+from hearth.providers.base import ModelRequest, UserTurn
+from hearth.testing import ScriptedModel, Step, call, calls, reply, stall, stream
+
+SLOW_S = float(os.environ.get("HEARTH_TEST_SLOW_S", "2"))
+CHUNKS = int(os.environ.get("HEARTH_TEST_CHUNKS", "40"))
+
+
+def _echo(request: ModelRequest) -> Step:
+    said = [m.content for m in request.messages if isinstance(m, UserTurn)]
+    return reply(f"echo: {said[-1] if said else ''}")
+
+
+@hearth.tool(durable=True)
+async def slow_job(ctx: hearth.ToolContext) -> str:
+    """Start, wait a while, finish."""
+    assert ctx.step is not None
+    await ctx.step.do("start", lambda: "started")
+    await asyncio.sleep(SLOW_S)
+    await ctx.step.do("finish", lambda: "finished")
+    return "done"
+
+
+MODELS = [
+    ScriptedModel("echo", _echo),
+    ScriptedModel(
+        "streamer",
+        [stream(*[f"w{i} " for i in range(CHUNKS)], delay=0.05), reply("recovered")],
+        repeat_last=True,
+    ),
+    ScriptedModel("stall", [stall()], repeat_last=True),
+    ScriptedModel("worker", [calls(call("slow_job")), reply("job done")], repeat_last=True),
+    ScriptedModel("later", [stream("a", "b", delay=0.3)], repeat_last=True),
+]
+
+
+@hearth.agent
+def echo(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/echo")
+    return "Repeat the user."
+
+
+@hearth.agent
+def streamer(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/streamer")
+    return "Talk slowly."
+
+
+@hearth.agent
+def staller(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/stall")
+    return "Never finish."
+
+
+@hearth.agent
+def worker(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/worker")
+    ctx.use_tool(slow_job)
+    return "Run the job."
+
+
+@hearth.agent
+def later(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/later")
+    return "Answer after a moment."
+
+
+AGENTS = [echo, streamer, staller, worker, later]
+app = hearth.App(AGENTS, providers=MODELS)

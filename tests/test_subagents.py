@@ -1,0 +1,127 @@
+"""Delegated tasks: the built-in task tool runs a subagent in a child conversation."""
+
+from __future__ import annotations
+
+import pytest
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.receipts import ID_RE
+from hearth.records import ChildConversationLinked, ConversationCreated, ToolOutcome
+from hearth.runtime.tasks import MAX_DEPTH, child_id
+from hearth.testing import ScriptedModel, Step, call, calls, reply
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def last_result(request: ModelRequest) -> ToolResult | None:
+    last = request.messages[-1] if request.messages else None
+    return last if isinstance(last, ToolResult) else None
+
+
+@hearth.agent
+def researcher(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/researcher")
+    return "You research."
+
+
+@hearth.agent
+def lead(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/lead")
+    ctx.use_subagent(researcher, description="Research a question in depth")
+    return "You lead."
+
+
+def lead_script(request: ModelRequest) -> Step:
+    result = last_result(request)
+    if result is None:
+        return calls(call("task", agent="researcher", prompt="Find the capital of Norway"))
+    return reply(f"the researcher said: {result.content}")
+
+
+def researcher_script(request: ModelRequest) -> Step:
+    prompt = next(str(m.content) for m in request.messages if isinstance(m, UserTurn))
+    return reply(f"answer to '{prompt}': Oslo")
+
+
+async def test_a_task_runs_the_subagent_in_its_own_conversation() -> None:
+    models = [ScriptedModel("lead", lead_script), ScriptedModel("researcher", researcher_script)]
+    app = hearth.App([lead, researcher], db="memory", providers=models)
+    async with app.run() as rt:
+        result = await rt.read(await rt.dispatch("lead", "p1", "go"), timeout=10)
+        parent = await rt.history("lead", "p1")
+        (link,) = [r for r in parent if isinstance(r, ChildConversationLinked)]
+        agent, _, id = link.child_conversation_id.partition("/")
+        child = await rt.history(agent, id)
+    assert result.text == "the researcher said: answer to 'Find the capital of Norway': Oslo"
+    (outcome,) = [r for r in parent if isinstance(r, ToolOutcome)]
+    assert outcome.content == "answer to 'Find the capital of Norway': Oslo"
+    assert link.offset < outcome.offset
+    created = child[0]
+    assert isinstance(created, ConversationCreated)
+    assert created.parent == {"conversation_id": "lead/p1", "tool_call_id": link.tool_call_id}
+    assert agent == "researcher" and ID_RE.match(id)
+    task_spec = next(t for t in models[0].requests[0].tools if t.name == "task")
+    assert task_spec.parameters["properties"]["agent"]["enum"] == ["researcher"]
+
+
+async def test_an_unknown_subagent_name_is_an_error_outcome() -> None:
+    def script(request: ModelRequest) -> Step:
+        result = last_result(request)
+        if result is None:
+            return calls(call("task", agent="nobody", prompt="hi"))
+        return reply(str(result.content["type"]))
+
+    models = [ScriptedModel("lead", script), ScriptedModel("researcher", researcher_script)]
+    app = hearth.App([lead, researcher], db="memory", providers=models)
+    async with app.run() as rt:
+        assert (await rt.read(await rt.dispatch("lead", "p", "go"), timeout=10)).text == (
+            "subagent_missing"
+        )
+
+
+async def test_delegation_stops_at_depth_four() -> None:
+    tools_seen: dict[str, list[str]] = {}
+
+    def make(level: int, child: hearth.Agent | None) -> hearth.Agent:
+        def render(ctx: hearth.AgentContext) -> str:
+            ctx.use_model("scripted/level")
+            if child is not None:
+                ctx.use_subagent(child, description="the next level")
+            return f"level {level}"
+
+        return hearth.Agent(render, name=f"level{level}")
+
+    chain: hearth.Agent | None = None
+    for level in range(6, -1, -1):
+        chain = make(level, chain)
+    assert chain is not None
+
+    def script(request: ModelRequest) -> Step:
+        tools_seen[request.system] = [t.name for t in request.tools]
+        result = last_result(request)
+        if result is not None:
+            return reply(f"{request.system} <- {result.content}")
+        if any(t.name == "task" for t in request.tools):
+            nxt = int(request.system.split()[1]) + 1
+            return calls(call("task", agent=f"level{nxt}", prompt="go deeper"))
+        return reply(f"{request.system} (bottom)")
+
+    app = hearth.App([chain], db="memory", providers=[ScriptedModel("level", script)])
+    async with app.run() as rt:
+        text = (await rt.read(await rt.dispatch("level0", "x", "go"), timeout=20)).text
+    assert text == "level 0 <- level 1 <- level 2 <- level 3 <- level 4 (bottom)"
+    assert tools_seen[f"level {MAX_DEPTH}"] == []
+
+
+def test_child_ids_are_deterministic_and_valid() -> None:
+    a = child_id("lead/" + "x" * 128, "call_0_0")
+    assert a == child_id("lead/" + "x" * 128, "call_0_0")
+    assert a != child_id("lead/" + "x" * 128, "call_0_1")
+    assert ID_RE.match(a)
+    assert ID_RE.match(child_id("lead/p", "weird id/with spaces"))
