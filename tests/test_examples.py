@@ -20,3 +20,27 @@ def test_the_quickstart_example_runs(tmp_path: Path) -> None:
     )
     assert "outcome='completed'" in out.stdout
     assert (tmp_path / "support.db").exists()
+
+
+def test_the_welcome_example_sends_one_mail() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "welcome.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "state: {'welcome_sent': True}" in out.stdout
+    assert out.stdout.count("'event': 'delivered'") == 1
+
+
+def test_the_subagents_example_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "subagents.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "My researcher reports: What is the capital of Norway? It is Oslo." in out.stdout
+    assert "child 0: conversation_created" in out.stdout

@@ -62,9 +62,7 @@ def mixed(ctx: hearth.AgentContext) -> str:
 def script(request: ModelRequest) -> Step:
     if request.messages and isinstance(request.messages[-1], ToolResult):
         return stream("all ", "done", delay=0.01)
-    text = next(
-        (str(m.content) for m in reversed(request.messages) if isinstance(m, UserTurn)), ""
-    )
+    text = next((str(m.content) for m in reversed(request.messages) if isinstance(m, UserTurn)), "")
     if text.startswith("tools"):
         return calls(call("fast"), call("provision", customer="c"))
     if text.startswith("slow"):

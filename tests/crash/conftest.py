@@ -15,3 +15,8 @@ def lab(tmp_path: Path) -> Lab:
 @pytest.fixture
 def make_lab(tmp_path: Path) -> Callable[[str], Lab]:
     return lambda app: Lab(tmp_path, app)
+
+
+@pytest.fixture
+def lab_delegating(tmp_path: Path) -> Lab:
+    return Lab(tmp_path, "delegating:app")

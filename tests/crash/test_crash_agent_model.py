@@ -1,0 +1,169 @@
+"""Crash tests of hooks, joining and delegated tasks: real SIGKILLs, restarts on the same file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from crashlab import Lab
+
+from hearth.records import (
+    ChildConversationLinked,
+    ConversationCreated,
+    HookSeamCommitted,
+    Record,
+    StateWrite,
+    SubmissionSettled,
+    ToolOutcome,
+    ToolResultsCommitted,
+    UserMessage,
+)
+from hearth.testing import CrashHarness
+
+pytestmark = pytest.mark.crash
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def of(records: list[Record], kind: type[Record]) -> list[Record]:
+    return [r for r in records if isinstance(r, kind)]
+
+
+# --- the once-only welcome --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("crash_at", ["hook:on_agent_start", "before:hook_seam_committed"])
+def test_the_welcome_mail_is_sent_at_most_once_through_a_kill_inside_the_hook(
+    tmp_path: Path, crash_at: str
+) -> None:
+    mail_log = tmp_path / "mail.log"
+    harness = CrashHarness(
+        "welcome:app",
+        db=tmp_path / "h.db",
+        env={"WELCOME_MAIL_LOG": str(mail_log)},
+        pythonpath=[EXAMPLES],
+    )
+    messages = [("support", "c1", text) for text in ("hello", "still there?", "thanks")]
+    assert harness.run(dispatch=messages, crash_at=crash_at).killed
+    harness.run_until_settled()
+    records = harness.history("support/c1")
+    assert [s.outcome for s in of(records, SubmissionSettled)] == ["completed"] * 3
+    mails = [json.loads(line) for line in mail_log.read_text().splitlines()]
+    delivered = [m for m in mails if m["event"] == "delivered"]
+    assert [m["key"] for m in delivered] == ["welcome:c1"]  # at most once per key
+    assert harness.state("support/c1") == {"welcome_sent": True}  # flag and mail log agree
+    assert len(of(records, StateWrite)) == 1
+    assert len(of(records, HookSeamCommitted)) == 3
+
+
+# --- joining ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("crash_at", ["before:user_message#2", "after:user_message#2"])
+def test_a_crash_around_the_join_point_loses_nothing_and_processes_nothing_twice(
+    lab: Lab, crash_at: str
+) -> None:
+    messages = [("stateful", "c1", "bump"), ("stateful", "c1", "and then?")]
+    assert lab.harness.run(dispatch=messages, crash_at=crash_at).killed
+    assert lab.harness.run().ok
+    records = lab.harness.history("stateful/c1")
+    inputs = [r.content for r in of(records, UserMessage)]
+    assert inputs == ["bump", "and then?"]  # never lost, never twice, in order
+    settled = of(records, SubmissionSettled)
+    assert len(settled) == 2 and {s.outcome for s in settled} == {"completed"}
+    assert lab.count("bump") == 1
+    subs = lab.harness.submissions("stateful/c1")
+    assert len({s.reply for s in subs}) == 1  # the joined one got the host's reply
+    assert subs[1].status == "joined"
+
+
+# --- delegated tasks ----------------------------------------------------------------------------
+
+
+def children(lab: Lab, parent: str) -> list[str]:
+    links = of(lab.harness.history(parent), ChildConversationLinked)
+    return [link.child_conversation_id for link in links]
+
+
+def test_an_interrupted_child_is_resumed_from_its_transcript(lab_delegating: Lab) -> None:
+    lab = lab_delegating
+    assert lab.harness.run(dispatch=[("lead", "p", "norway")], crash_at="tool:search").killed
+    assert lab.harness.run().ok
+    (child,) = children(lab, "lead/p")
+    child_records = lab.harness.history(child)
+    assert isinstance(child_records[0], ConversationCreated)
+    assert lab.count("search:norway") == 0  # the ordinary call in the child was not re-run
+    (outcome,) = of(child_records, ToolOutcome)
+    assert outcome.content["type"] == "interrupted"
+    (done,) = of(lab.harness.history("lead/p"), SubmissionSettled)
+    assert done.outcome == "completed" and done.reply == "norway: interrupted"
+
+
+def test_grandchildren_resume_first_and_recovery_interrupted_again_reuses_the_same_child(
+    lab_delegating: Lab,
+) -> None:
+    lab = lab_delegating
+    assert lab.harness.run(dispatch=[("lead", "p", "deep dive")], crash_at="tool:search").killed
+    # the recovery itself is killed: the checker's model call after repairing its batch
+    assert lab.harness.run(crash_at="after:assistant_message_started").killed
+    assert lab.harness.run().ok
+    (child,) = children(lab, "lead/p")
+    (grandchild,) = children(lab, child)
+    assert grandchild.startswith("checker/")
+    grand_done = of(lab.harness.history(grandchild), ToolOutcome)[-1]
+    child_outcome = of(lab.harness.history(child), ToolOutcome)[-1]
+    assert child_outcome.content == "checked (interrupted)"
+    assert grand_done.content["type"] == "interrupted"
+    (done,) = of(lab.harness.history("lead/p"), SubmissionSettled)
+    assert done.reply == "deep dive: ok"
+
+
+def test_several_interrupted_children_in_one_batch_all_resume_before_it_commits(
+    lab_delegating: Lab,
+) -> None:
+    lab = lab_delegating
+    first = lab.harness.run(dispatch=[("lead", "p", "alpha, beta")], crash_at="tool:search#2")
+    assert first.killed
+    assert lab.harness.run().ok
+    parent = lab.harness.history("lead/p")
+    assert len(children(lab, "lead/p")) == 2
+    outcomes = of(parent, ToolOutcome)
+    (commit,) = of(parent, ToolResultsCommitted)
+    assert len(outcomes) == 2 and all(o.offset < commit.offset for o in outcomes)
+    (done,) = of(parent, SubmissionSettled)
+    assert done.outcome == "completed"
+
+
+def test_a_child_whose_agent_is_no_longer_declared_gets_an_error_outcome(
+    lab_delegating: Lab,
+) -> None:
+    lab = lab_delegating
+    assert lab.harness.run(dispatch=[("lead", "p", "norway")], crash_at="tool:search").killed
+    assert lab.harness.run(env={"DELEGATE": "off"}).ok
+    parent = lab.harness.history("lead/p")
+    (outcome,) = of(parent, ToolOutcome)
+    assert outcome.is_error and outcome.content["type"] == "subagent_missing"
+    (done,) = of(parent, SubmissionSettled)
+    assert done.outcome == "completed"
+
+
+def test_an_exhausted_parent_budget_marks_the_task_interrupted_with_the_child_id(
+    lab_delegating: Lab,
+) -> None:
+    lab = lab_delegating
+    budget = {"LEAD_ATTEMPTS": "2"}
+    assert lab.harness.run(
+        dispatch=[("lead", "p", "deep dive")], crash_at="tool:search", env=budget
+    ).killed
+    assert lab.harness.run(crash_at="after:assistant_message_started", env=budget).killed
+    assert lab.harness.run(env=budget).ok
+    (child,) = children(lab, "lead/p")
+    (done,) = of(lab.harness.history("lead/p"), SubmissionSettled)
+    assert done.outcome == "failed" and done.error["type"] == "retry_exhausted"
+    assert done.error["interrupted_tools"] == [
+        {
+            "name": "task",
+            "tool_call_id": done.error["interrupted_tools"][0]["tool_call_id"],
+            "child_conversation_id": child,
+        }
+    ]

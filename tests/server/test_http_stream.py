@@ -1,0 +1,125 @@
+"""GET .../stream: JSON pages, and SSE that resumes, tails live, beats and closes cleanly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+from httpharness import ThreadServer, sse_records
+
+SSE = {"accept": "text/event-stream"}
+
+
+def settle(http: httpx2.Client, agent: str, id: str, message: str = "hi") -> str:
+    sid = http.post(f"/agents/{agent}/{id}", json={"message": message}).json()["submission_id"]
+    sub = http.get(f"/agents/{agent}/{id}/submissions/{sid}", params={"wait": 10}).json()
+    assert sub["outcome"] == "completed"
+    return str(sid)
+
+
+def test_json_pages_follow_the_offset_convention(server: ThreadServer) -> None:
+    with server.client() as http:
+        settle(http, "echo", "c-1")
+        everything = http.get("/agents/echo/c-1/stream").json()
+        offsets = [r["offset"] for r in everything["records"]]
+        assert offsets == list(range(len(offsets)))
+        assert everything["up_to_date"] is True
+        assert everything["next_offset"] == offsets[-1]
+        page = http.get("/agents/echo/c-1/stream", params={"offset": 0, "limit": 2}).json()
+        assert [r["offset"] for r in page["records"]] == [1, 2]
+        assert page["next_offset"] == 2 and page["up_to_date"] is False
+        past = http.get("/agents/echo/c-1/stream", params={"offset": 999}).json()
+        assert past == {"records": [], "next_offset": 999, "up_to_date": True}
+        for bad in ("x", "-2", "1e3", str(2**70)):
+            assert http.get("/agents/echo/c-1/stream", params={"offset": bad}).status_code == 400
+
+
+def test_json_page_long_polls_for_the_next_record(server: ThreadServer) -> None:
+    with server.client() as http:
+        settle(http, "echo", "c-1")
+        last = http.get("/agents/echo/c-1/stream").json()["next_offset"]
+        threading.Timer(0.3, lambda: server.client().post(
+            "/agents/echo/c-1", json={"message": "again"})).start()
+        started = time.monotonic()
+        page = http.get("/agents/echo/c-1/stream", params={"offset": last, "wait": 5}).json()
+        assert page["records"] and page["records"][0]["offset"] == last + 1
+        assert time.monotonic() - started < 2
+
+
+def test_sse_sends_every_record_with_its_offset_as_id_and_tails_live(server: ThreadServer) -> None:
+    with server.client() as http:
+        http.post("/agents/streamer/c-1", json={"message": "hi"})
+        seen: list[tuple[str | None, dict[str, Any]]] = []
+        with http.stream("GET", "/agents/streamer/c-1/stream", headers=SSE) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for event_id, record in sse_records(response):
+                seen.append((event_id, record))
+                if record["type"] == "submission_settled":
+                    break
+        assert [int(i or -1) for i, _ in seen] == [r["offset"] for _, r in seen]
+        assert [r["offset"] for _, r in seen] == list(range(len(seen)))
+        assert sum(r["type"] == "assistant_text_delta" for _, r in seen) >= 2
+
+
+def test_sse_resumes_after_last_event_id(server: ThreadServer) -> None:
+    with server.client() as http:
+        settle(http, "echo", "c-1")
+        headers = {**SSE, "last-event-id": "2"}
+        with http.stream("GET", "/agents/echo/c-1/stream?offset=0", headers=headers) as response:
+            first_id, first = next(iter(sse_records(response)))
+        assert first_id == "3" and first["offset"] == 3
+        with http.stream("GET", "/agents/echo/c-1/stream?offset=1", headers=SSE) as response:
+            first_id, _ = next(iter(sse_records(response)))
+        assert first_id == "2"
+        bad = http.get("/agents/echo/c-1/stream", headers={**SSE, "last-event-id": "x"})
+        assert bad.status_code == 400
+
+
+def test_sse_sends_heartbeat_comments_while_idle(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    server = serve_app(sse_heartbeat_s=0.2)
+    with server.client() as http:
+        settle(http, "echo", "c-1")
+        last = http.get("/agents/echo/c-1/stream").json()["next_offset"]
+        started = time.monotonic()
+        with http.stream(
+            "GET", f"/agents/echo/c-1/stream?offset={last}", headers=SSE
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith(":"):
+                    break
+        assert time.monotonic() - started < 2
+
+
+def test_sse_streams_end_cleanly_when_the_server_shuts_down(server: ThreadServer) -> None:
+    with server.client() as http:
+        settle(http, "echo", "c-1")
+        records: list[dict[str, Any]] = []
+        ended = threading.Event()
+
+        def follow() -> None:
+            with http.stream("GET", "/agents/echo/c-1/stream", headers=SSE) as response:
+                for _, record in sse_records(response):  # raises if the stream breaks
+                    records.append(record)
+            ended.set()
+
+        reader = threading.Thread(target=follow)
+        reader.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        server.stop()
+        reader.join(5)
+        assert ended.is_set(), "the SSE response did not end cleanly"
+        assert time.monotonic() - started < 5
+        assert records[-1]["type"] == "submission_settled"
+
+
+def test_sse_for_an_unknown_conversation_is_404_json(server: ThreadServer) -> None:
+    with server.client() as http:
+        r = http.get("/agents/echo/nobody/stream", headers=SSE)
+        assert r.status_code == 404
+        assert r.json()["error"]["type"] == "conversation_not_found"
