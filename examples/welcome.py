@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 import hearth
-from hearth.runtime.hooks import AgentStart
 from hearth.testing import ScriptedModel, reply
 
 
@@ -50,7 +49,7 @@ def support(ctx: hearth.AgentContext) -> str:
     welcome_sent, set_welcome_sent = ctx.use_state("welcome_sent", False)
 
     @ctx.on_agent_start
-    async def welcome(event: AgentStart) -> None:
+    async def welcome(event: hearth.AgentStart) -> None:
         if not welcome_sent:
             await mailer.welcome(ctx.id, key=f"welcome:{ctx.id}")
             set_welcome_sent(True)

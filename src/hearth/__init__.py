@@ -28,6 +28,7 @@ from hearth.errors import (
     UnknownAgent,
 )
 from hearth.receipts import AbortResult, Receipt, Reply
+from hearth.runtime.hooks import AgentFinish, AgentStart
 from hearth.runtime.runtime import Runtime
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext, tool
@@ -38,6 +39,8 @@ __all__ = [
     "AbortResult",
     "Agent",
     "AgentContext",
+    "AgentFinish",
+    "AgentStart",
     "App",
     "AsyncClient",
     "Client",

@@ -1,0 +1,148 @@
+"""A real ``hearth serve`` child process, SIGKILLed or SIGTERMed under open streams and readers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from httpharness import ServerProcess, sse_records, wait_until
+
+import hearth
+from hearth.store import open_store
+from hearth.store.base import Submission
+
+pytestmark = pytest.mark.crash
+SSE = {"accept": "text/event-stream"}
+
+
+def history(url: str, conversation: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = httpx2.get(f"{url}/agents/{conversation}/stream").json()[
+        "records"
+    ]
+    return records
+
+
+def stored_submission(db: Path, sid: str) -> Submission:
+    async def read() -> Submission:
+        store = open_store(str(db))
+        await store.open()
+        try:
+            sub = await store.get_submission(sid)
+            assert sub is not None
+            return sub
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_sse_resumes_across_a_sigkill_with_no_gap_and_no_duplicate(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "h.db").start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            http.post("/agents/streamer/c-1", json={"message": "hi"})
+            seen: list[int] = []
+            with pytest.raises(httpx2.TransportError):
+                with http.stream("GET", "/agents/streamer/c-1/stream", headers=SSE) as response:
+                    for event_id, record in sse_records(response):
+                        assert int(event_id or -1) == record["offset"]
+                        seen.append(record["offset"])
+                        if record["type"] == "assistant_text_delta" and len(seen) > 6:
+                            server.kill()
+            killed_after = seen[-1]
+            server.start()
+            headers = {**SSE, "last-event-id": str(killed_after)}
+            with http.stream("GET", "/agents/streamer/c-1/stream", headers=headers) as response:
+                for event_id, record in sse_records(response):
+                    assert int(event_id or -1) == record["offset"]
+                    seen.append(record["offset"])
+                    if record["type"] == "submission_settled":
+                        break
+        offsets = [r["offset"] for r in history(server.url, "streamer/c-1")]
+        assert seen == offsets == list(range(len(offsets)))
+    finally:
+        server.kill()
+
+
+def test_sdk_read_survives_the_server_restarting_underneath_it(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "h.db", env={"HEARTH_TEST_SLOW_S": "1.5"}).start()
+    try:
+        client = hearth.Client(server.url)
+        conv = client.conversation("worker", "job-1")
+        receipt = conv.send("run it")
+        result: dict[str, Any] = {}
+
+        def read() -> None:
+            try:
+                result["reply"] = hearth.Client(server.url).conversation("worker", "job-1").read(
+                    receipt, timeout=60
+                )
+            except BaseException as exc:
+                result["error"] = exc
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        wait_until(
+            lambda: any(r["type"] == "tool_step_settled" for r in conv.history()), timeout=15
+        )
+        server.kill()
+        time.sleep(0.5)
+        assert reader.is_alive()
+        server.start()
+        reader.join(30)
+        assert "error" not in result, result
+        reply = result["reply"]
+        assert reply.text == "job done" and reply.submission_id == receipt.submission_id
+        settled = [r for r in conv.history() if r["type"] == "submission_settled"]
+        assert len(settled) == 1
+        client.close()
+    finally:
+        server.kill()
+
+
+def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "h.db"
+    env = {"HEARTH_TEST_SLOW_S": "3", "HEARTH_SHUTDOWN_S": "5"}
+    server = ServerProcess(db, env=env).start()
+    try:
+        conv = hearth.Client(server.url).conversation("worker", "job-1")
+        receipt = conv.send("run it")
+        ended_cleanly = threading.Event()
+        seen: list[dict[str, Any]] = []
+
+        def follow() -> None:
+            with httpx2.Client(base_url=server.url, timeout=30) as http:
+                with http.stream("GET", "/agents/worker/job-1/stream", headers=SSE) as response:
+                    for _, record in sse_records(response):
+                        seen.append(record)
+            ended_cleanly.set()
+
+        readers = [threading.Thread(target=follow) for _ in range(3)]
+        for reader in readers:
+            reader.start()
+        wait_until(lambda: any(r["type"] == "tool_step_settled" for r in seen), timeout=15)
+        started = time.monotonic()
+        server.terminate()
+        code = server.wait(timeout=10)
+        took = time.monotonic() - started
+        for reader in readers:
+            reader.join(5)
+        assert code == 0
+        assert took < 5
+        assert ended_cleanly.is_set()
+        sub = stored_submission(db, receipt.submission_id)
+        assert sub.outcome is None and sub.status == "running"
+        assert sub.lease_expires_at == 0  # released: the next owner takes it at once
+        server.start()
+        reply = hearth.Client(server.url).conversation("worker", "job-1").read(receipt, timeout=30)
+        assert reply.text == "job done"
+        assert stored_submission(db, receipt.submission_id).attempt == 2
+    finally:
+        server.kill()
