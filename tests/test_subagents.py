@@ -125,3 +125,34 @@ def test_child_ids_are_deterministic_and_valid() -> None:
     assert a != child_id("lead/" + "x" * 128, "call_0_1")
     assert ID_RE.match(a)
     assert ID_RE.match(child_id("lead/p", "weird id/with spaces"))
+
+
+async def test_a_child_runs_under_the_parents_deadline() -> None:
+    from hearth.testing import stall
+
+    @hearth.agent(durability=hearth.Durability(timeout=0.5))
+    def hurried_lead(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/lead")
+        ctx.use_subagent(researcher, description="Research")
+        return ""
+
+    models = [ScriptedModel("lead", lead_script), ScriptedModel("researcher", [stall(after_chunks=["thinking"])])]
+    app = hearth.App([hurried_lead, researcher], db="memory", providers=models)
+    async with app.run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(await rt.dispatch("hurried-lead", "p", "go"), timeout=10)
+        parent = await rt.history("hurried-lead", "p")
+        (link,) = [r for r in parent if isinstance(r, ChildConversationLinked)]
+        child = await rt.history(*link.child_conversation_id.split("/", 1))
+    assert info.value.type == "timeout"
+    started = [r for r in child if r.type == "assistant_message_started"]
+    closed = [r for r in child if r.type == "assistant_message_completed"]
+    assert len(started) == len(closed) == 1  # the child was left at rest too
+    assert closed[0].stop_reason == "aborted"
+    assert info.value.interrupted_tools == [
+        {
+            "name": "task",
+            "tool_call_id": link.tool_call_id,
+            "child_conversation_id": link.child_conversation_id,
+        }
+    ]

@@ -167,3 +167,18 @@ def test_an_exhausted_parent_budget_marks_the_task_interrupted_with_the_child_id
             "child_conversation_id": child,
         }
     ]
+
+
+def test_a_committed_seam_is_not_run_again_after_a_crash(tmp_path: Path) -> None:
+    mail_log = tmp_path / "mail.log"
+    harness = CrashHarness(
+        "welcome:app",
+        db=tmp_path / "h.db",
+        env={"WELCOME_MAIL_LOG": str(mail_log)},
+        pythonpath=[EXAMPLES],
+    )
+    first = harness.run(dispatch=[("support", "c1", "hello")], crash_at="after:hook_seam_committed")
+    assert first.killed
+    assert harness.run().ok
+    assert len(mail_log.read_text().splitlines()) == 1  # the hook did not even ask again
+    assert len(of(harness.history("support/c1"), HookSeamCommitted)) == 1

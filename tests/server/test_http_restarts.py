@@ -141,8 +141,8 @@ def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
         assert sub.outcome is None and sub.status == "running"
         assert sub.lease_expires_at == 0  # released: the next owner takes it at once
         server.start()
-        reply = hearth.Client(server.url).conversation("worker", "job-1").read(receipt, timeout=30)
-        assert reply.text == "job done"
-        assert stored_submission(db, receipt.submission_id).attempt == 2
+        again = hearth.Client(server.url).conversation("worker", "job-1")
+        assert again.read(receipt, timeout=30).text == "job done"
+        assert again.submission(receipt.submission_id)["attempt"] == 2
     finally:
         server.kill()

@@ -225,7 +225,8 @@ def backoff_delay(errors: int, retry_after: float | None, *, jitter: float | Non
     return float(base * j)
 
 
-def _interrupted_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
+def unresolved_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
+    """The calls of the last tool turn that have no outcome, if its batch never committed."""
     if not views:
         return ()
     last = views[-1]
@@ -299,7 +300,7 @@ def classify_recovery(ev: Evidence) -> Decision:
         reply = final.completed.text if final.completed is not None else ""
         return Decision(Action.SETTLE_COMPLETED, message_id=final.message_id, reply=reply)
 
-    interrupted = _interrupted_tools(views)
+    interrupted = unresolved_tools(views)
     if ev.abort_requested:
         return Decision(
             Action.SETTLE_ABORTED,

@@ -49,7 +49,13 @@ from hearth.runtime.recovery import (
     input_key,
 )
 from hearth.runtime.streaming import DeltaWriter
-from hearth.runtime.tasks import MAX_DEPTH, TaskPreempted, run_child_task, task_tool_spec
+from hearth.runtime.tasks import (
+    MAX_DEPTH,
+    TaskPreempted,
+    bring_child_to_rest,
+    run_child_task,
+    task_tool_spec,
+)
 from hearth.store.base import Store, Submission
 
 log = logging.getLogger("hearth.runner")
@@ -420,6 +426,9 @@ class Attempt:
 
     async def _bring_to_rest(self, d: Decision) -> None:
         """Settle aborted or failed: mark unresolved calls, leave an advisory, settle."""
+        for tool in d.interrupted:
+            if tool.child_conversation_id:
+                await bring_child_to_rest(self, tool.child_conversation_id)
         records: list[Record] = []
         mine = self._submission_records()
         views = assemble_messages(mine)
