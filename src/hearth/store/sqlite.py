@@ -531,20 +531,25 @@ class SQLiteStore:
 
     def _run_group(self, conn: sqlite3.Connection, group: list[_Op]) -> None:
         writes = any(op.write for op in group)
+        # A lone write needs no savepoint: if it fails, rolling back the transaction is the same.
+        savepoints = writes and len(group) > 1
         try:
             if writes:
                 conn.execute("BEGIN IMMEDIATE")
             for op in group:
-                if op.write:
+                if op.write and savepoints:
                     conn.execute("SAVEPOINT op")
                 try:
                     op.result = op.work(conn, op.touched)
                 except Exception as exc:
                     op.error = _as_store_error(exc)
                     op.touched.clear()
-                    if op.write:
+                    if op.write and savepoints:
                         conn.execute("ROLLBACK TO op")  # a failure here fails the whole group
-                if op.write:
+                    elif op.write:
+                        conn.execute("ROLLBACK")
+                        writes = False
+                if op.write and savepoints:
                     conn.execute("RELEASE op")
             if writes:
                 conn.execute("COMMIT")
