@@ -98,3 +98,35 @@ async def test_a_stale_attempt_cannot_write_after_another_owner_took_over() -> N
         sub = await rt.submission(receipt.submission_id)
     assert not [r for r in history if isinstance(r, ToolOutcome)]
     assert sub.status == "running" and sub.lease_owner == ELSEWHERE and sub.outcome is None
+
+
+async def test_no_more_than_workers_submissions_run_at_once() -> None:
+    running = 0
+    peak = 0
+
+    @hearth.tool
+    async def hold() -> str:
+        """Hold a worker for a moment."""
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return "held"
+
+    def agent(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/h")
+        ctx.use_tool(hold)
+        return ""
+
+    app = hearth.App(
+        [hearth.Agent(agent, name="h")],
+        db="memory",
+        providers=[ScriptedModel("h", [calls(call("hold")), reply("done")])],
+        workers=2,
+    )
+    async with app.run() as rt:
+        receipts = [await rt.dispatch("h", f"c{i}", "go") for i in range(6)]
+        for receipt in receipts:
+            assert (await rt.read(receipt, timeout=10)).text == "done"
+    assert peak == 2

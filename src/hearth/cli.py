@@ -29,7 +29,7 @@ err = Console(stderr=True, highlight=False)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]hearth:[/red] {escape(message)}")
+    err.print(f"[red]hearth:[/red] {escape(message)}", soft_wrap=True)
     sys.exit(code)
 
 
@@ -218,7 +218,7 @@ def tail(
             if as_json:
                 click.echo(json.dumps(record, ensure_ascii=False))
             else:
-                out.print(describe(record))
+                out.print(describe(record), soft_wrap=True)
             sys.stdout.flush()
 
 

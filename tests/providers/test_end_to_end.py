@@ -492,6 +492,75 @@ async def test_a_second_overflow_right_after_compaction_fails(
     assert len(server.requests) == 4
 
 
+async def test_a_transient_error_while_summarising_is_retried(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    rt, _ = runtime
+    server.sse(dialect.reply("ok"))
+    await ask(rt, "first")
+    server.error(400, dialect.overflow())
+    server.error(503, dialect.failure("Service unavailable"), {"retry-after": "0"})
+    server.sse(dialect.reply("the summary"))
+    server.sse(dialect.reply("fine"))
+    assert (await ask(rt, "second")).text == "fine"
+    assert len(server.requests) == 5
+    (compaction,) = of(await history(rt), Compaction)
+    assert compaction.summary == "the summary"
+
+
+async def test_a_terminal_error_while_summarising_fails_the_submission(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    rt, _ = runtime
+    server.sse(dialect.reply("ok"))
+    await ask(rt, "first")
+    server.error(400, dialect.overflow())
+    server.error(403, dialect.failure("No access to this model", "permission_error"))
+    with pytest.raises(hearth.SubmissionFailed) as failed:
+        await ask(rt, "second")
+    assert failed.value.type == "provider_error"
+    assert "No access to this model" in failed.value.error["message"]
+
+
+async def test_a_summary_call_that_overflows_is_retried_with_the_recent_part(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    rt, _ = runtime
+    server.sse(dialect.reply("ok"))
+    await ask(rt, "first")
+    server.error(400, dialect.overflow())
+    server.error(400, dialect.overflow())  # the summary call itself is too long
+    server.sse(dialect.reply("the summary"))
+    server.sse(dialect.reply("fine"))
+    assert (await ask(rt, "second")).text == "fine"
+    whole, recent = bodies(server)[2:4]
+    assert dialect.turns(whole)[:2] == [("user", "first"), ("assistant", "ok")]
+    assert "first" not in [text for _, text in dialect.turns(recent)]
+    assert ("assistant", "ok") in dialect.turns(recent)
+    assert "left out" in json.dumps(recent)
+
+
+async def test_history_too_long_for_one_summary_call_keeps_its_recent_part(
+    server: FakeServer, dialect: Dialect
+) -> None:
+    model = dialect.model.partition("/")[2]
+    provider = dialect.provider(server.url, context_windows={model: 1000})
+    app = hearth.App([assistant(dialect.model)], db="memory", providers=[provider])
+    async with app.run() as rt:
+        server.sse(dialect.reply("ok1"))
+        await ask(rt, "A" * 5000)  # alone over the window: nothing older to compact, so sent
+        server.sse(dialect.reply("the summary"))
+        server.sse(dialect.reply("fine"))
+        reply = await ask(rt, "next?")
+    await provider.aclose()
+    assert reply.text == "fine"
+    _, summary_request, asked = bodies(server)
+    assert "AAAA" not in json.dumps(summary_request)
+    assert ("assistant", "ok1") in dialect.turns(summary_request)
+    assert "left out" in json.dumps(summary_request)
+    assert dialect.turns(asked) == [("user", "next?")]
+
+
 async def test_the_pre_call_estimate_compacts_before_asking(
     server: FakeServer, dialect: Dialect
 ) -> None:

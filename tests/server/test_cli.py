@@ -1,0 +1,148 @@
+"""The ``hearth`` command: serve, send, tail, inspect, migrate, demo; errors as one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from httpharness import ServerProcess, ThreadServer, child_env, free_port
+
+from hearth.cli import main
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def one_line_error(output: str) -> str:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+def test_send_prints_the_submission_and_waits_for_the_reply(server: ThreadServer) -> None:
+    code, out = run("send", "echo", "c-1", "hello", "--url", server.url)
+    assert code == 0 and out.startswith("s_") and "admitted to echo/c-1" in out
+    code, out = run("send", "echo", "c-1", "again", "--url", server.url, "--wait")
+    assert code == 0 and out.strip().endswith("echo: again")
+    code, out = run("send", "echo", "c-2", "x", "--url", server.url, "--json")
+    assert json.loads(out)["conversation_id"] == "echo/c-2"
+
+
+def test_send_reports_a_failed_outcome_as_one_line(server: ThreadServer) -> None:
+    code, out = run("send", "staller", "c-1", "hi", "--url", server.url, "--wait", "--timeout", "0.3")
+    assert code == 1
+    assert "has not settled yet" in one_line_error(out)
+
+
+def test_tail_prints_the_stream(server: ThreadServer) -> None:
+    run("send", "echo", "c-1", "hello", "--url", server.url, "--wait")
+    code, out = run("tail", "echo", "c-1", "--url", server.url, "--no-follow")
+    assert code == 0
+    assert "conversation_created" in out and "submission_settled" in out
+    code, out = run("tail", "echo", "c-1", "--url", server.url, "--no-follow", "--json", "--offset", "0")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records[0]["offset"] == 1 and records[-1]["type"] == "submission_settled"
+
+
+def test_tail_follows_live_until_interrupted(server: ThreadServer) -> None:
+    run("send", "streamer", "c-1", "hello", "--url", server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hearth", "tail", "streamer", "c-1", "--url", server.url, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        types = []
+        for line in proc.stdout:
+            types.append(json.loads(line)["type"])
+            if types[-1] == "submission_settled":
+                break
+        assert types[0] == "conversation_created"
+        assert types.count("assistant_text_delta") > 1
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_inspect_shows_submissions_leases_and_stuck_work(server: ThreadServer) -> None:
+    run("send", "staller", "c-1", "hi", "--url", server.url)
+    run("send", "echo", "c-2", "hi", "--url", server.url, "--wait")
+    time.sleep(0.2)
+    code, out = run("inspect", "--url", server.url)
+    assert code == 0
+    assert "running" in out and "settled" in out and "lease s_" in out and "no stuck work" in out
+    code, out = run("inspect", "--url", server.url, "--json")
+    assert json.loads(out)["counts"]["running"] == 1
+
+
+def test_migrate_creates_the_schema_and_reports_a_busy_file(
+    tmp_path: Path, server: ThreadServer
+) -> None:
+    code, out = run("migrate", "--db", f"sqlite:///{tmp_path / 'new.db'}")
+    assert code == 0 and "is current" in out
+    assert (tmp_path / "new.db").exists()
+    code, out = run("migrate", "--db", str(server.app.settings.db))
+    assert code == 1
+    assert "another process owns" in one_line_error(out)
+
+
+def test_client_errors_are_one_line(server: ThreadServer) -> None:
+    code, out = run("send", "nobody", "c-1", "hi", "--url", server.url)
+    assert code == 1 and "no agent named 'nobody'" in one_line_error(out)
+    code, out = run("send", "echo", "bad id", "hi", "--url", server.url)
+    assert code == 1 and "must match" in one_line_error(out)
+    code, out = run("send", "echo", "c-1", "hi", "--url", f"http://127.0.0.1:{free_port()}")
+    assert code == 1 and "cannot reach" in one_line_error(out)
+    code, out = run("tail", "echo", "never", "--url", server.url, "--no-follow")
+    assert code == 1 and "no conversation" in one_line_error(out)
+
+
+def test_serve_errors_are_one_line(tmp_path: Path) -> None:
+    code, out = run("serve", "no_such_module:app", "--db", str(tmp_path / "h.db"))
+    assert code == 1 and "cannot import 'no_such_module'" in one_line_error(out)
+    code, out = run("serve", "serverapp:AGENTS", "--db", str(tmp_path / "h.db"))
+    assert code == 1 and "is not a hearth.App" in one_line_error(out)
+    code, out = run("serve", "serverapp:app", "--db", "mysql://nope", "--port", "0")
+    assert code == 1 and "unsupported database URL" in one_line_error(out)
+
+
+def test_serve_with_a_token_and_python_dash_m(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "h.db", args=("--token", "abc")).start()
+    try:
+        code, out = run("send", "echo", "c-1", "hi", "--url", server.url)
+        assert code == 1 and "bearer token" in one_line_error(out)
+        code, out = run("send", "echo", "c-1", "hi", "--url", server.url, "--token", "abc", "--wait")
+        assert code == 0 and "echo: hi" in out
+    finally:
+        server.kill()
+
+
+@pytest.mark.crash
+def test_demo_shows_a_crash_and_a_recovery(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "hearth", "demo"],
+        capture_output=True,
+        text=True,
+        env=child_env(TMPDIR=str(tmp_path)),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 30
+    out = proc.stdout
+    assert "SIGKILL" in out and "restarted" in out
+    assert out.count("✓") == 4 and "✗" not in out
+    assert "step 1 ran once" in out and "interrupted" in out
+    assert "hearth tail shop order-1" in out
+    assert str(tmp_path) in out  # the database path, to look at later

@@ -1,0 +1,82 @@
+"""``app.asgi()`` mounted inside a user's own Starlette app."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import uvicorn
+from httpharness import make_app, sse_records
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Mount, Route
+
+
+async def hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello from the outer app")
+
+
+class Served:
+    """Any ASGI app under uvicorn in a thread."""
+
+    def __init__(self, asgi: Any) -> None:
+        self.server = uvicorn.Server(
+            uvicorn.Config(asgi, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        )
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            assert self.thread.is_alive()
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+
+
+def exercise(url: str) -> None:
+    with httpx2.Client(base_url=url, timeout=10) as http:
+        assert http.get("/hello").text == "hello from the outer app"
+        r = http.post("/hearth/agents/echo/c-1", json={"message": "hi"})
+        assert r.status_code == 202
+        assert r.headers["location"] == "/hearth/agents/echo/c-1/stream?offset=0"
+        sid = r.json()["submission_id"]
+        sub = http.get(f"/hearth/agents/echo/c-1/submissions/{sid}", params={"wait": 10}).json()
+        assert sub["reply"] == "echo: hi"
+        headers = {"accept": "text/event-stream"}
+        with http.stream("GET", "/hearth/agents/echo/c-1/stream", headers=headers) as response:
+            for _, record in sse_records(response):
+                if record["type"] == "submission_settled":
+                    break
+        assert http.get("/hearth/healthz").json() == {"status": "ok"}
+        assert http.get("/hearth/nowhere").json()["error"]["type"] == "not_found"
+
+
+def test_mounted_without_lifespan_starts_the_runtime_on_first_request(tmp_path: Path) -> None:
+    api = make_app(tmp_path / "h.db").asgi()
+    outer = Starlette(routes=[Route("/hello", hello), Mount("/hearth", app=api)])
+    with Served(outer) as url:
+        exercise(url)
+
+
+def test_mounted_with_the_outer_lifespan_starts_and_stops_with_it(tmp_path: Path) -> None:
+    api = make_app(tmp_path / "h.db", token="tok").asgi()
+    outer = Starlette(
+        routes=[Route("/hello", hello), Mount("/hearth", app=api)], lifespan=api.lifespan
+    )
+    with Served(outer) as url:
+        assert api._runtime is not None  # started at boot, before any request
+        with httpx2.Client(base_url=url) as http:
+            assert http.get("/hearth/metrics").status_code == 401
+            assert http.get("/hello").status_code == 200  # the token guards only hearth's routes
+    assert api._runtime.shutting_down

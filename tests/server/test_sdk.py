@@ -1,0 +1,118 @@
+"""``hearth.Client`` and ``hearth.AsyncClient`` against a real server (SPEC §9)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+from httpharness import ThreadServer
+
+import hearth
+from hearth.client import HTTPError, Unauthorized
+from hearth.receipts import Receipt
+
+
+def test_send_and_read_a_reply(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        receipt = conv.send("hello")
+        assert receipt.conversation_id == "echo/c-1" and receipt.offset == 0
+        reply = conv.read(receipt, timeout=10)
+        assert reply.text == "echo: hello"
+        assert reply.submission_id == receipt.submission_id
+
+
+def test_read_works_from_a_receipt_kept_as_plain_data(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        kept = client.conversation("echo", "c-1").send("hello").to_json()
+    with hearth.Client(server.url) as other:
+        reply = other.conversation("echo", "c-1").read(Receipt.from_json(kept), timeout=10)
+        assert reply.text == "echo: hello"
+        by_id = other.conversation("echo", "c-1").read(kept["submission_id"], timeout=10)
+        assert by_id == reply
+
+
+def test_idempotent_send_and_conflict(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        first = conv.send("hi", idempotency_key="k")
+        again = conv.send("hi", idempotency_key="k")
+        assert again.deduplicated and again.submission_id == first.submission_id
+        with pytest.raises(hearth.IdempotencyConflict):
+            conv.send("other", idempotency_key="k")
+
+
+def test_typed_errors(serve_app: Callable[..., ThreadServer]) -> None:
+    server = serve_app(token="t0k")
+    with hearth.Client(server.url, token="t0k") as client:
+        with pytest.raises(hearth.UnknownAgent):
+            client.conversation("nobody", "c-1").send("hi")
+        with pytest.raises(hearth.InvalidId):
+            client.conversation("echo", "bad id").send("hi")
+        with pytest.raises(hearth.ConversationNotFound):
+            client.conversation("echo", "never").snapshot()
+        with pytest.raises(hearth.SubmissionNotFound):
+            client.conversation("echo", "c-1").send("x")
+            client.conversation("echo", "c-1").read("s_missing", timeout=5)
+        with pytest.raises(ValueError):
+            receipt = client.conversation("echo", "c-1").send("x")
+            client.conversation("echo", "c-2").read(receipt)
+    with hearth.Client(server.url) as anonymous:
+        with pytest.raises(Unauthorized) as caught:
+            anonymous.conversation("echo", "c-1").send("hi")
+        assert isinstance(caught.value, HTTPError) and caught.value.status == 401
+
+
+def test_read_raises_for_aborted_and_times_out(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("staller", "c-1")
+        receipt = conv.send("hi")
+        with pytest.raises(TimeoutError):
+            conv.read(receipt, timeout=0.3)
+        result = conv.abort()
+        assert result.aborted and result.submission_ids == [receipt.submission_id]
+        with pytest.raises(hearth.SubmissionAborted):
+            conv.read(receipt, timeout=10)
+
+
+def test_signal_history_snapshot_and_stream(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        conv.read(conv.send("one"), timeout=10)
+        receipt = conv.signal("note", "fyi", {"k": "v"})
+        conv.read(receipt, timeout=10)
+        records = conv.history()
+        assert [r["offset"] for r in records] == list(range(len(records)))
+        assert any(r["type"] == "signal" and r["signal_type"] == "note" for r in records)
+        assert conv.history(offset=records[-2]["offset"]) == records[-1:]
+        assert conv.snapshot()["offset"] == records[-1]["offset"]
+        streamed = list(itertools.islice(conv.stream(offset=1), len(records) - 2))
+        assert streamed == records[2:]
+
+
+@pytest.mark.anyio
+async def test_async_client_has_the_same_methods(server: ThreadServer) -> None:
+    async with hearth.AsyncClient(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        receipt = await conv.send("hello")
+        reply = await conv.read(receipt, timeout=10)
+        assert reply.text == "echo: hello"
+        records = await conv.history()
+        seen = []
+        async for record in conv.stream(-1):
+            seen.append(record)
+            if len(seen) == len(records):
+                break
+        assert seen == records
+        assert (await conv.snapshot())["conversation_id"] == "echo/c-1"
+        staller = client.conversation("staller", "c-1")
+        stuck = await staller.send("hi")
+        with pytest.raises(TimeoutError):
+            await staller.read(stuck, timeout=0.3)
+        assert (await staller.abort()).aborted
+        with pytest.raises(hearth.SubmissionAborted):
+            await staller.read(stuck, timeout=10)
+        with pytest.raises(hearth.UnknownAgent):
+            await client.conversation("nobody", "c-1").send("hi")
+        assert (await client.health()) == {"status": "ok"}
