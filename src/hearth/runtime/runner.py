@@ -31,7 +31,7 @@ from hearth.records import (
     UserMessage,
 )
 from hearth.runtime.batch import ToolBatch, interrupted_outcome
-from hearth.runtime.compaction import compact
+from hearth.runtime.compaction import compact, input_budget
 from hearth.runtime.context import build_context
 from hearth.runtime.hooks import AgentFinish, AgentStart, HookFailure, run_seam
 from hearth.runtime.journal import Journal
@@ -59,8 +59,6 @@ from hearth.runtime.tasks import (
 from hearth.store.base import Store, Submission
 
 log = logging.getLogger("hearth.runner")
-
-COMPACTION_RESERVE = 4096  # tokens kept free for the response when estimating overflow
 
 
 @dataclass
@@ -286,7 +284,7 @@ class Attempt:
         provider, model = self.env.providers.resolve(rendered.model)
         request = self._request(rendered, model)
         window = provider.context_window(model)
-        if estimate_tokens(request) > window - min(COMPACTION_RESERVE, window // 4):
+        if estimate_tokens(request) > input_budget(window):
             if await self._compact(rendered):
                 request = self._request(rendered, model)
         mid = f"m_{uuid.uuid4().hex[:20]}"
