@@ -136,7 +136,10 @@ async def test_a_child_runs_under_the_parents_deadline() -> None:
         ctx.use_subagent(researcher, description="Research")
         return ""
 
-    models = [ScriptedModel("lead", lead_script), ScriptedModel("researcher", [stall(after_chunks=["thinking"])])]
+    models = [
+        ScriptedModel("lead", lead_script),
+        ScriptedModel("researcher", [stall(after_chunks=["thinking"])]),
+    ]
     app = hearth.App([hurried_lead, researcher], db="memory", providers=models)
     async with app.run() as rt:
         with pytest.raises(hearth.SubmissionFailed) as info:
