@@ -52,16 +52,20 @@ class Record:
             "attempt": self.attempt,
             "at": self.at,
         }
-        for f in dataclasses.fields(self):
-            if f.name not in out:
-                out[f.name] = getattr(self, f.name)
+        for name in _type_fields(type(self)):
+            out[name] = getattr(self, name)
         return out
 
     def content_digest(self) -> str:
         """A digest of what the record says, ignoring when and by which attempt it was written."""
-        body = {k: v for k, v in self.to_json().items() if k not in _NOT_CONTENT}
-        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(raw.encode()).hexdigest()
+        return _digest(self.to_json())
+
+    def encode(self, offset: int) -> tuple[str, str]:
+        """The stored form at ``offset`` and the content digest, from one ``to_json``."""
+        data = self.to_json()
+        digest = _digest(data)
+        data["offset"] = offset
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False), digest
 
     def with_offset(self: _R, offset: int) -> _R:
         return dataclasses.replace(self, offset=offset)
@@ -71,6 +75,22 @@ class Record:
 
 
 _R = TypeVar("_R", bound=Record)
+_FIELDS: dict[type[Record], tuple[str, ...]] = {}
+
+
+def _type_fields(cls: type[Record]) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(
+            f.name for f in dataclasses.fields(cls) if f.name not in _ENVELOPE
+        )
+    return names
+
+
+def _digest(data: dict[str, JSON]) -> str:
+    body = {k: v for k, v in data.items() if k not in _NOT_CONTENT}
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(raw.encode()).hexdigest()
 RECORD_TYPES: dict[str, type[Record]] = {}
 
 

@@ -37,7 +37,7 @@ from hearth.errors import (
     SchemaTooNew,
     StoreError,
 )
-from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled, dumps, loads
+from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled, loads
 from hearth.store.base import (
     JOINED,
     QUEUED,
@@ -715,7 +715,7 @@ def _append(
         raise StoreError(f"conversation {conversation_id} does not exist; admit a submission first")
     start, offsets = last, []
     for record in records:
-        digest = record.content_digest()
+        body, digest = record.encode(last + 1)
         inserted = conn.execute(
             'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
             " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -725,7 +725,7 @@ def _append(
                 record.id,
                 record.type,
                 record.submission_id,
-                dumps(record.with_offset(last + 1)),
+                body,
                 digest,
             ),
         ).rowcount
