@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -58,6 +59,22 @@ def interrupted_outcome(message_id: str, tool: InterruptedTool) -> ToolOutcome:
         is_error=True,
         content=content,
     )
+
+
+def mark_interrupted(view: MessageView, interrupted: Sequence[InterruptedTool]) -> list[Record]:
+    """Close a tool batch a dead or stopped attempt left open: an ``interrupted`` outcome for
+    each unresolved call, then the batch's ``tool_results_committed``."""
+    if not interrupted:
+        return []
+    records: list[Record] = [interrupted_outcome(view.message_id, tool) for tool in interrupted]
+    records.append(
+        ToolResultsCommitted(
+            id=f"{view.message_id}:committed",
+            message_id=view.message_id,
+            tool_call_ids=[c.tool_call_id for c in view.calls],
+        )
+    )
+    return records
 
 
 def error_outcome(

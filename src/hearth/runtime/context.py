@@ -16,10 +16,11 @@ from hearth.records import (
     UserMessage,
 )
 
-_NOTE_TEXT = {
-    "stream_interrupted": "Your previous response was cut off by an interruption; the text above "
-    "is what was saved. Continue from where it stops without repeating it.",
-}
+STREAM_INTERRUPTED_NOTE = (
+    "Your previous response was cut off by an interruption; the text above is what was saved. "
+    "Continue from where it stops without repeating it."
+)
+_NOTE_TEXT = {"stream_interrupted": STREAM_INTERRUPTED_NOTE}
 
 
 def signal_text(sig: Signal) -> str:

@@ -27,12 +27,11 @@ from hearth.records import (
     Record,
     Signal,
     ToolOutcome,
-    ToolResultsCommitted,
     UserMessage,
 )
-from hearth.runtime.batch import ToolBatch, interrupted_outcome
+from hearth.runtime.batch import ToolBatch, mark_interrupted
 from hearth.runtime.compaction import compact, input_budget
-from hearth.runtime.context import build_context
+from hearth.runtime.context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.hooks import AgentFinish, AgentStart, HookFailure, run_seam
 from hearth.runtime.journal import Journal
 from hearth.runtime.metrics import Metrics
@@ -242,8 +241,7 @@ class Attempt:
             Signal(
                 id=f"{message_id}:interrupted",
                 signal_type="stream_interrupted",
-                body="Your previous response was cut off by an interruption; the text above is "
-                "what was saved. Continue from where it stops without repeating it.",
+                body=STREAM_INTERRUPTED_NOTE,
                 attributes={"message_id": message_id},
             )
         )
@@ -427,20 +425,8 @@ class Attempt:
         for tool in d.interrupted:
             if tool.child_conversation_id:
                 await bring_child_to_rest(self, tool.child_conversation_id)
-        records: list[Record] = []
-        mine = self._submission_records()
-        views = assemble_messages(mine)
-        if d.interrupted and views:
-            last = views[-1]
-            for tool in d.interrupted:
-                records.append(interrupted_outcome(last.message_id, tool))
-            records.append(
-                ToolResultsCommitted(
-                    id=f"{last.message_id}:committed",
-                    message_id=last.message_id,
-                    tool_call_ids=[c.tool_call_id for c in last.calls],
-                )
-            )
+        views = assemble_messages(self._submission_records())
+        records = mark_interrupted(views[-1], d.interrupted) if views else []
         error = d.error
         if d.signal is not None:
             records.append(

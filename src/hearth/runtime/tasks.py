@@ -19,7 +19,6 @@ from hearth.records import (
     ConversationCreated,
     Record,
     ToolOutcome,
-    ToolResultsCommitted,
 )
 from hearth.runtime.batch import error_outcome
 from hearth.runtime.recovery import TASK_TOOL
@@ -133,27 +132,19 @@ def _fields(outcome: ToolOutcome) -> dict[str, Any]:
 async def bring_child_to_rest(parent: Attempt, child_conversation: str) -> None:
     """Leave an abandoned child conversation (and its own children) at rest: its cut-off message
     closed and its unresolved calls marked interrupted, as for any interrupted submission."""
-    from hearth.runtime.batch import interrupted_outcome
+    from hearth.runtime.batch import mark_interrupted
     from hearth.runtime.journal import Journal
     from hearth.runtime.recovery import assemble_messages, close_open_messages, unresolved_tools
 
     journal = Journal(parent.store, child_conversation, parent.sub.fence)
     await journal.load(-1)
-    records: list[Record] = list(close_open_messages(journal.records))
     views = assemble_messages(journal.records)
     interrupted = unresolved_tools(views)
-    if interrupted:
-        last = views[-1]
-        records += [interrupted_outcome(last.message_id, tool) for tool in interrupted]
-        records.append(
-            ToolResultsCommitted(
-                id=f"{last.message_id}:committed",
-                message_id=last.message_id,
-                tool_call_ids=[c.tool_call_id for c in last.calls],
-            )
-        )
     for tool in interrupted:
         if tool.child_conversation_id:
             await bring_child_to_rest(parent, tool.child_conversation_id)
+    records: list[Record] = [*close_open_messages(journal.records)]
+    if views:
+        records += mark_interrupted(views[-1], interrupted)
     if records:
         await journal.append(*records)
