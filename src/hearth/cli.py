@@ -24,8 +24,9 @@ from hearth.client import Client
 from hearth.errors import HearthError, SubmissionError
 
 F = TypeVar("F", bound=Callable[..., Any])
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Piped output is not cut at 80 columns: lines stay whole for grep and logs.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -115,7 +116,10 @@ def serve(
     access_log: bool,
     **options: Any,
 ) -> None:
-    """Serve MODULE:APP (a hearth.App) over HTTP until SIGTERM or Ctrl-C."""
+    """Serve MODULE:APP (a hearth.App) over HTTP.
+
+    Runs until SIGTERM or Ctrl-C, then shuts down gracefully within HEARTH_SHUTDOWN_S.
+    """
     from hearth.server.serve import load_app
     from hearth.server.serve import serve as run_server
 
@@ -144,6 +148,10 @@ def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level
     settings = load_app(app_ref, app_dir).settings
     spec = {"app": app_ref, "app_dir": os.path.abspath(app_dir), "options": options}
     os.environ[SPEC_VAR] = json.dumps(spec)
+    click.echo(
+        f"hearth: serving http://{settings.host}:{settings.port}, restarting when files under"
+        f" {spec['app_dir']} change"
+    )
     uvicorn.run(
         "hearth.server.reload:make",
         factory=True,
@@ -210,7 +218,10 @@ def send(
 def tail(
     agent: str, id: str, offset: int, url: str, token: str | None, follow: bool, as_json: bool
 ) -> None:
-    """Print the stream of AGENT/ID, then follow it live (reconnecting as needed)."""
+    """Print a conversation's stream and follow it live.
+
+    One line per record of AGENT/ID; reconnects by itself when the server restarts.
+    """
     with Client(url, token) as client:
         conv = client.conversation(agent, id)
         records = conv.stream(offset) if follow else iter(conv.history(offset))
@@ -294,7 +305,11 @@ def migrate(db: str | None) -> None:
 @main.command()
 @friendly
 def demo() -> None:
-    """Crash a server mid-tool and watch hearth recover, live (about 15 s)."""
+    """Watch a server die mid-tool and recover, live.
+
+    Starts a real server on a SQLite file in a temporary folder, SIGKILLs it while a durable tool
+    sleeps between its steps, restarts it and shows the recovery from the SSE stream (~10 s).
+    """
     from hearth.demo import run_demo
 
     sys.exit(run_demo(out))

@@ -103,8 +103,14 @@ def child_env(**extra: str) -> dict[str, str]:
 class ServerProcess:
     """``python -m hearth serve serverapp:app`` on one database and one port, restartable."""
 
-    def __init__(self, db: Path, port: int | None = None, *, env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        db: Path,
+        port: int | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.db = db
         self.port = port or free_port()
         self.env = child_env(**(env or {}))
@@ -116,8 +122,18 @@ class ServerProcess:
     def start(self, timeout: float = 20.0) -> ServerProcess:
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hearth", "serve", "serverapp:app",
-                 "--db", f"sqlite:///{self.db}", "--port", str(self.port), *self.args],
+                [
+                    sys.executable,
+                    "-m",
+                    "hearth",
+                    "serve",
+                    "serverapp:app",
+                    "--db",
+                    f"sqlite:///{self.db}",
+                    "--port",
+                    str(self.port),
+                    *self.args,
+                ],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=self.env,

@@ -37,7 +37,9 @@ def test_send_prints_the_submission_and_waits_for_the_reply(server: ThreadServer
 
 
 def test_send_reports_a_failed_outcome_as_one_line(server: ThreadServer) -> None:
-    code, out = run("send", "staller", "c-1", "hi", "--url", server.url, "--wait", "--timeout", "0.3")
+    code, out = run(
+        "send", "staller", "c-1", "hi", "--url", server.url, "--wait", "--timeout", "0.3"
+    )
     assert code == 1
     assert "has not settled yet" in one_line_error(out)
 
@@ -47,7 +49,9 @@ def test_tail_prints_the_stream(server: ThreadServer) -> None:
     code, out = run("tail", "echo", "c-1", "--url", server.url, "--no-follow")
     assert code == 0
     assert "conversation_created" in out and "submission_settled" in out
-    code, out = run("tail", "echo", "c-1", "--url", server.url, "--no-follow", "--json", "--offset", "0")
+    code, out = run(
+        "tail", "echo", "c-1", "--url", server.url, "--no-follow", "--json", "--offset", "0"
+    )
     records = [json.loads(line) for line in out.splitlines()]
     assert records[0]["offset"] == 1 and records[-1]["type"] == "submission_settled"
 
@@ -122,7 +126,9 @@ def test_serve_with_a_token_and_python_dash_m(tmp_path: Path) -> None:
     try:
         code, out = run("send", "echo", "c-1", "hi", "--url", server.url)
         assert code == 1 and "bearer token" in one_line_error(out)
-        code, out = run("send", "echo", "c-1", "hi", "--url", server.url, "--token", "abc", "--wait")
+        code, out = run(
+            "send", "echo", "c-1", "hi", "--url", server.url, "--token", "abc", "--wait"
+        )
         assert code == 0 and "echo: hi" in out
     finally:
         server.kill()

@@ -79,8 +79,10 @@ def test_sdk_read_survives_the_server_restarting_underneath_it(tmp_path: Path) -
 
         def read() -> None:
             try:
-                result["reply"] = hearth.Client(server.url).conversation("worker", "job-1").read(
-                    receipt, timeout=60
+                result["reply"] = (
+                    hearth.Client(server.url)
+                    .conversation("worker", "job-1")
+                    .read(receipt, timeout=60)
                 )
             except BaseException as exc:
                 result["error"] = exc
@@ -114,20 +116,23 @@ def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
     try:
         conv = hearth.Client(server.url).conversation("worker", "job-1")
         receipt = conv.send("run it")
-        ended_cleanly = threading.Event()
-        seen: list[dict[str, Any]] = []
+        seen: list[list[dict[str, Any]]] = [[], [], []]
+        ended_cleanly: list[int] = []
 
-        def follow() -> None:
+        def follow(n: int) -> None:
             with httpx2.Client(base_url=server.url, timeout=30) as http:
                 with http.stream("GET", "/agents/worker/job-1/stream", headers=SSE) as response:
-                    for _, record in sse_records(response):
-                        seen.append(record)
-            ended_cleanly.set()
+                    for _, record in sse_records(response):  # raises if the stream breaks
+                        seen[n].append(record)
+            ended_cleanly.append(n)
 
-        readers = [threading.Thread(target=follow) for _ in range(3)]
+        readers = [threading.Thread(target=follow, args=(n,)) for n in range(3)]
         for reader in readers:
             reader.start()
-        wait_until(lambda: any(r["type"] == "tool_step_settled" for r in seen), timeout=15)
+        wait_until(
+            lambda: all(any(r["type"] == "tool_step_settled" for r in s) for s in seen),
+            timeout=15,
+        )
         started = time.monotonic()
         server.terminate()
         code = server.wait(timeout=10)
@@ -136,7 +141,7 @@ def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
             reader.join(5)
         assert code == 0
         assert took < 5
-        assert ended_cleanly.is_set()
+        assert sorted(ended_cleanly) == [0, 1, 2]
         sub = stored_submission(db, receipt.submission_id)
         assert sub.outcome is None and sub.status == "running"
         assert sub.lease_expires_at == 0  # released: the next owner takes it at once

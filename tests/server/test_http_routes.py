@@ -201,7 +201,9 @@ def test_token_guards_every_route_but_healthz(serve_app: Callable[..., ThreadSer
         assert wrong.status_code == 401
         assert http.get("/healthz").status_code == 200
         good = {"authorization": "Bearer s3cret"}
-        assert http.post("/agents/echo/c-1", json={"message": "hi"}, headers=good).status_code == 202
+        assert (
+            http.post("/agents/echo/c-1", json={"message": "hi"}, headers=good).status_code == 202
+        )
         assert http.get("/metrics", headers=good).status_code == 200
 
 

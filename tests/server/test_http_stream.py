@@ -41,8 +41,9 @@ def test_json_page_long_polls_for_the_next_record(server: ThreadServer) -> None:
     with server.client() as http:
         settle(http, "echo", "c-1")
         last = http.get("/agents/echo/c-1/stream").json()["next_offset"]
-        threading.Timer(0.3, lambda: server.client().post(
-            "/agents/echo/c-1", json={"message": "again"})).start()
+        threading.Timer(
+            0.3, lambda: server.client().post("/agents/echo/c-1", json={"message": "again"})
+        ).start()
         started = time.monotonic()
         page = http.get("/agents/echo/c-1/stream", params={"offset": last, "wait": 5}).json()
         assert page["records"] and page["records"][0]["offset"] == last + 1
@@ -86,9 +87,7 @@ def test_sse_sends_heartbeat_comments_while_idle(
         settle(http, "echo", "c-1")
         last = http.get("/agents/echo/c-1/stream").json()["next_offset"]
         started = time.monotonic()
-        with http.stream(
-            "GET", f"/agents/echo/c-1/stream?offset={last}", headers=SSE
-        ) as response:
+        with http.stream("GET", f"/agents/echo/c-1/stream?offset={last}", headers=SSE) as response:
             for line in response.iter_lines():
                 if line.startswith(":"):
                     break

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from hearth.app import App
 
 log = logging.getLogger("hearth.server")
+_ADMISSION_PATH = re.compile(r"/agents/([^/]+)/([^/]+)")
 
 Endpoint = Callable[["HearthASGI", Request], Awaitable[Response]]
 DEFAULT_HEARTBEAT_S = 15.0
@@ -54,12 +56,14 @@ class HearthASGI:
         self.sse_heartbeat_s = sse_heartbeat_s
         self.closing = Closing()
         self.sse_streams = 0
-        self._start_lock: asyncio.Lock | None = None
+        self._starting: asyncio.Future[Runtime] | None = None
         self._owner: asyncio.Task[None] | None = None
         self._release: asyncio.Event | None = None
         self._stopper: asyncio.Task[None] | None = None
-        from hearth.server.routes import routes
+        from hearth.server.routes import admit, routes
 
+        # Admission is the hot path: it skips the router (same handler, same answers).
+        self._admit = self._endpoint(admit)
         self._router = Starlette(
             routes=[
                 Route(path, self._endpoint(fn), methods=methods) for path, fn, methods in routes()
@@ -87,15 +91,14 @@ class HearthASGI:
             return self._runtime
         if self.closing.is_set():
             raise ApiError(503, "shutting_down", "the server is shutting down")
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
-        async with self._start_lock:
-            if self._runtime is None:
-                await self._start()
-        assert self._runtime is not None
-        return self._runtime
+        starting = self._starting
+        if starting is None or (starting.done() and (starting.cancelled() or starting.exception())):
+            # One start for all the requests that wait for it; a failed one is tried again.
+            starting = self._starting = asyncio.ensure_future(self._start())
+        # Shielded: a request that goes away must not cancel the start the others wait for.
+        return await asyncio.shield(starting)
 
-    async def _start(self) -> None:
+    async def _start(self) -> Runtime:
         assert self._app is not None
         app = self._app
         ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
@@ -115,11 +118,12 @@ class HearthASGI:
 
         owner = asyncio.create_task(own(), name="hearth-runtime")
         try:
-            self._runtime = await ready
+            runtime = await ready
         except Exception as exc:
             await asyncio.gather(owner, return_exceptions=True)
             raise ApiError(503, "unavailable", f"the runtime could not start: {exc}") from exc
-        self._owner, self._release = owner, release
+        self._runtime, self._owner, self._release = runtime, owner, release
+        return runtime
 
     def begin_shutdown(self) -> None:
         """Stop admitting (503), end open streams and long-polls, and interrupt running work so
@@ -165,6 +169,7 @@ class HearthASGI:
 
     # --- requests -------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response: Response
         if scope["type"] == "http" and not self._authorized(scope):
             response = error_response(
                 401,
@@ -174,6 +179,13 @@ class HearthASGI:
             )
             await response(scope, receive, send)
             return
+        if scope["type"] == "http" and scope["method"] == "POST":
+            found = _ADMISSION_PATH.fullmatch(route_path(scope))
+            if found:
+                scope["path_params"] = {"agent": found[1], "id": found[2]}
+                response = await self._admit(Request(scope, receive))
+                await response(scope, receive, send)
+                return
         await self._router(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
@@ -182,9 +194,9 @@ class HearthASGI:
             return True
         for name, value in scope.get("headers", []):
             if name == b"authorization":
-                scheme, _, given = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer":
-                    return hmac.compare_digest(given.strip().encode(), token.encode())
+                scheme, _, given = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    return hmac.compare_digest(given.strip(), token.encode())
         return False
 
     def _endpoint(self, fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:

@@ -8,6 +8,7 @@ the process exits within ``HEARTH_SHUTDOWN_S`` — past that, it exits anyway.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -151,6 +152,7 @@ async def serve_async(server: HearthServer) -> None:
         await server.asgi.runtime()
     except ApiError as exc:
         raise (exc.__cause__ or exc) from None
+    gc.freeze()  # what start-up made lives on: keep it out of every later collection
     try:
         await server.serve()
     finally:

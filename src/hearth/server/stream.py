@@ -44,7 +44,7 @@ class AppendWaiter:
 
     async def wait(self, timeout: float | None, also: asyncio.Future[Any]) -> None:
         """Until an append, ``also`` completes, or ``timeout`` passes."""
-        await asyncio.wait({self._task, also}, timeout=timeout, return_when="FIRST_COMPLETED")
+        await asyncio.wait({self._task, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
 
 class Closing:
@@ -63,7 +63,7 @@ class Closing:
             waits = [asyncio.ensure_future(self.event.wait())]
             waits += [asyncio.ensure_future(other()) for other in others]
             try:
-                await asyncio.wait(waits, return_when="FIRST_COMPLETED")
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
                     w.cancel()

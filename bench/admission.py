@@ -1,0 +1,164 @@
+"""Admission throughput and latency: HTTP POST → 202 against a real ``hearth serve``.
+
+Starts ``hearth serve admission:app`` (this file) as a child process on a fresh SQLite file with
+``synchronous=FULL``, then runs N concurrent keep-alive clients that POST messages as fast as the
+server answers. The clients speak raw HTTP/1.1 over asyncio sockets so that the measuring side
+costs little next to the server (both share the machine). Prints the rate, p50 and p99.
+
+    .venv/bin/python bench/admission.py                  # 64 clients, 20,000 POSTs
+    .venv/bin/python bench/admission.py --with-work      # the admitted messages also run
+
+By default the agent's model never answers, so each conversation's first message stays running
+and every later one queues behind it: the figures are admission alone. With ``--with-work`` the
+model answers at once and the same process runs every admitted submission to its settlement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import hearth
+from hearth.testing import ScriptedModel, reply, stall
+
+
+@hearth.agent
+def queued(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/stall")
+    return ""
+
+
+@hearth.agent
+def instant(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/instant")
+    return ""
+
+
+app = hearth.App(
+    [queued, instant],
+    providers=[
+        ScriptedModel("stall", [stall()], repeat_last=True),
+        ScriptedModel("instant", [reply("ok")], repeat_last=True),
+    ],
+)
+
+
+def start_server(db: Path, log: Path) -> tuple[subprocess.Popen[str], str, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTH_")}
+    here = str(Path(__file__).resolve().parent)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hearth",
+            "serve",
+            "admission:app",
+            "--app-dir",
+            here,
+            "--db",
+            f"sqlite:///{db}",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        env=env,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.search(r"http://([\d.]+):(\d+)", line)
+    if not found:
+        proc.kill()
+        raise SystemExit(f"the server did not start: {line!r} {log.read_text()[-2000:]}")
+    return proc, found.group(1), int(found.group(2))
+
+
+async def client(
+    index: int,
+    host: str,
+    port: int,
+    agent: str,
+    n: int,
+    deadline: float,
+    latencies: list[float],
+    errors: list[str],
+) -> None:
+    """One keep-alive connection POSTing to its own conversation until ``n`` answers in all."""
+    reader, writer = await asyncio.open_connection(host, port)
+    conversation = f"bench-{agent}-{index}"
+    body = json.dumps({"message": "hello"}).encode()
+    request = (
+        f"POST /agents/{agent}/{conversation} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    try:
+        while time.monotonic() < deadline and len(latencies) < n:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t0)
+            if status != 202:
+                errors.append(str(status))
+    finally:
+        writer.close()
+
+
+async def measure(
+    host: str, port: int, agent: str, clients: int, total: int, limit_s: float
+) -> None:
+    warm: list[float] = []
+    warmup = time.monotonic() + 5
+    await asyncio.gather(*(client(-i, host, port, agent, 400, warmup, warm, []) for i in range(4)))
+    latencies: list[float] = []
+    errors: list[str] = []
+    started = time.perf_counter()
+    deadline = time.monotonic() + limit_s
+    await asyncio.gather(
+        *(client(i, host, port, agent, total, deadline, latencies, errors) for i in range(clients))
+    )
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    p = lambda q: latencies[min(int(q * len(latencies)), len(latencies) - 1)] * 1000  # noqa: E731
+    print(f"admissions: {len(latencies)} in {elapsed:.2f} s by {clients} clients ({agent})")
+    print(f"rate: {len(latencies) / elapsed:,.0f}/s")
+    print(
+        f"latency: p50 {p(0.50):.1f} ms, p99 {p(0.99):.1f} ms, max {latencies[-1] * 1000:.1f} ms,"
+        f" mean {statistics.fmean(latencies) * 1000:.1f} ms"
+    )
+    if errors:
+        print(f"non-202 answers: {len(errors)} (first: {errors[0]})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=20_000, help="stop after this many")
+    parser.add_argument("--seconds", type=float, default=30.0, help="or after this long")
+    parser.add_argument("--with-work", action="store_true", help="run what is admitted too")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
+    proc, host, port = start_server(folder / "hearth.db", folder / "server.log")
+    try:
+        agent = "instant" if args.with_work else "queued"
+        asyncio.run(measure(host, port, agent, args.clients, args.requests, args.seconds))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(f"database: {folder / 'hearth.db'} (SQLite, synchronous=FULL)")
+
+
+if __name__ == "__main__":
+    main()
