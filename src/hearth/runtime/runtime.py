@@ -123,15 +123,21 @@ class Runtime:
     async def wait_settled(self, submission_id: str, timeout: float | None = None) -> Submission:
         """Wait until the submission has its outcome (or ``TimeoutError``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            sub = await self.submission(submission_id)
-            if sub.outcome is not None:
-                return sub
+        sub = await self.submission(submission_id)
+        notifier = self.store.notifier
+        while sub.outcome is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"submission {submission_id} has not settled yet")
-            # Woken by any append to the conversation; the settlement is one.
-            await self.store.notifier.wait(sub.conversation_id, timeout=min(left or 1.0, 1.0))
+            # Armed before the read: the settlement is an append, and cannot slip in between.
+            woken = notifier.subscribe(sub.conversation_id)
+            try:
+                sub = await self.submission(submission_id)
+                if sub.outcome is None:
+                    await asyncio.wait({woken}, timeout=min(left or 1.0, 1.0))
+            finally:
+                notifier.unsubscribe(sub.conversation_id, woken)
+        return sub
 
     async def read(self, receipt: Receipt | str, timeout: float | None = None) -> Reply:
         """Wait for the settlement and return the reply; raises ``SubmissionFailed`` or

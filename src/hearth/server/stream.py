@@ -33,18 +33,21 @@ class AppendWaiter:
     """Armed before a read, so that an append committed during that read is not missed."""
 
     def __init__(self, runtime: Runtime, conversation_id: str) -> None:
-        self._task = asyncio.ensure_future(runtime.store.notifier.wait(conversation_id))
+        self._notifier = runtime.store.notifier
+        self._conversation_id = conversation_id
+        self._woken = self._notifier.subscribe(conversation_id)
 
     async def __aenter__(self) -> AppendWaiter:
-        await asyncio.sleep(0)  # let the waiter register before the caller reads
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._task.cancel()
+        self._notifier.unsubscribe(self._conversation_id, self._woken)
 
     async def wait(self, timeout: float | None, also: asyncio.Future[Any]) -> None:
         """Until an append, ``also`` completes, or ``timeout`` passes."""
-        await asyncio.wait({self._task, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {self._woken, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
 
 
 class Closing:

@@ -139,21 +139,30 @@ class StreamNotifier:
             if not a.done():
                 a.set_result(None)
 
-    async def wait(self, conversation_id: str, timeout: float | None = None) -> None:
-        """Wait until something is appended to the conversation (or the timeout passes)."""
+    def subscribe(self, conversation_id: str) -> asyncio.Future[int]:
+        """A future done at the next append to the conversation. Arm it *before* reading, so
+        an append committed during the read is not missed; ``unsubscribe`` when done."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(conversation_id, []).append(fut)
+        return fut
+
+    def unsubscribe(self, conversation_id: str, fut: asyncio.Future[int]) -> None:
+        waiters = self._waiters.get(conversation_id)
+        if waiters is not None:
+            if fut in waiters:
+                waiters.remove(fut)
+            if not waiters:
+                self._waiters.pop(conversation_id, None)
+
+    async def wait(self, conversation_id: str, timeout: float | None = None) -> None:
+        """Wait until something is appended to the conversation (or the timeout passes)."""
+        fut = self.subscribe(conversation_id)
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             pass
         finally:
-            waiters = self._waiters.get(conversation_id)
-            if waiters is not None:
-                if fut in waiters:
-                    waiters.remove(fut)
-                if not waiters:
-                    self._waiters.pop(conversation_id, None)
+            self.unsubscribe(conversation_id, fut)
 
     async def wait_any(self, timeout: float | None = None) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
