@@ -10,7 +10,7 @@ import asyncio
 import os
 
 import hearth
-from hearth.providers.base import ModelRequest, UserTurn
+from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stall, stream
 
 SLOW_S = float(os.environ.get("HEARTH_TEST_SLOW_S", "2"))
@@ -76,5 +76,22 @@ def later(ctx: hearth.AgentContext) -> str:
     return "Answer after a moment."
 
 
-AGENTS = [echo, streamer, staller, worker, later]
+def _delegate(request: ModelRequest) -> Step:
+    last = request.messages[-1]
+    if isinstance(last, ToolResult):
+        return reply(f"the echo agent said: {last.content}")
+    return calls(call("task", agent="echo", prompt="hello from the parent"))
+
+
+MODELS.append(ScriptedModel("delegator", _delegate))
+
+
+@hearth.agent
+def delegator(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/delegator")
+    ctx.use_subagent(echo, description="Repeats what it is told")
+    return "Delegate to echo."
+
+
+AGENTS = [echo, streamer, staller, worker, later, delegator]
 app = hearth.App(AGENTS, providers=MODELS)

@@ -242,7 +242,9 @@ def test_submission_wait_answers_soon_after_settlement(server: ThreadServer) -> 
         answered = time.time()
         body = r.json()
         assert body["outcome"] == "completed"
-        assert answered - body["settled_at"] < 0.1
+        # woken by the settlement itself, not by the end of the 10 s wait (a loose bound: timing
+        # on a shared machine is no test of speed; bench/ measures that)
+        assert answered - body["settled_at"] < 2.0
 
 
 def test_submission_wait_times_out_with_the_current_status(server: ThreadServer) -> None:
@@ -328,3 +330,20 @@ def test_admin_view_counts_submissions(server: ThreadServer) -> None:
         assert view["counts"].get("running") == 1
         assert [lease["submission_id"] for lease in view["leases"]] == [sid]
         assert view["stuck"] == []
+
+
+def test_a_subagents_child_stream_is_readable_through_the_api(server: ThreadServer) -> None:
+    with server.client() as http:
+        sid = http.post("/agents/delegator/d-1", json={"message": "go"}).json()["submission_id"]
+        done = http.get(f"/agents/delegator/d-1/submissions/{sid}", params={"wait": 10}).json()
+        assert done["reply"] == "the echo agent said: echo: hello from the parent"
+        parent = http.get("/agents/delegator/d-1/stream").json()["records"]
+        (link,) = [r for r in parent if r["type"] == "child_conversation_linked"]
+        child_path = "/agents/" + link["child_conversation_id"]
+        child = http.get(child_path + "/stream").json()["records"]
+        assert child[0]["type"] == "conversation_created"
+        assert child[0]["parent"] == {
+            "conversation_id": "delegator/d-1",
+            "tool_call_id": link["tool_call_id"],
+        }
+        assert http.get(child_path).status_code == 200  # the snapshot too
