@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -56,7 +57,11 @@ kills = st.lists(
 )
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+# More examples for a longer soak: HEARTH_CRASH_EXAMPLES=100 pytest tests/crash/test_random_crashes.py
+EXAMPLES = int(os.environ.get("HEARTH_CRASH_EXAMPLES", "12"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(workload=messages, kill_plan=kills)
 def test_every_submission_settles_once_and_nothing_recorded_runs_again(
     workload: list[tuple[str, str]], kill_plan: list[tuple[str, int]]
