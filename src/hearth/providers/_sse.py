@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import httpx2
 
 from hearth.errors import ProviderError
+from hearth.providers.models import context_window_for
 
 __all__ = [
     "ClientSlot",
@@ -283,3 +285,50 @@ class ClientSlot:
         if self._owned and self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
+
+
+class HTTPProvider:
+    """What the HTTP model clients share: where to connect and with which key (read from the
+    environment at request time unless given), per-model context windows, and the client."""
+
+    name = "http"
+    base_url_env = ""
+    api_key_env = ""
+    default_base_url = ""
+    default_window = 8192
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        context_windows: Mapping[str, int] | None = None,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        self._base_url = base_url
+        self._api_key = api_key
+        self._windows = dict(context_windows or {})
+        self._headers = dict(headers or {})
+        self._client = ClientSlot(client, httpx2.Timeout(timeout, connect=connect_timeout))
+
+    @property
+    def base_url(self) -> str:
+        url = self._base_url or os.environ.get(self.base_url_env) or self.default_base_url
+        return url.rstrip("/")
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key or os.environ.get(self.api_key_env) or None
+
+    def supports(self, model: str) -> bool:
+        return bool(model)
+
+    def context_window(self, model: str) -> int:
+        return context_window_for(model, default=self.default_window, overrides=self._windows)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it."""
+        await self._client.aclose()

@@ -8,7 +8,6 @@ never retries: failures come out as classified ``ProviderError``s.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
@@ -19,7 +18,7 @@ import httpx2
 
 from hearth.errors import ProviderError
 from hearth.providers._sse import (
-    ClientSlot,
+    HTTPProvider,
     classify_failure,
     error_details,
     post_sse,
@@ -40,7 +39,7 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
-from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW, context_window_for
+from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW
 
 __all__ = ["AnthropicProvider"]
 
@@ -241,7 +240,7 @@ class _Reply:
 # --- the provider -------------------------------------------------------------------------------
 
 
-class AnthropicProvider:
+class AnthropicProvider(HTTPProvider):
     """Claude models through the Anthropic Messages API.
 
     ``base_url`` and ``api_key`` default to ``ANTHROPIC_BASE_URL`` (else the public API) and
@@ -250,6 +249,10 @@ class AnthropicProvider:
     """
 
     name = "anthropic"
+    base_url_env = "ANTHROPIC_BASE_URL"
+    api_key_env = "ANTHROPIC_API_KEY"
+    default_base_url = DEFAULT_BASE_URL
+    default_window = DEFAULT_ANTHROPIC_WINDOW
 
     def __init__(
         self,
@@ -263,27 +266,16 @@ class AnthropicProvider:
         headers: Mapping[str, str] | None = None,
         client: httpx2.AsyncClient | None = None,
     ) -> None:
-        self._base_url = base_url
-        self._api_key = api_key
-        self._windows = dict(context_windows or {})
+        super().__init__(
+            base_url,
+            api_key,
+            context_windows=context_windows,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            headers=headers,
+            client=client,
+        )
         self.max_tokens = max_tokens
-        self._headers = dict(headers or {})
-        self._client = ClientSlot(client, httpx2.Timeout(timeout, connect=connect_timeout))
-
-    @property
-    def base_url(self) -> str:
-        url = self._base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-        return url.rstrip("/")
-
-    @property
-    def api_key(self) -> str | None:
-        return self._api_key or os.environ.get("ANTHROPIC_API_KEY") or None
-
-    def supports(self, model: str) -> bool:
-        return bool(model)
-
-    def context_window(self, model: str) -> int:
-        return context_window_for(model, default=DEFAULT_ANTHROPIC_WINDOW, overrides=self._windows)
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (``request.options`` are passed through)."""
@@ -353,10 +345,6 @@ class AnthropicProvider:
         for call in reply.tool_calls():
             yield ToolCallEvent(call)
         yield reply.finished()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this provider created it."""
-        await self._client.aclose()
 
 
 def _classify(

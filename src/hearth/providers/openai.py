@@ -8,9 +8,8 @@ comes out as a classified ``ProviderError`` and the runtime's durable budget dec
 from __future__ import annotations
 
 import json
-import os
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ import httpx2
 
 from hearth.errors import ProviderError
 from hearth.providers._sse import (
-    ClientSlot,
+    HTTPProvider,
     classify_failure,
     error_details,
     post_sse,
@@ -41,7 +40,7 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
-from hearth.providers.models import DEFAULT_OPENAI_WINDOW, context_window_for
+from hearth.providers.models import DEFAULT_OPENAI_WINDOW
 
 __all__ = ["OpenAIProvider"]
 
@@ -262,7 +261,7 @@ class _Reply:
 # --- the provider -------------------------------------------------------------------------------
 
 
-class OpenAIProvider:
+class OpenAIProvider(HTTPProvider):
     """Models behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``base_url`` and ``api_key`` default to ``OPENAI_BASE_URL`` (else the public API) and
@@ -272,38 +271,10 @@ class OpenAIProvider:
     """
 
     name = "openai"
-
-    def __init__(
-        self,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        *,
-        context_windows: Mapping[str, int] | None = None,
-        timeout: float = 120.0,
-        connect_timeout: float = 10.0,
-        headers: Mapping[str, str] | None = None,
-        client: httpx2.AsyncClient | None = None,
-    ) -> None:
-        self._base_url = base_url
-        self._api_key = api_key
-        self._windows = dict(context_windows or {})
-        self._headers = dict(headers or {})
-        self._client = ClientSlot(client, httpx2.Timeout(timeout, connect=connect_timeout))
-
-    @property
-    def base_url(self) -> str:
-        url = self._base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        return url.rstrip("/")
-
-    @property
-    def api_key(self) -> str | None:
-        return self._api_key or os.environ.get("OPENAI_API_KEY") or None
-
-    def supports(self, model: str) -> bool:
-        return bool(model)
-
-    def context_window(self, model: str) -> int:
-        return context_window_for(model, default=DEFAULT_OPENAI_WINDOW, overrides=self._windows)
+    base_url_env = "OPENAI_BASE_URL"
+    api_key_env = "OPENAI_API_KEY"
+    default_base_url = DEFAULT_BASE_URL
+    default_window = DEFAULT_OPENAI_WINDOW
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (``request.options`` are passed through)."""
@@ -382,10 +353,6 @@ class OpenAIProvider:
         for call in reply.tool_calls():
             yield ToolCallEvent(call)
         yield Finished(stop_reason=reply.stop_reason(), usage=reply.usage)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this provider created it."""
-        await self._client.aclose()
 
 
 def _error_response(status: int, body: str, headers: httpx2.Headers) -> ProviderError:
