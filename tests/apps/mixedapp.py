@@ -1,5 +1,6 @@
 """One agent whose model picks a behaviour from the message text, for randomised crash tests.
-Every tool and step run is logged as ``kind|conversation|tool_call_id`` to $HEARTH_TEST_LOG."""
+Every tool and step run is logged as ``kind|conversation|tool_call_id|run`` to $HEARTH_TEST_LOG,
+where ``run`` ($HEARTH_TEST_RUN) numbers the process runs of one test."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
 
 def ran(what: str, ctx: hearth.ToolContext) -> None:
     with open(os.environ["HEARTH_TEST_LOG"], "a") as f:
-        f.write(f"{what}|{ctx.conversation_id}|{ctx.tool_call_id}\n")
+        run = os.environ.get("HEARTH_TEST_RUN", "0")
+        f.write(f"{what}|{ctx.conversation_id}|{ctx.tool_call_id}|{run}\n")
 
 
 @hearth.tool
