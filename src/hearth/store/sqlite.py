@@ -1,10 +1,8 @@
 """The embedded store: one SQLite file, owned by one process, written by one thread.
 
-Every operation — reads included — is a closure queued to a dedicated writer thread that holds the
-only connection. The thread takes whatever is queued, runs it all in one transaction (each write in
-its own savepoint, so a failing operation undoes only itself) and commits once: concurrent appends
-share one fsync (group commit). Futures resolve only after the commit, so a caller never sees data
-that could still be lost.
+``SQLiteStore`` turns each ``Store`` method into a closure over SQL and hands it to the
+``GroupCommitWriter`` (``sqlite_writer``), which runs it on the only connection and commits
+concurrent operations together; ``sqlite_schema`` opens the file and keeps its schema.
 
 Example::
 
@@ -17,16 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import queue
 import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from hearth.errors import (
@@ -34,7 +28,6 @@ from hearth.errors import (
     FencedOut,
     IdempotencyConflict,
     IntegrityError,
-    SchemaTooNew,
     StoreError,
 )
 from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled, loads
@@ -50,92 +43,12 @@ from hearth.store.base import (
     StreamNotifier,
     Submission,
 )
-
-SCHEMA_VERSION = 1
-_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
-_MAX_GROUP = 1024  # bounds how long one group holds the futures it has already run
-_LOCK_TIMEOUT_S = 0.5
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS conversations (
-    conversation_id TEXT PRIMARY KEY,
-    agent TEXT NOT NULL,
-    parent TEXT,
-    last_offset INTEGER NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS records (
-    conversation_id TEXT NOT NULL,
-    "offset" INTEGER NOT NULL,
-    id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    submission_id TEXT,
-    body TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    PRIMARY KEY (conversation_id, "offset"),
-    UNIQUE (conversation_id, id)
-);
-CREATE INDEX IF NOT EXISTS records_by_type ON records (conversation_id, type, "offset");
-CREATE TABLE IF NOT EXISTS state (
-    conversation_id TEXT NOT NULL,
-    name TEXT NOT NULL,
-    value TEXT NOT NULL,
-    PRIMARY KEY (conversation_id, name)
-);
-CREATE TABLE IF NOT EXISTS submissions (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    conversation_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    idempotency_key TEXT,
-    payload_digest TEXT NOT NULL,
-    admitted_offset INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    outcome TEXT,
-    error TEXT,
-    reply TEXT,
-    attempt INTEGER NOT NULL,
-    max_attempts INTEGER NOT NULL,
-    timeout REAL NOT NULL,
-    deadline REAL,
-    lease_owner TEXT,
-    lease_expires_at REAL,
-    abort_requested_at REAL,
-    accepted_at REAL NOT NULL,
-    started_at REAL,
-    settled_at REAL,
-    joined_to TEXT,
-    UNIQUE (conversation_id, idempotency_key)
-);
-CREATE INDEX IF NOT EXISTS submissions_by_conversation
-    ON submissions (conversation_id, status, seq);
-CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions (status);
-CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
-    WHERE joined_to IS NOT NULL;
-"""
+from hearth.store.sqlite_schema import connect
+from hearth.store.sqlite_writer import GroupCommitWriter, Touched, Work
 
 T = TypeVar("T")
-Touched = dict[str, int]  # conversation id → last offset, for wake-ups after the commit
-Work = Callable[[sqlite3.Connection, Touched], T]
 
-
-@dataclass(eq=False)
-class _Op:
-    work: Work[Any]
-    write: bool
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    touched: Touched = field(default_factory=dict)
-    result: Any = None
-    error: BaseException | None = None
-
-
-@dataclass(eq=False)
-class _Stop:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[None]
+_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 class SQLiteStore:
@@ -154,65 +67,38 @@ class SQLiteStore:
         self.path = path
         self.synchronous = mode
         self.notifier = StreamNotifier()
-        self.commits = 0
-        self.ops = 0
-        self.submitted = 0
-        self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._closing = False
-        self._gate = threading.Event()
-        self._gate.set()
+        self._writer = GroupCommitWriter(lambda: connect(path, mode), self.notifier)
+
+    @property
+    def commits(self) -> int:
+        return self._writer.commits
+
+    @property
+    def ops(self) -> int:
+        return self._writer.ops
+
+    @property
+    def submitted(self) -> int:
+        return self._writer.submitted
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def open(self) -> None:
         """Open the file, take ownership of it and create or check the schema (the migration)."""
-        if self._thread is not None:
-            return
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-        self._closing = False
-        self._thread = threading.Thread(
-            target=self._main, args=(loop, ready), name="hearth-sqlite-writer", daemon=True
-        )
-        self._thread.start()
-        try:
-            await ready
-        except BaseException:
-            self._thread.join()
-            self._thread = None
-            raise
+        await self._writer.start()
 
     async def close(self) -> None:
         """Finish the queued work, stop the writer thread and close the file. Idempotent."""
-        thread = self._thread
-        if thread is not None and not thread.is_alive():
-            self._thread = thread = None  # the writer died; nothing is left to stop
-        if thread is None or self._closing:
-            return
-        self._closing = True
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._gate.set()
-        self._queue.put(_Stop(loop, done))
-        await done
-        await asyncio.to_thread(thread.join)
-        self._thread = None
+        await self._writer.stop()
 
     def pause_writer(self) -> None:
         """Test hook: the writer thread takes no new group until ``resume_writer``."""
-        self._gate.clear()
+        self._writer.pause()
 
     def resume_writer(self) -> None:
-        self._gate.set()
+        self._writer.resume()
 
     async def _call(self, work: Work[T], *, write: bool) -> T:
-        if self._thread is None or self._closing:
-            raise StoreError("the SQLite store is not open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self.submitted += 1
-        self._queue.put(_Op(work, write, loop, future))
-        return await future
+        return await self._writer.call(work, write=write)
 
     # --- the stream -----------------------------------------------------------------------------
     async def append(
@@ -485,171 +371,6 @@ class SQLiteStore:
         return await self._call(work, write=True)
 
     # --- the writer thread ----------------------------------------------------------------------
-    def _main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
-        try:
-            conn = _connect(self.path, self.synchronous)
-        except BaseException as exc:
-            _post(loop, _fail, ready, exc)
-            return
-        _post(loop, _succeed, ready, None)
-        stop: _Stop | None = None
-        try:
-            stop = self._serve(conn)
-        finally:
-            self._closing = True
-            conn.close()
-            while True:  # anything queued behind the stop is refused, never left hanging
-                try:
-                    late = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(late, _Op):
-                    late.error = StoreError("the SQLite store was closed")
-                    _post(late.loop, self._deliver, [late])
-            if stop is not None:
-                _post(stop.loop, _succeed, stop.future, None)
-
-    def _serve(self, conn: sqlite3.Connection) -> _Stop:
-        while True:
-            first = self._queue.get()
-            self._gate.wait()
-            if isinstance(first, _Stop):
-                return first
-            group, stop = [first], None
-            while len(group) < _MAX_GROUP:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, _Stop):
-                    stop = item
-                    break
-                group.append(item)
-            self._run_group(conn, group)
-            if stop is not None:
-                return stop
-
-    def _run_group(self, conn: sqlite3.Connection, group: list[_Op]) -> None:
-        writes = any(op.write for op in group)
-        # A lone write needs no savepoint: if it fails, rolling back the transaction is the same.
-        savepoints = writes and len(group) > 1
-        try:
-            if writes:
-                conn.execute("BEGIN IMMEDIATE")
-            for op in group:
-                if op.write and savepoints:
-                    conn.execute("SAVEPOINT op")
-                try:
-                    op.result = op.work(conn, op.touched)
-                except Exception as exc:
-                    op.error = _as_store_error(exc)
-                    op.touched.clear()
-                    if op.write and savepoints:
-                        conn.execute("ROLLBACK TO op")  # a failure here fails the whole group
-                    elif op.write:
-                        conn.execute("ROLLBACK")
-                        writes = False
-                if op.write and savepoints:
-                    conn.execute("RELEASE op")
-            if writes:
-                conn.execute("COMMIT")
-                self.commits += 1
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            for op in group:
-                op.error = StoreError(f"the SQLite transaction failed and was rolled back: {exc}")
-                op.touched.clear()
-        self.ops += len(group)
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
-        for op in group:
-            by_loop.setdefault(op.loop, []).append(op)
-        for loop, ops in by_loop.items():
-            _post(loop, self._deliver, ops)
-
-    def _deliver(self, ops: list[_Op]) -> None:
-        touched: Touched = {}
-        for op in ops:
-            for conversation_id, offset in op.touched.items():
-                touched[conversation_id] = max(offset, touched.get(conversation_id, -1))
-            if op.future.done():  # the caller was cancelled; the work stands anyway
-                continue
-            if op.error is not None:
-                op.future.set_exception(op.error)
-            else:
-                op.future.set_result(op.result)
-        for conversation_id, offset in touched.items():
-            self.notifier.publish(conversation_id, offset)
-
-
-# --- opening -------------------------------------------------------------------------------------
-
-
-def _connect(path: str, synchronous: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path, timeout=_LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False
-    )
-    try:
-        conn.row_factory = sqlite3.Row
-        # Exclusive locking first: then WAL keeps its index in heap memory, not in shared memory.
-        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
-        conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute("PRAGMA temp_store = MEMORY")
-        conn.execute("PRAGMA cache_size = -32000")
-        _migrate(conn)
-    except sqlite3.OperationalError as exc:
-        conn.close()
-        if getattr(exc, "sqlite_errorcode", None) in (5, 6) or "locked" in str(exc):
-            raise StoreError(
-                f"another process owns the SQLite file {path}; a SQLite store belongs to one"
-                " process (use PostgreSQL for many processes)"
-            ) from None
-        raise StoreError(f"cannot open the SQLite file {path}: {exc}") from None
-    except BaseException as exc:
-        conn.close()
-        if isinstance(exc, sqlite3.Error):
-            raise StoreError(f"cannot open the SQLite file {path}: {exc}") from None
-        raise
-    return conn
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        has_meta = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-        ).fetchone()
-        if has_meta:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            found = int(row[0]) if row is not None else SCHEMA_VERSION
-            if found > SCHEMA_VERSION:
-                raise SchemaTooNew(
-                    f"the database was created by a newer hearth (schema {found}); upgrade hearth"
-                )
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
-            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(SCHEMA_VERSION),),
-        )
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('opened_at', ?)"
-            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (repr(time.time()),),
-        )
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 # --- the operations, run on the writer thread ----------------------------------------------------
@@ -878,26 +599,3 @@ def _json(value: Any) -> str:
 
 def _json_or_none(value: Any) -> str | None:
     return None if value is None else _json(value)
-
-
-def _as_store_error(exc: Exception) -> Exception:
-    if isinstance(exc, sqlite3.Error):
-        return StoreError(f"SQLite error: {exc}")
-    return exc
-
-
-def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:  # the loop is closed: nobody is waiting any more
-        pass
-
-
-def _succeed(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)

@@ -1,0 +1,135 @@
+"""The SQLite file: opening it for one process, and its versioned schema."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from hearth.errors import SchemaTooNew, StoreError
+
+SCHEMA_VERSION = 1
+LOCK_TIMEOUT_S = 0.5
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS conversations (
+    conversation_id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    parent TEXT,
+    last_offset INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+    conversation_id TEXT NOT NULL,
+    "offset" INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    submission_id TEXT,
+    body TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, "offset"),
+    UNIQUE (conversation_id, id)
+);
+CREATE INDEX IF NOT EXISTS records_by_type ON records (conversation_id, type, "offset");
+CREATE TABLE IF NOT EXISTS state (
+    conversation_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, name)
+);
+CREATE TABLE IF NOT EXISTS submissions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    idempotency_key TEXT,
+    payload_digest TEXT NOT NULL,
+    admitted_offset INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    outcome TEXT,
+    error TEXT,
+    reply TEXT,
+    attempt INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    timeout REAL NOT NULL,
+    deadline REAL,
+    lease_owner TEXT,
+    lease_expires_at REAL,
+    abort_requested_at REAL,
+    accepted_at REAL NOT NULL,
+    started_at REAL,
+    settled_at REAL,
+    joined_to TEXT,
+    UNIQUE (conversation_id, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS submissions_by_conversation
+    ON submissions (conversation_id, status, seq);
+CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions (status);
+CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
+    WHERE joined_to IS NOT NULL;
+"""
+
+
+def connect(path: str, synchronous: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.row_factory = sqlite3.Row
+        # Exclusive locking first: then WAL keeps its index in heap memory, not in shared memory.
+        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute("PRAGMA cache_size = -32000")
+        migrate(conn)
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if getattr(exc, "sqlite_errorcode", None) in (5, 6) or "locked" in str(exc):
+            raise StoreError(
+                f"another process owns the SQLite file {path}; a SQLite store belongs to one"
+                " process (use PostgreSQL for many processes)"
+            ) from None
+        raise StoreError(f"cannot open the SQLite file {path}: {exc}") from None
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise StoreError(f"cannot open the SQLite file {path}: {exc}") from None
+        raise
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if has_meta:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            found = int(row[0]) if row is not None else SCHEMA_VERSION
+            if found > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"the database was created by a newer hearth (schema {found}); upgrade hearth"
+                )
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('opened_at', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (repr(time.time()),),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,240 @@
+"""One thread, one connection, group commit.
+
+Every operation — reads included — is a closure queued to the thread that holds the only
+connection. The thread takes whatever is queued, runs it all in one transaction (each write in its
+own savepoint when there are several, so a failing operation undoes only itself) and commits once:
+concurrent appends share one fsync. Futures resolve only after the commit, so a caller never sees
+data that could still be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hearth.errors import StoreError
+from hearth.store.base import StreamNotifier
+
+MAX_GROUP = 1024  # bounds how long one group holds the futures it has already run
+
+T = TypeVar("T")
+Touched = dict[str, int]  # conversation id → last offset, for wake-ups after the commit
+Work = Callable[[sqlite3.Connection, Touched], T]
+
+
+@dataclass(eq=False)
+class _Op:
+    work: Work[Any]
+    write: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    touched: Touched = field(default_factory=dict)
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Stop:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+
+class GroupCommitWriter:
+    """Runs closures on one connection in one thread, committing each group of them once.
+
+    ``commits``, ``ops`` and ``submitted`` count committed transactions, executed operations and
+    queued ones, so the effect of group commit can be observed.
+    """
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], notifier: StreamNotifier) -> None:
+        self._connect = connect
+        self.notifier = notifier
+        self.commits = 0
+        self.ops = 0
+        self.submitted = 0
+        self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._gate = threading.Event()
+        self._gate.set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    async def start(self) -> None:
+        """Start the thread and open the connection; raises what opening raised."""
+        if self._thread is not None:
+            return
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._main, args=(loop, ready), name="hearth-sqlite-writer", daemon=True
+        )
+        self._thread.start()
+        try:
+            await ready
+        except BaseException:
+            self._thread.join()
+            self._thread = None
+            raise
+
+    async def stop(self) -> None:
+        """Finish the queued work, stop the thread and close the connection. Idempotent."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive():
+            self._thread = thread = None  # the writer died; nothing is left to stop
+        if thread is None or self._closing:
+            return
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._gate.set()
+        self._queue.put(_Stop(loop, done))
+        await done
+        await asyncio.to_thread(thread.join)
+        self._thread = None
+
+    def pause(self) -> None:
+        """Test hook: the thread takes no new group until ``resume``."""
+        self._gate.clear()
+
+    def resume(self) -> None:
+        self._gate.set()
+
+    async def call(self, work: Work[T], *, write: bool) -> T:
+        if self._thread is None or self._closing:
+            raise StoreError("the SQLite store is not open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self.submitted += 1
+        self._queue.put(_Op(work, write, loop, future))
+        return await future
+
+    def _main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+        try:
+            conn = self._connect()
+        except BaseException as exc:
+            _post(loop, _fail, ready, exc)
+            return
+        _post(loop, _succeed, ready, None)
+        stop: _Stop | None = None
+        try:
+            stop = self._serve(conn)
+        finally:
+            self._closing = True
+            conn.close()
+            while True:  # anything queued behind the stop is refused, never left hanging
+                try:
+                    late = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(late, _Op):
+                    late.error = StoreError("the SQLite store was closed")
+                    _post(late.loop, self._deliver, [late])
+            if stop is not None:
+                _post(stop.loop, _succeed, stop.future, None)
+
+    def _serve(self, conn: sqlite3.Connection) -> _Stop:
+        while True:
+            first = self._queue.get()
+            self._gate.wait()
+            if isinstance(first, _Stop):
+                return first
+            group, stop = [first], None
+            while len(group) < MAX_GROUP:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Stop):
+                    stop = item
+                    break
+                group.append(item)
+            self._run_group(conn, group)
+            if stop is not None:
+                return stop
+
+    def _run_group(self, conn: sqlite3.Connection, group: list[_Op]) -> None:
+        writes = any(op.write for op in group)
+        # A lone write needs no savepoint: if it fails, rolling back the transaction is the same.
+        savepoints = writes and len(group) > 1
+        try:
+            if writes:
+                conn.execute("BEGIN IMMEDIATE")
+            for op in group:
+                if op.write and savepoints:
+                    conn.execute("SAVEPOINT op")
+                try:
+                    op.result = op.work(conn, op.touched)
+                except Exception as exc:
+                    op.error = _as_store_error(exc)
+                    op.touched.clear()
+                    if op.write and savepoints:
+                        conn.execute("ROLLBACK TO op")  # a failure here fails the whole group
+                    elif op.write:
+                        conn.execute("ROLLBACK")
+                        writes = False
+                if op.write and savepoints:
+                    conn.execute("RELEASE op")
+            if writes:
+                conn.execute("COMMIT")
+                self.commits += 1
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            for op in group:
+                op.error = StoreError(f"the SQLite transaction failed and was rolled back: {exc}")
+                op.touched.clear()
+        self.ops += len(group)
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
+        for op in group:
+            by_loop.setdefault(op.loop, []).append(op)
+        for loop, ops in by_loop.items():
+            _post(loop, self._deliver, ops)
+
+    def _deliver(self, ops: list[_Op]) -> None:
+        touched: Touched = {}
+        for op in ops:
+            for conversation_id, offset in op.touched.items():
+                touched[conversation_id] = max(offset, touched.get(conversation_id, -1))
+            if op.future.done():  # the caller was cancelled; the work stands anyway
+                continue
+            if op.error is not None:
+                op.future.set_exception(op.error)
+            else:
+                op.future.set_result(op.result)
+        for conversation_id, offset in touched.items():
+            self.notifier.publish(conversation_id, offset)
+
+
+def _as_store_error(exc: Exception) -> Exception:
+    if isinstance(exc, sqlite3.Error):
+        return StoreError(f"SQLite error: {exc}")
+    return exc
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+def _succeed(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
