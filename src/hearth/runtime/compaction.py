@@ -53,7 +53,7 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
     part, so a conversation can always be compacted and go on.
     """
     records = attempt.journal.records
-    mine = attempt._submission_records()
+    mine = attempt.submission_records()
     if not mine:
         return False
     first_kept = mine[0].offset

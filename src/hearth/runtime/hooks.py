@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hearth import _faults
-from hearth.agent import MAX_CONTINUATIONS, Hook, StateBuffer, current_unit
-from hearth.records import HookSeamCommitted, Record, Signal, StateWrite
-from hearth.runtime.recovery import CONTINUATION, FINISH_HOOK, START_HOOK
+from hearth.agent import MAX_CONTINUATIONS, Hook, Rendered, StateBuffer, current_unit
+from hearth.records import HookSeamCommitted, Record, Signal, StateWrite, UserMessage
+from hearth.runtime.recovery import (
+    CONTINUATION,
+    FINISH_HOOK,
+    START_HOOK,
+    assemble_messages,
+    input_key,
+)
 
 if TYPE_CHECKING:
     from hearth.runtime.runner import Attempt
@@ -107,4 +113,54 @@ async def run_seam(
     await attempt.journal.append(*records)
 
 
-__all__ = ["FINISH_HOOK", "START_HOOK", "AgentFinish", "AgentStart", "HookFailure", "run_seam"]
+def _input_content(attempt: Attempt, key: str) -> Any:
+    for rec in attempt.submission_records():
+        if input_key(rec) == key:
+            if isinstance(rec, UserMessage):
+                return rec.content
+            if isinstance(rec, Signal):
+                return {"type": rec.signal_type, "body": rec.body, "attributes": rec.attributes}
+    return None
+
+
+async def start_seam(attempt: Attempt, key: str, rendered: Rendered) -> None:
+    """The ``on_agent_start`` seam of the delivered input keyed ``key``."""
+    event = AgentStart(
+        agent=attempt.agent_name,
+        id=attempt.id,
+        conversation_id=attempt.conversation_id,
+        submission_id=attempt.sub.id,
+        input=_input_content(attempt, key),
+        log=attempt.log,
+    )
+    await run_seam(attempt, START_HOOK, key, rendered.on_start, event)
+
+
+async def finish_seam(attempt: Attempt, message_id: str, rendered: Rendered) -> None:
+    """The ``on_agent_finish`` seam where the response ending with ``message_id`` would stop."""
+    mine = attempt.submission_records()
+    used = sum(1 for r in mine if isinstance(r, Signal) and r.signal_type == CONTINUATION)
+    view = next(v for v in assemble_messages(mine) if v.message_id == message_id)
+    event = AgentFinish(
+        agent=attempt.agent_name,
+        id=attempt.id,
+        conversation_id=attempt.conversation_id,
+        submission_id=attempt.sub.id,
+        input=_input_content(attempt, input_key(mine[0])),
+        text=view.completed.text if view.completed is not None else "",
+        log=attempt.log,
+        remaining=max(MAX_CONTINUATIONS - used, 0),
+    )
+    await run_seam(attempt, FINISH_HOOK, message_id, rendered.on_finish, event)
+
+
+__all__ = [
+    "FINISH_HOOK",
+    "START_HOOK",
+    "AgentFinish",
+    "AgentStart",
+    "HookFailure",
+    "finish_seam",
+    "run_seam",
+    "start_seam",
+]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hearth import _faults
-from hearth.agent import MAX_CONTINUATIONS, Agent, Rendered
+from hearth.agent import Agent, Rendered
 from hearth.errors import ConfigurationError, FencedOut, ProviderError
 from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
 from hearth.providers.registry import ProviderRegistry
@@ -32,20 +32,16 @@ from hearth.records import (
 from hearth.runtime.batch import ToolBatch, mark_interrupted
 from hearth.runtime.compaction import compact, input_budget
 from hearth.runtime.context import STREAM_INTERRUPTED_NOTE, build_context
-from hearth.runtime.hooks import AgentFinish, AgentStart, HookFailure, run_seam
+from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
 from hearth.runtime.journal import Journal
 from hearth.runtime.metrics import Metrics
 from hearth.runtime.recovery import (
-    CONTINUATION,
-    FINISH_HOOK,
-    START_HOOK,
     Action,
     Decision,
     Evidence,
     assemble_messages,
     classify_recovery,
     close_open_messages,
-    input_key,
 )
 from hearth.runtime.streaming import DeltaWriter
 from hearth.runtime.tasks import (
@@ -124,12 +120,12 @@ class Attempt:
 
     async def _evidence(self, rendered: Rendered | None) -> Evidence:
         await self.journal.refresh()
-        mine = self._submission_records()
+        mine = self.submission_records()
         closes = close_open_messages(mine)
         if closes:
             await self.journal.append(*closes)
             await self.journal.refresh()
-            mine = self._submission_records()
+            mine = self.submission_records()
         abort, deadline_passed = await self._stop_requests()
         return Evidence(
             records=mine,
@@ -149,7 +145,8 @@ class Attempt:
         deadline = self.sub.deadline
         return abort, deadline is not None and time.time() >= deadline
 
-    def _submission_records(self) -> list[Record]:
+    def submission_records(self) -> list[Record]:
+        """The records of this submission, from its input on (empty before the input)."""
         records = self.journal.records
         for i in range(len(records) - 1, -1, -1):
             if records[i].id == self.input_id:
@@ -166,10 +163,10 @@ class Attempt:
                 await self._append_input()
             case Action.RUN_START_HOOKS:
                 assert d.message_id is not None
-                await self._start_seam(d.message_id, rendered)
+                await start_seam(self, d.message_id, rendered)
             case Action.RUN_FINISH_HOOKS:
                 assert d.message_id is not None
-                await self._finish_seam(d.message_id, rendered)
+                await finish_seam(self, d.message_id, rendered)
             case Action.CONTINUE:
                 if not await self._join_queued():
                     await self._model_turn(rendered)
@@ -350,7 +347,7 @@ class Attempt:
         )
 
     async def _tool_batch(self, message_id: str, rendered: Rendered) -> None:
-        views = assemble_messages(self._submission_records())
+        views = assemble_messages(self.submission_records())
         view = next(v for v in views if v.message_id == message_id)
         await ToolBatch(self, rendered, view).run()
 
@@ -363,46 +360,10 @@ class Attempt:
         return await compact(self, provider, model)
 
     # --- hooks and joining ----------------------------------------------------------------
-    def _input_content(self, key: str) -> Any:
-        for rec in self._submission_records():
-            if input_key(rec) == key:
-                if isinstance(rec, UserMessage):
-                    return rec.content
-                if isinstance(rec, Signal):
-                    return {"type": rec.signal_type, "body": rec.body, "attributes": rec.attributes}
-        return None
-
-    async def _start_seam(self, key: str, rendered: Rendered) -> None:
-        event = AgentStart(
-            agent=self.agent_name,
-            id=self.id,
-            conversation_id=self.conversation_id,
-            submission_id=self.sub.id,
-            input=self._input_content(key),
-            log=self.log,
-        )
-        await run_seam(self, START_HOOK, key, rendered.on_start, event)
-
-    async def _finish_seam(self, message_id: str, rendered: Rendered) -> None:
-        mine = self._submission_records()
-        used = sum(1 for r in mine if isinstance(r, Signal) and r.signal_type == CONTINUATION)
-        view = next(v for v in assemble_messages(mine) if v.message_id == message_id)
-        event = AgentFinish(
-            agent=self.agent_name,
-            id=self.id,
-            conversation_id=self.conversation_id,
-            submission_id=self.sub.id,
-            input=self._input_content(input_key(mine[0])),
-            text=view.completed.text if view.completed is not None else "",
-            log=self.log,
-            remaining=max(MAX_CONTINUATIONS - used, 0),
-        )
-        await run_seam(self, FINISH_HOOK, message_id, rendered.on_finish, event)
-
     async def _join_queued(self) -> bool:
         """At a turn boundary (a tool batch just committed), let messages that arrived
         meanwhile join the live response. True when any joined."""
-        views = assemble_messages(self._submission_records())
+        views = assemble_messages(self.submission_records())
         if not views or not views[-1].committed:
             return False
         queued = await self.store.list_submissions(self.conversation_id, statuses=("queued",))
@@ -425,7 +386,7 @@ class Attempt:
         for tool in d.interrupted:
             if tool.child_conversation_id:
                 await bring_child_to_rest(self, tool.child_conversation_id)
-        views = assemble_messages(self._submission_records())
+        views = assemble_messages(self.submission_records())
         records = mark_interrupted(views[-1], d.interrupted) if views else []
         error = d.error
         if d.signal is not None:
