@@ -314,3 +314,13 @@ def test_calls_made_by_the_current_attempt_run() -> None:
 
 def test_backoff_doubles_per_consecutive_error() -> None:
     assert [backoff_delay(n, None, jitter=1.0) for n in (1, 2, 3)] == [2.0, 4.0, 8.0]
+
+
+def test_the_model_sees_tool_results_in_call_order_whatever_order_they_finished_in() -> None:
+    from hearth.providers.base import ToolResult
+    from hearth.runtime.context import build_context
+
+    s = Stream().user().started().call("a", "slow").call("b", "fast").completed("tool_use")
+    s.outcome("b", "fast").outcome("a", "slow").committed("a", "b")
+    _, messages = build_context(s.records)
+    assert [m.tool_call_id for m in messages if isinstance(m, ToolResult)] == ["a", "b"]

@@ -200,8 +200,9 @@ async def test_tool_results_validation_errors_and_exceptions_are_outcomes_the_mo
         "explode:exception;missing:unknown_tool"
     )
     assert runs == ["explode"]  # an exception is not retried
-    assert outcomes[2].content["message"] == "RuntimeError: boom"
-    assert "to" in outcomes[1].content["message"]
+    by_call = {o.tool_call_id: o for o in outcomes}  # appended as each call finished
+    assert by_call["call_0_2"].content["message"] == "RuntimeError: boom"
+    assert "to" in by_call["call_0_1"].content["message"]
 
 
 async def test_step_names_must_be_unique_non_empty_and_values_json() -> None:
@@ -397,3 +398,21 @@ async def test_graceful_shutdown_releases_running_work_and_the_next_run_finishes
         history = await rt.history("a", "c")
     assert len(of(history, SubmissionSettled)) == 1
     assert [s.signal_type for s in of(history, Signal)] == ["stream_interrupted"]
+
+
+async def test_a_sync_tool_runs_off_the_event_loop() -> None:
+    import threading
+
+    seen: list[str] = []
+
+    @hearth.tool
+    def blocking() -> str:
+        """Block for a moment, as sync code does."""
+        seen.append(threading.current_thread().name)
+        return "ok"
+
+    model = ScriptedModel("a", [calls(call("blocking")), reply("done")])
+    app = app_with(simple_agent("a", blocking), models=[model])
+    async with app.run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "done"
+    assert seen and seen[0] != threading.main_thread().name

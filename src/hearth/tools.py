@@ -13,6 +13,7 @@ The input schema comes from the signature through pydantic; a parameter annotate
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -96,7 +97,9 @@ class Tool:
         if self.is_async:
             result = await self.fn(**kwargs)
         else:
-            result = self.fn(**kwargs)
+            # A sync tool runs on a worker thread so it cannot stall the event loop (and with it
+            # heartbeats and other conversations); context variables travel with it.
+            result = await asyncio.to_thread(self.fn, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return to_json_value(result)

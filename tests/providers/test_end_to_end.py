@@ -1,7 +1,7 @@
 """A real ``hearth.App`` talking to fake OpenAI-compatible and Anthropic servers over loopback HTTP.
 
 Each behaviour runs against both providers: the agent, its tools and the runtime are real; only the
-model is a scripted HTTP server streaming real SSE (``conftest.FakeServer``). The tests check both
+model is a scripted HTTP server streaming real SSE (``fakellm.FakeServer``). The tests check both
 sides: the canonical stream the runtime wrote, and the requests the server received.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeServer
+from fakellm import FakeServer
 
 import hearth
 import hearth.app

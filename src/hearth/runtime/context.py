@@ -42,20 +42,41 @@ def build_context(records: Sequence[Record]) -> tuple[str | None, list[Message]]
             break
     messages: list[Message] = []
     calls: dict[str, list[ToolCall]] = {}
+    position: dict[str, int] = {}  # tool_call_id → its place among its message's calls
+    results: list[ToolResult] = []  # outcomes land as calls finish; shown in call order
+
+    def flush() -> None:
+        ordered: list[ToolResult] = sorted(results, key=lambda r: position.get(r.tool_call_id, 0))
+        messages.extend(ordered)
+        results.clear()
+
     for rec in records[start:]:
+        if isinstance(rec, ToolOutcome):
+            results.append(ToolResult(rec.tool_call_id, rec.name, rec.content, rec.is_error))
+            continue
+        if results and rec.type in _MODEL_VISIBLE:
+            flush()
         if isinstance(rec, UserMessage):
             messages.append(UserTurn(rec.content))
         elif isinstance(rec, Signal):
             messages.append(SystemNote(rec.signal_type, signal_text(rec)))
         elif isinstance(rec, AssistantToolCall):
             args = rec.arguments if isinstance(rec.arguments, dict) else {"_": rec.arguments}
-            calls.setdefault(rec.message_id, []).append(ToolCall(rec.tool_call_id, rec.name, args))
+            own = calls.setdefault(rec.message_id, [])
+            position[rec.tool_call_id] = len(own)
+            own.append(ToolCall(rec.tool_call_id, rec.name, args))
         elif isinstance(rec, AssistantMessageCompleted):
-            own = tuple(calls.pop(rec.message_id, ()))
-            if rec.text or own:
+            own_calls = tuple(calls.pop(rec.message_id, ()))
+            if rec.text or own_calls:
                 messages.append(
-                    AssistantTurn(rec.text, own, aborted=rec.stop_reason in ("aborted", "error"))
+                    AssistantTurn(
+                        rec.text, own_calls, aborted=rec.stop_reason in ("aborted", "error")
+                    )
                 )
-        elif isinstance(rec, ToolOutcome):
-            messages.append(ToolResult(rec.tool_call_id, rec.name, rec.content, rec.is_error))
+    flush()
     return summary, messages
+
+
+_MODEL_VISIBLE = frozenset(
+    {"user_message", "signal", "assistant_tool_call", "assistant_message_completed"}
+)
