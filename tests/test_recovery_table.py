@@ -1,4 +1,4 @@
-"""The recovery classifier, one row of SPEC §6 per case, from hand-built evidence."""
+"""The recovery classifier, one row of the recovery table per case, from hand-built evidence."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ class App:
                 await store.close()
 
     def asgi(self, *, sse_heartbeat_s: float = 15.0) -> HearthASGI:
-        """The HTTP API (SPEC §8) as an ASGI app: run it with any ASGI server, or mount it.
+        """The HTTP API (docs/http.md) as an ASGI app: run it with any ASGI server, or mount it.
 
         Its lifespan starts and stops the runtime; mounted inside another Starlette/FastAPI
         app (whose mounts get no lifespan) it starts on the first request, or pass

@@ -1,4 +1,4 @@
-"""The client SDK: talk to a ``hearth serve`` over HTTP (SPEC §9).
+"""The client SDK: talk to a ``hearth serve`` over HTTP (docs/http.md).
 
 Example::
 

@@ -1,4 +1,4 @@
-"""Every route of SPEC §8 and its status codes, against a real uvicorn server."""
+"""Every route of the HTTP API and its status codes, against a real uvicorn server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``hearth.Client`` and ``hearth.AsyncClient`` against a real server (SPEC §9)."""
+"""``hearth.Client`` and ``hearth.AsyncClient`` against a real server (docs/http.md)."""
 
 from __future__ import annotations
 

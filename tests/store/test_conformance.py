@@ -1,4 +1,4 @@
-"""The store contract (SPEC §3, §5, §7): every store implementation passes these tests."""
+"""The store contract: every store implementation passes these tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""hearth's HTTP API (SPEC §8): an ASGI app over one ``App`` or ``Runtime``.
+"""hearth's HTTP API (docs/http.md): an ASGI app over one ``App`` or ``Runtime``.
 
 Example::
 

@@ -44,7 +44,7 @@ DEFAULT_HEARTBEAT_S = 15.0
 
 
 class HearthASGI:
-    """The HTTP API of SPEC §8 as an ASGI callable. Make one with ``app.asgi()``."""
+    """The HTTP API (docs/http.md) as an ASGI callable. Make one with ``app.asgi()``."""
 
     def __init__(self, target: App | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S):
         if isinstance(target, Runtime):

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description of the HTTP API, written by hand from SPEC §8."""
+"""The OpenAPI 3.1 description of the HTTP API, written by hand from docs/http.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The routes of SPEC §8. Each endpoint is ``async (server, request) -> Response``; errors are
-raised (``ApiError`` or ``hearth.errors``) and turned into the envelope by the server."""
+"""The routes of the HTTP API (docs/http.md).
+
+Each endpoint is ``async (server, request) -> Response``; errors are raised (``ApiError`` or
+``hearth.errors``) and turned into the envelope by the server."""
 
 from __future__ import annotations
 

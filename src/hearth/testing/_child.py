@@ -1,4 +1,4 @@
-"""The child process of ``CrashHarness`` (``python -m hearth.testing._child SPEC``)."""
+"""The child process of ``CrashHarness`` (``python -m hearth.testing._child JSON``)."""
 
 from __future__ import annotations
 
