@@ -52,12 +52,30 @@ async def provision(customer: str, ctx: hearth.ToolContext) -> dict[str, int]:
     return {"a": a, "b": b}
 
 
+@hearth.agent
+def helper(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/helper")
+    ctx.use_tool(fast)
+    ctx.use_tool(provision)
+    return "You help."
+
+
 @hearth.agent(durability=hearth.Durability(max_attempts=4, timeout=600))
 def mixed(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/mixed")
     ctx.use_tool(fast)
     ctx.use_tool(slow)
     ctx.use_tool(provision)
+    ctx.use_subagent(helper, description="Does tool work")
+    starts, set_starts = ctx.use_state("starts", 0)
+
+    @ctx.on_agent_start
+    def count_start(event: hearth.AgentStart) -> None:
+        with open(os.environ["HEARTH_TEST_LOG"], "a") as f:
+            run = os.environ.get("HEARTH_TEST_RUN", "0")
+            f.write(f"hook|{event.conversation_id}|{event.submission_id}|{run}\n")
+        set_starts(starts + 1)
+
     return "You do a bit of everything."
 
 
@@ -69,9 +87,13 @@ def script(request: ModelRequest) -> Step:
         return calls(call("fast"), call("provision", customer="c"))
     if text.startswith("slow"):
         return calls(call("slow"), call("fast"))
+    if text.startswith("delegate"):
+        return calls(call("task", agent="helper", prompt="tools for the helper"))
     if text.startswith("stream"):
         return stream("one ", "two ", "three", delay=0.03)
     return reply("plain")
 
 
-app = hearth.App([mixed], providers=[ScriptedModel("mixed", script)])
+app = hearth.App(
+    [mixed, helper], providers=[ScriptedModel("mixed", script), ScriptedModel("helper", script)]
+)

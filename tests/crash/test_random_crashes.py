@@ -16,9 +16,12 @@ from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
     AssistantToolCall,
+    ChildConversationLinked,
+    HookSeamCommitted,
     SubmissionSettled,
     ToolResultsCommitted,
     ToolStepSettled,
+    UserMessage,
 )
 
 pytestmark = pytest.mark.crash
@@ -43,10 +46,17 @@ KILL_POINTS = [
     "after:tool_results_committed",
     "before:submission_settled",
     "after:submission_settled",
+    "hook:on_agent_start",
+    "before:hook_seam_committed",
+    "after:hook_seam_committed",
+    "after:child_conversation_linked",
 ]
 
 messages = st.lists(
-    st.tuples(st.sampled_from(["c1", "c2"]), st.sampled_from(["plain", "stream", "tools", "slow"])),
+    st.tuples(
+        st.sampled_from(["c1", "c2"]),
+        st.sampled_from(["plain", "stream", "tools", "slow", "delegate"]),
+    ),
     min_size=1,
     max_size=4,
 )
@@ -83,15 +93,29 @@ def test_every_submission_settles_once_and_nothing_recorded_runs_again(
                 crash_at=crash_at,
                 env={"HEARTH_TEST_RUN": str(run)},
             )
-            for conv in conversations:
-                for r in lab.harness.history(f"mixed/{conv}"):
+            for conv in streams(lab, [f"mixed/{c}" for c in conversations]):
+                for r in lab.harness.history(conv):
                     if isinstance(r, ToolStepSettled):
-                        recorded_by.setdefault((f"mixed/{conv}", r.tool_call_id, r.step), run)
+                        recorded_by.setdefault((conv, r.tool_call_id, r.step), run)
             run += 1
             if result.ok and run >= len(plan):
                 break
             assert run < len(plan) + 20, "the work did not settle"
         check_invariants(lab, set(conversations), len(workload), recorded_by)
+
+
+def streams(lab: Lab, top: list[str]) -> list[str]:
+    """The conversations and, recursively, the child conversations of their tasks."""
+    found, todo = [], list(top)
+    while todo:
+        conv = todo.pop()
+        found.append(conv)
+        todo += [
+            r.child_conversation_id
+            for r in lab.harness.history(conv)
+            if isinstance(r, ChildConversationLinked)
+        ]
+    return found
 
 
 def check_invariants(
@@ -105,8 +129,9 @@ def check_invariants(
     assert all(s.outcome in ("completed", "failed", "aborted") for s in subs)
     settled_ids: Counter[str] = Counter()
     runs = [tuple(line.split("|")) for line in lab.ran()]
-    for conv in conversations:
-        records = lab.harness.history(f"mixed/{conv}")
+    for conv in streams(lab, [f"mixed/{c}" for c in conversations]):
+        records = lab.harness.history(conv)
+        top = conv.startswith("mixed/")
         assert [r.offset for r in records] == list(range(len(records)))  # dense offsets
         settled_ids.update(
             r.submission_id or "" for r in records if isinstance(r, SubmissionSettled)
@@ -117,11 +142,19 @@ def check_invariants(
         with_calls = {r.message_id for r in records if isinstance(r, AssistantToolCall)}
         committed = {r.message_id for r in records if isinstance(r, ToolResultsCommitted)}
         assert with_calls == committed  # every tool batch was closed
-        assert isinstance(records[-1], SubmissionSettled)
+        if top:
+            assert isinstance(records[-1], SubmissionSettled)
+            seams = [r for r in records if isinstance(r, HookSeamCommitted)]
+            inputs = [r for r in records if isinstance(r, UserMessage)]
+            assert len(seams) <= len(inputs)  # one start seam per delivered input at most
+            # the hook's state writes committed with its seams, never without them
+            assert lab.harness.state(conv).get("starts", 0) == len(seams)
         steps = Counter((r.tool_call_id, r.step) for r in records if isinstance(r, ToolStepSettled))
         assert all(n == 1 for n in steps.values())  # steps are recorded exactly once
     assert settled_ids == Counter({s.id: 1 for s in subs})  # each settles exactly once
     for kind, conv, call_id, run in runs:
+        if kind == "hook":
+            continue
         if kind.startswith("step-"):
             on_disk_after = recorded_by.get((conv, call_id, kind[len("step-") :]))
             # a completed (recorded) step never runs again in a later process
