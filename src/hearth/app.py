@@ -97,6 +97,7 @@ class App:
                 await runtime.stop()
             finally:
                 await store.close()
+                await self.providers.aclose()  # their HTTP connections; remade on next use
 
     def asgi(self, *, sse_heartbeat_s: float = 15.0) -> HearthASGI:
         """The HTTP API (docs/http.md) as an ASGI app: run it with any ASGI server, or mount it.
