@@ -45,14 +45,22 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def measure_step_do(steps: int, db: str) -> list[float]:
+    """Seconds spent in each of ``steps`` ``step.do`` calls of one durable tool call on ``db``."""
+    samples.clear()
+    model = ScriptedModel("bench", [calls(call("many_steps", n=steps)), reply("done")])
+    app = hearth.App([bench], db=db, providers=[model])
+    async with app.run() as rt:
+        await rt.read(await rt.dispatch("bench", "b", "go"), timeout=600)
+    return list(samples)
+
+
 async def main(steps: int, sync: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        db = f"sqlite:///{Path(tmp) / 'bench.db'}?synchronous={sync}"
-        model = ScriptedModel("bench", [calls(call("many_steps", n=steps)), reply("done")])
-        app = hearth.App([bench], db=db, providers=[model])
-        async with app.run() as rt:
-            await rt.read(await rt.dispatch("bench", "b", "go"), timeout=600)
-    warm = samples[50:] if len(samples) > 100 else samples
+        measured = await measure_step_do(
+            steps, f"sqlite:///{Path(tmp) / 'bench.db'}?synchronous={sync}"
+        )
+    warm = measured[50:] if len(measured) > 100 else measured
     ms = [s * 1000 for s in warm]
     print(f"step.do on SQLite synchronous={sync}: {len(ms)} steps")
     median, p90, p99 = statistics.median(ms), pct(ms, 0.9), pct(ms, 0.99)

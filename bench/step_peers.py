@@ -46,9 +46,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
-import hearth
-from hearth.testing import ScriptedModel, call, calls, reply
-
 WARMUP = 50
 
 
@@ -72,39 +69,12 @@ def installed(*modules: str) -> bool:
 
 # --------------------------------------------------------------------------- hearth
 
-_hearth_samples: list[float] = []
-
-
-@hearth.tool(durable=True)
-async def many_steps(n: int, ctx: hearth.ToolContext) -> int:
-    """Run n empty steps."""
-    assert ctx.step is not None
-    for i in range(n):
-        t0 = time.perf_counter()
-        await ctx.step.do(f"s{i}", lambda: 1)
-        _hearth_samples.append(time.perf_counter() - t0)
-    return n
-
-
-@hearth.agent
-def bench(ctx: hearth.AgentContext) -> str:
-    ctx.use_model("scripted/bench")
-    ctx.use_tool(many_steps)
-    return ""
-
-
-async def _run_hearth(steps: int, tmp: Path) -> None:
-    db = f"sqlite:///{tmp / 'hearth.db'}?synchronous=FULL"
-    model = ScriptedModel("bench", [calls(call("many_steps", n=steps)), reply("done")])
-    app = hearth.App([bench], db=db, providers=[model])
-    async with app.run() as rt:
-        await rt.read(await rt.dispatch("bench", "b", "go"), timeout=600)
-
 
 def measure_hearth(steps: int, tmp: Path) -> list[float]:
-    _hearth_samples.clear()
-    asyncio.run(_run_hearth(steps, tmp))
-    return list(_hearth_samples)
+    # The same measurement as bench/step_overhead.py (this folder is on sys.path when run).
+    from step_overhead import measure_step_do
+
+    return asyncio.run(measure_step_do(steps, f"sqlite:///{tmp / 'hearth.db'}?synchronous=FULL"))
 
 
 # --------------------------------------------------------------------------- LangGraph
