@@ -28,12 +28,6 @@ def _load() -> None:
     _nth = int(count) if count else 1
 
 
-def enabled() -> bool:
-    if not _loaded:
-        _load()
-    return _target is not None
-
-
 def reached(point: str) -> None:
     """Kill this process if ``point`` is the configured crash point (its N-th occurrence)."""
     global _seen

@@ -77,6 +77,7 @@ class Rendered:
     subagents: dict[str, Subagent]
     on_start: list[Hook] = field(default_factory=list)
     on_finish: list[Hook] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # the committed state it rendered with
 
 
 class AgentContext:
@@ -187,6 +188,7 @@ class Agent:
             subagents=dict(ctx._subagents),
             on_start=list(ctx._on_start),
             on_finish=list(ctx._on_finish),
+            state=state,
         )
 
 

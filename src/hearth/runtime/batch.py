@@ -104,8 +104,7 @@ class ToolBatch:
         plan = plan_tool_batch(
             view, self.attempt.sub.attempt, declared, list(self.rendered.subagents)
         )
-        state = await self.attempt.store.get_state(self.attempt.conversation_id)
-        buffer = StateBuffer(state)
+        buffer = StateBuffer(self.rendered.state)
         jobs = []
         for call in view.calls:
             verdict = plan[call.tool_call_id]

@@ -81,8 +81,6 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
             tokens_before=estimate_tokens(whole),
         )
     )
-    # The caller may rebuild the context at once (the pre-call estimate): let it see the record.
-    await attempt.journal.refresh()
     return True
 
 

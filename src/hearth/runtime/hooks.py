@@ -74,11 +74,10 @@ class HookFailure(Exception):
 
 
 async def run_seam(
-    attempt: Attempt, hook: str, key: str, callbacks: list[Hook], event: Any
+    attempt: Attempt, hook: str, key: str, rendered: Rendered, callbacks: list[Hook], event: Any
 ) -> None:
     """Run every callback of one seam, then commit its writes with its seam record."""
-    state = await attempt.store.get_state(attempt.conversation_id)
-    buffer = StateBuffer(state)
+    buffer = StateBuffer(rendered.state)
     token = current_unit.set(buffer)
     try:
         for fn in callbacks:
@@ -133,7 +132,7 @@ async def start_seam(attempt: Attempt, key: str, rendered: Rendered) -> None:
         input=_input_content(attempt, key),
         log=attempt.log,
     )
-    await run_seam(attempt, START_HOOK, key, rendered.on_start, event)
+    await run_seam(attempt, START_HOOK, key, rendered, rendered.on_start, event)
 
 
 async def finish_seam(attempt: Attempt, message_id: str, rendered: Rendered) -> None:
@@ -151,7 +150,7 @@ async def finish_seam(attempt: Attempt, message_id: str, rendered: Rendered) -> 
         log=attempt.log,
         remaining=max(MAX_CONTINUATIONS - used, 0),
     )
-    await run_seam(attempt, FINISH_HOOK, message_id, rendered.on_finish, event)
+    await run_seam(attempt, FINISH_HOOK, message_id, rendered, rendered.on_finish, event)
 
 
 __all__ = [

@@ -30,7 +30,8 @@ class Journal:
     async def refresh(self) -> None:
         """Pick up records appended since the last read (by this attempt or anyone else)."""
         new = await self.store.read(self.conversation_id, after=self.last_offset)
-        self.records.extend(new)
+        last = self.last_offset  # a concurrent append of this attempt may have landed meanwhile
+        self.records.extend(r for r in new if r.offset > last)
 
     def stamp(self, records: Sequence[Record]) -> list[Record]:
         return [r.stamped(self.fence.submission_id, self.fence.attempt) for r in records]
@@ -43,6 +44,12 @@ class Journal:
         offsets = await self.store.append(self.conversation_id, stamped, fence=self.fence)
         for t in types:
             _faults.reached(f"after:{t}")
+        first = self.last_offset + 1
+        if list(offsets) == list(range(first, first + len(offsets))):
+            # Nothing else was appended in between: keep the local copy current without a read.
+            self.records.extend(r.with_offset(o) for r, o in zip(stamped, offsets, strict=True))
+        else:
+            await self.refresh()
         return offsets
 
     async def settle(

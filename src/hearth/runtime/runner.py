@@ -95,7 +95,8 @@ class Attempt:
             evidence = await self._evidence(rendered)
             decision = classify_recovery(evidence)
             if rendered is None and decision.action not in _SETTLING:
-                await self._settle_failed(render_error or {"type": "agent_error", "message": "?"})
+                assert render_error is not None
+                await self._settle_failed(render_error)
                 return
             try:
                 if await self._step(decision, rendered):
@@ -124,7 +125,6 @@ class Attempt:
         closes = close_open_messages(mine)
         if closes:
             await self.journal.append(*closes)
-            await self.journal.refresh()
             mine = self.submission_records()
         abort, deadline_passed = await self._stop_requests()
         return Evidence(
@@ -275,7 +275,6 @@ class Attempt:
         return ()
 
     async def _model_turn(self, rendered: Rendered) -> None:
-        await self.journal.refresh()  # records appended since this step's evidence was read
         provider, model = self.env.providers.resolve(rendered.model)
         request = self._request(rendered, model)
         window = provider.context_window(model)
