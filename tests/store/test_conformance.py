@@ -17,7 +17,8 @@ from hearth.records import (
     SubmissionSettled,
     UserMessage,
 )
-from hearth.store import Fence, NewSubmission, Store, Submission
+from hearth.store import Event, Fence, NewSubmission, Store, Submission
+from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -42,11 +43,9 @@ async def admitted(store: Store, conversation_id: str = CONV, text: str = "hi") 
     return (await store.admit(new(conversation_id, text))).submission
 
 
-async def running(
-    store: Store, conversation_id: str = CONV, owner: str = "owner-1", now: float | None = None
-) -> Submission:
+async def running(store: Store, conversation_id: str = CONV, owner: str = "owner-1") -> Submission:
     sub = await admitted(store, conversation_id)
-    claimed = await store.claim(owner, 30.0, 100, now=now)
+    claimed = await store.claim(owner, 30.0, 100)
     return next(c for c in claimed if c.id == sub.id)
 
 
@@ -59,6 +58,11 @@ def settlement(sub: Submission, outcome: str = "completed", reply: str | None = 
     return SubmissionSettled(
         id=f"{sub.id}:settled", submission_id=sub.id, outcome=outcome, reply=reply
     )
+
+
+async def last_offset(store: Store, conversation_id: str) -> int:
+    info = await store.get_conversation(conversation_id)
+    return -1 if info is None else info.last_offset
 
 
 async def ids(store: Store, conversation_id: str = CONV) -> list[str]:
@@ -75,7 +79,7 @@ async def test_offsets_are_dense_across_batches(store: Store) -> None:
     third = await store.append(CONV, [msg(4), msg(5), msg(6)])
     assert (first, second, third) == ([1, 2], [3], [4, 5, 6])
     assert [r.offset for r in await store.read(CONV)] == list(range(7))
-    assert await store.last_offset(CONV) == 6
+    assert await last_offset(store, CONV) == 6
 
 
 async def test_offsets_are_counted_per_conversation(store: Store) -> None:
@@ -99,7 +103,7 @@ async def test_a_batch_is_atomic_when_its_last_record_conflicts(store: Store) ->
     with pytest.raises(IntegrityError):
         await store.append(CONV, [msg(2), msg(3), msg(1, content="something else")])
     assert await ids(store) == [f"{CONV}:created", "m1"]
-    assert await store.last_offset(CONV) == 1
+    assert await last_offset(store, CONV) == 1
     assert await store.append(CONV, [msg(2)]) == [2]
 
 
@@ -119,7 +123,7 @@ async def test_reappending_an_id_with_other_content_is_an_integrity_error(store:
     await store.append(CONV, [msg(1)])
     with pytest.raises(IntegrityError):
         await store.append(CONV, [msg(1, content="changed")])
-    assert await store.last_offset(CONV) == 1
+    assert await last_offset(store, CONV) == 1
 
 
 async def test_a_batch_mixing_known_and_new_records_appends_only_the_new(store: Store) -> None:
@@ -134,7 +138,7 @@ async def test_a_record_repeated_within_one_batch_is_written_once(store: Store) 
     assert await store.append(CONV, [msg(1), msg(1)]) == [1, 1]
     with pytest.raises(IntegrityError):
         await store.append(CONV, [msg(2), msg(2, content="other")])
-    assert await store.last_offset(CONV) == 1
+    assert await last_offset(store, CONV) == 1
 
 
 async def test_record_ids_are_unique_per_conversation_only(store: Store) -> None:
@@ -182,7 +186,7 @@ async def test_read_respects_the_limit(store: Store) -> None:
 
 async def test_an_unknown_conversation_reads_empty(store: Store) -> None:
     assert await store.read("support/nobody") == []
-    assert await store.last_offset("support/nobody") == -1
+    assert await last_offset(store, "support/nobody") == -1
 
 
 async def test_last_of_type_returns_the_latest_record_of_that_type(store: Store) -> None:
@@ -238,20 +242,24 @@ async def test_a_fenced_append_from_the_current_attempt_is_accepted(store: Store
     assert await store.append(CONV, [msg(1, sub.id)], fence=sub.fence) == [1]
 
 
-async def test_a_fenced_append_from_a_stale_attempt_is_rejected(store: Store) -> None:
-    sub = await running(store, now=1000.0)
-    again = await store.claim("owner-2", 30.0, 1, now=2000.0)
+async def test_a_fenced_append_from_a_stale_attempt_is_rejected(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    sub = await running(store)
+    clock.set(2000.0)
+    again = await store.claim("owner-2", 30.0, 1)
     assert [s.attempt for s in again] == [2]
     with pytest.raises(FencedOut):
         await store.append(CONV, [msg(1, sub.id)], fence=sub.fence)
-    assert await store.last_offset(CONV) == 0
+    assert await last_offset(store, CONV) == 0
 
 
 async def test_a_fenced_append_to_a_queued_submission_is_rejected(store: Store) -> None:
     sub = await admitted(store)
     with pytest.raises(FencedOut):
         await store.append(CONV, [msg(1, sub.id)], fence=Fence(sub.id, 0))
-    assert await store.last_offset(CONV) == 0
+    assert await last_offset(store, CONV) == 0
 
 
 async def test_a_fenced_append_to_a_settled_submission_is_rejected(store: Store) -> None:
@@ -359,21 +367,27 @@ async def test_list_submissions_filters_by_conversation_and_status(store: Store)
     assert [s.id for s in await store.list_submissions(CONV, ["running"])] == [a1.id]
 
 
-async def test_list_conversations_shows_the_newest_first(store: Store) -> None:
-    await admitted(store, CONV)
-    await admitted(store, OTHER)
-    listed = await store.list_conversations()
-    assert [c.conversation_id for c in listed] == [OTHER, CONV]
-    assert [c.conversation_id for c in await store.list_conversations(limit=1)] == [OTHER]
+async def test_list_submissions_pages_with_a_cursor(store: Store) -> None:
+    made = [await admitted(store, CONV if n % 2 else OTHER, f"m{n}") for n in range(5)]
+    first = await store.list_submissions(limit=2)
+    assert [s.id for s in first] == [m.id for m in made[:2]]
+    rest = await store.list_submissions(after=first[-1].seq, limit=10)
+    assert [s.id for s in rest] == [m.id for m in made[2:]]
+    mine = await store.list_submissions(CONV, after=made[1].seq, limit=10)
+    assert [s.id for s in mine] == [made[3].id]
+    assert await store.list_submissions(limit=0) == []
 
 
 # --- claims and leases -----------------------------------------------------------------------
 
 
-async def test_claim_takes_the_oldest_submission_of_a_conversation(store: Store) -> None:
+async def test_claim_takes_the_oldest_submission_of_a_conversation(
+    store: Store, clock: ManualClock
+) -> None:
     first = await admitted(store, CONV, "one")
     await admitted(store, CONV, "two")
-    [claimed] = await store.claim("owner-1", 30.0, 10, now=1000.0)
+    clock.set(1000.0)
+    [claimed] = await store.claim("owner-1", 30.0, 10)
     assert claimed.id == first.id
     assert (claimed.status, claimed.attempt, claimed.lease_owner) == ("running", 1, "owner-1")
     assert (claimed.lease_expires_at, claimed.started_at) == (1030.0, 1000.0)
@@ -415,21 +429,31 @@ async def test_claim_skips_excluded_conversations(store: Store) -> None:
     assert [c.id for c in claimed] == [b1.id]
 
 
-async def test_claim_leaves_a_live_lease_alone(store: Store) -> None:
-    await running(store, now=1000.0)
-    assert await store.claim("owner-2", 30.0, 10, now=1029.0) == []
+async def test_claim_leaves_a_live_lease_alone(store: Store, clock: ManualClock) -> None:
+    clock.set(1000.0)
+    await running(store)
+    clock.set(1029.0)
+    assert await store.claim("owner-2", 30.0, 10) == []
 
 
-async def test_claim_reclaims_an_expired_lease_with_the_next_attempt(store: Store) -> None:
-    sub = await running(store, now=1000.0)
-    [again] = await store.claim("owner-2", 30.0, 10, now=1030.0)
+async def test_claim_reclaims_an_expired_lease_with_the_next_attempt(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    sub = await running(store)
+    clock.set(1030.0)
+    [again] = await store.claim("owner-2", 30.0, 10)
     assert again.id == sub.id
     assert (again.attempt, again.lease_owner, again.lease_expires_at) == (2, "owner-2", 1060.0)
 
 
-async def test_the_deadline_is_set_by_the_first_claim_only(store: Store) -> None:
-    sub = await running(store, now=1000.0)
-    [again] = await store.claim("owner-2", 30.0, 10, now=5000.0)
+async def test_the_deadline_is_set_by_the_first_claim_only(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    sub = await running(store)
+    clock.set(5000.0)
+    [again] = await store.claim("owner-2", 30.0, 10)
     assert again.deadline == sub.deadline == 1000.0 + sub.timeout
     assert again.started_at == 1000.0
 
@@ -443,37 +467,65 @@ async def test_joined_submissions_are_never_claimed(store: Store) -> None:
     assert [c.id for c in claimed] == [host.id]
 
 
-async def test_renew_extends_the_lease_of_the_current_claim(store: Store) -> None:
+async def test_renew_all_extends_every_lease_of_the_owner(store: Store, clock: ManualClock) -> None:
+    a = await running(store, CONV, owner="owner-1")
+    b = await running(store, OTHER, owner="owner-1")
+    await running(store, "support/c-3", owner="owner-2")
+    clock.advance(20)
+    assert sorted(await store.renew_all("owner-1", 300.0), key=lambda f: f.submission_id) == (
+        sorted([a.fence, b.fence], key=lambda f: f.submission_id)
+    )
+    for sub in (a, b):
+        row = await store.get_submission(sub.id)
+        assert row is not None and row.lease_expires_at == clock.now + 300.0
+    clock.advance(100)  # past owner-2's lease, not past owner-1's renewed ones
+    claimed = await store.claim("owner-3", 30.0, 10)
+    assert [c.conversation_id for c in claimed] == ["support/c-3"]
+
+
+async def test_renew_all_leaves_out_claims_the_owner_lost(store: Store, clock: ManualClock) -> None:
     sub = await running(store, owner="owner-1")
-    assert await store.renew(sub.fence, "owner-1", 300.0)
-    row = await store.get_submission(sub.id)
-    assert row is not None and row.lease_expires_at is not None
-    assert row.lease_expires_at > (sub.lease_expires_at or 0)
+    settled = await running(store, OTHER, owner="owner-1")
+    await store.settle(
+        settled.fence, settlement(settled), outcome="completed", error=None, reply=None
+    )
+    clock.advance(31)
+    [again] = await store.claim("owner-2", 30.0, 10)
+    assert again.id == sub.id
+    assert await store.renew_all("owner-1", 30.0) == []
+    assert await store.renew_all("owner-2", 30.0) == [again.fence]
 
 
-async def test_renew_fails_for_another_owner_or_attempt(store: Store) -> None:
+async def test_a_released_lease_is_not_renewed(store: Store) -> None:
     sub = await running(store, owner="owner-1")
-    assert not await store.renew(sub.fence, "owner-2", 30.0)
-    assert not await store.renew(Fence(sub.id, sub.attempt + 1), "owner-1", 30.0)
-    await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply=None)
-    assert not await store.renew(sub.fence, "owner-1", 30.0)
+    assert await store.release(sub.fence, "owner-1")
+    assert await store.renew_all("owner-1", 30.0) == []
+    [again] = await store.claim("owner-2", 30.0, 10)
+    assert again.id == sub.id
 
 
-async def test_release_makes_the_submission_claimable_at_once(store: Store) -> None:
-    sub = await running(store, owner="owner-1", now=1000.0)
+async def test_release_makes_the_submission_claimable_at_once(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    sub = await running(store, owner="owner-1")
     assert not await store.release(sub.fence, "owner-2")
     assert await store.release(sub.fence, "owner-1")
     row = await store.get_submission(sub.id)
     assert row is not None and (row.status, row.attempt) == ("running", 1)
-    [again] = await store.claim("owner-2", 30.0, 10, now=1001.0)
+    clock.set(1001.0)
+    [again] = await store.claim("owner-2", 30.0, 10)
     assert (again.id, again.attempt) == (sub.id, 2)
 
 
-async def test_expire_owners_expires_only_their_leases(store: Store) -> None:
-    a = await running(store, CONV, owner="dead", now=1000.0)
-    await running(store, OTHER, owner="alive", now=1000.0)
+async def test_expire_owners_expires_only_their_leases(store: Store, clock: ManualClock) -> None:
+    clock.set(1000.0)
+    a = await running(store, CONV, owner="dead")
+    clock.set(1000.0)
+    await running(store, OTHER, owner="alive")
     assert await store.expire_owners(["dead", "nobody"]) == 1
-    claimed = await store.claim("owner-3", 30.0, 10, now=1001.0)
+    clock.set(1001.0)
+    claimed = await store.claim("owner-3", 30.0, 10)
     assert [(c.id, c.attempt) for c in claimed] == [(a.id, 2)]
 
 
@@ -541,38 +593,20 @@ async def test_settling_twice_is_fenced_out(store: Store) -> None:
     await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="a")
     with pytest.raises(FencedOut):
         await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="a")
-    assert await store.last_offset(CONV) == 1
+    assert await last_offset(store, CONV) == 1
 
 
-async def test_settling_from_a_stale_attempt_is_fenced_out(store: Store) -> None:
-    sub = await running(store, now=1000.0)
-    await store.claim("owner-2", 30.0, 1, now=2000.0)
+async def test_settling_from_a_stale_attempt_is_fenced_out(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    sub = await running(store)
+    clock.set(2000.0)
+    await store.claim("owner-2", 30.0, 1)
     with pytest.raises(FencedOut):
         await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="")
     row = await store.get_submission(sub.id)
     assert row is not None and row.status == "running"
-
-
-async def test_settle_queued_settles_a_queued_submission(store: Store) -> None:
-    sub = await admitted(store)
-    offset = await store.settle_queued(
-        sub.id,
-        settlement(sub, "aborted", None),
-        outcome="aborted",
-        error={"type": "aborted", "message": "aborted before it ran"},
-    )
-    assert offset == 1
-    row = await store.get_submission(sub.id)
-    assert row is not None and (row.status, row.outcome) == ("settled", "aborted")
-    assert row.error == {"type": "aborted", "message": "aborted before it ran"}
-
-
-async def test_settle_queued_does_nothing_unless_queued(store: Store) -> None:
-    sub = await running(store)
-    record = settlement(sub, "aborted", None)
-    assert await store.settle_queued(sub.id, record, outcome="aborted", error=None) is None
-    assert await store.settle_queued("s_missing", record, outcome="aborted", error=None) is None
-    assert await store.last_offset(CONV) == 0
 
 
 async def test_join_marks_a_queued_submission_joined_and_appends_its_input(
@@ -625,22 +659,24 @@ async def test_join_fails_unless_the_target_is_queued_in_that_conversation(
     assert await ids(store) == [f"{CONV}:created", "m3"]
 
 
-async def test_join_from_a_stale_host_is_fenced_out(store: Store) -> None:
-    host = await running(store, now=1000.0)
+async def test_join_from_a_stale_host_is_fenced_out(store: Store, clock: ManualClock) -> None:
+    clock.set(1000.0)
+    host = await running(store)
     guest = await admitted(store)
-    await store.claim("owner-2", 30.0, 10, now=2000.0)
+    clock.set(2000.0)
+    await store.claim("owner-2", 30.0, 10)
     with pytest.raises(FencedOut):
         await store.join(host.fence, guest.id, [msg(1, guest.id)])
     row = await store.get_submission(guest.id)
     assert row is not None and row.status == "queued"
 
 
-# --- wake-ups --------------------------------------------------------------------------------
+# --- events --------------------------------------------------------------------------------
 
 
-async def test_the_notifier_wakes_a_waiter_after_an_append(store: Store) -> None:
+async def test_an_append_wakes_a_waiter_of_its_conversation(store: Store) -> None:
     await admitted(store)
-    waiter = asyncio.create_task(store.notifier.wait(CONV, timeout=5.0))
+    waiter = asyncio.create_task(store.events.wait(CONV, timeout=5.0))
     await asyncio.sleep(0.01)
     assert not waiter.done()
     await store.append(CONV, [AssistantMessageStarted(id="a1", message_id="a1", model="x")])
@@ -648,8 +684,135 @@ async def test_the_notifier_wakes_a_waiter_after_an_append(store: Store) -> None
     assert [r.offset for r in await store.read(CONV, after=0)] == [1]
 
 
-async def test_the_notifier_wakes_a_coordinator_after_an_admission(store: Store) -> None:
-    waiter = asyncio.create_task(store.notifier.wait_any(timeout=5.0))
-    await asyncio.sleep(0.01)
+class Heard:
+    """Every event a store publishes, after its commit."""
+
+    def __init__(self, store: Store) -> None:
+        self.events: list[Event] = []
+        self.stop = store.events.listen(self.events.append)
+
+    def kinds(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+
+async def settle_published(store: Store) -> None:
+    await asyncio.sleep(0.05)  # events are delivered on the loop right after the commit
+
+
+async def test_admission_publishes_admitted(store: Store) -> None:
+    heard = Heard(store)
+    sub = await admitted(store)
+    await settle_published(store)
+    [event] = heard.kinds("admitted")
+    assert (event.conversation_id, event.submission_id) == (CONV, sub.id)
+
+
+async def test_request_abort_publishes_abort_only_when_it_stamped(store: Store) -> None:
+    heard = Heard(store)
     await admitted(store)
-    await asyncio.wait_for(waiter, 1.0)
+    await store.request_abort(CONV)
+    await store.request_abort(OTHER)
+    await settle_published(store)
+    assert [e.conversation_id for e in heard.kinds("abort")] == [CONV]
+
+
+async def test_release_and_expiry_publish_released(store: Store) -> None:
+    a = await running(store, CONV, owner="owner-1")
+    b = await running(store, OTHER, owner="dead")
+    heard = Heard(store)
+    await store.release(a.fence, "owner-1")
+    await store.expire_owners(["dead"])
+    await settle_published(store)
+    assert [e.submission_id for e in heard.kinds("released")] == [a.id, b.id]
+
+
+async def test_settling_wakes_the_waiters_of_the_host_and_its_joined(store: Store) -> None:
+    host = await running(store)
+    guest = await admitted(store)
+    assert await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    host_waiter = store.events.watch_settled(host.id)
+    guest_waiter = store.events.watch_settled(guest.id)
+    try:
+        await store.settle(host.fence, settlement(host), outcome="completed", error=None, reply="")
+        await asyncio.wait_for(asyncio.gather(host_waiter, guest_waiter), 1.0)
+    finally:
+        store.events.unwatch_settled(host.id, host_waiter)
+        store.events.unwatch_settled(guest.id, guest_waiter)
+
+
+async def test_a_failed_write_publishes_nothing(store: Store) -> None:
+    sub = await running(store)
+    heard = Heard(store)
+    await store.append(CONV, [msg(1)])
+    with pytest.raises(IntegrityError):
+        await store.append(CONV, [msg(2), msg(1, content="other")])
+    with pytest.raises(FencedOut):
+        await store.settle(
+            Fence(sub.id, 99), settlement(sub), outcome="failed", error=None, reply=None
+        )
+    await settle_published(store)
+    assert [(e.kind, e.offset) for e in heard.events] == [("appended", 1)]
+
+
+# --- two handles on one database ---------------------------------------------------------------
+
+
+async def test_concurrent_claimers_take_each_submission_once(
+    store_pair: tuple[Store, Store],
+) -> None:
+    one, two = store_pair
+    made = [await admitted(one, f"support/c-{n}") for n in range(20)]
+    results = await asyncio.gather(
+        *(handle.claim(f"owner-{i}", 30.0, 3) for i in range(8) for handle in (one, two))
+    )
+    claimed = [sub.id for batch in results for sub in batch]
+    assert len(claimed) == len(set(claimed))
+    assert sorted(claimed) == sorted(m.id for m in made)
+
+
+async def test_one_conversation_is_claimed_by_one_claimer_at_a_time(
+    store_pair: tuple[Store, Store],
+) -> None:
+    one, two = store_pair
+    for n in range(3):
+        await admitted(one, CONV, f"m{n}")
+    results = await asyncio.gather(one.claim("owner-1", 30.0, 10), two.claim("owner-2", 30.0, 10))
+    assert sum(len(batch) for batch in results) == 1
+
+
+async def test_a_stale_handle_is_fenced_out_of_every_write(
+    store_pair: tuple[Store, Store], clock: ManualClock
+) -> None:
+    one, two = store_pair
+    stale = await running(one, owner="owner-1")
+    guest = await admitted(one)
+    clock.advance(31)  # owner-1 froze past its lease; owner-2 takes over through the other handle
+    [fresh] = await two.claim("owner-2", 30.0, 10)
+    assert fresh.id == stale.id and fresh.attempt == stale.attempt + 1
+    with pytest.raises(FencedOut):
+        await one.append(CONV, [msg(1, stale.id)], fence=stale.fence)
+    with pytest.raises(FencedOut):
+        await one.settle(stale.fence, settlement(stale), outcome="completed", error=None, reply="")
+    with pytest.raises(FencedOut):
+        await one.join(stale.fence, guest.id, [msg(2, guest.id)])
+    assert not await one.release(stale.fence, "owner-1")
+    assert await one.renew_all("owner-1", 30.0) == []
+    assert await ids(two) == [f"{CONV}:created"]
+    await two.append(CONV, [msg(1, fresh.id)], fence=fresh.fence)
+    row = await two.get_submission(stale.id)
+    assert row is not None and (row.status, row.attempt, row.lease_owner) == (
+        "running",
+        fresh.attempt,
+        "owner-2",
+    )
+
+
+async def test_events_of_one_handle_reach_the_other(store_pair: tuple[Store, Store]) -> None:
+    one, two = store_pair
+    sub = await running(one)
+    waiter = two.events.watch_settled(sub.id)
+    try:
+        await one.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="")
+        await asyncio.wait_for(waiter, 5.0)
+    finally:
+        two.events.unwatch_settled(sub.id, waiter)

@@ -175,7 +175,7 @@ async def test_the_file_uses_wal_with_exclusive_locking_and_full_sync(tmp_path: 
         )
 
     try:
-        assert await store._call(pragmas, write=False) == ("wal", "exclusive", 2)
+        assert await store._writer.call(pragmas, write=False) == ("wal", "exclusive", 2)
     finally:
         await store.close()
 
@@ -192,7 +192,7 @@ async def test_reading_from_an_offset_is_a_primary_key_range_scan() -> None:
         return " | ".join(str(row[3]) for row in rows)
 
     try:
-        detail = await store._call(plan, write=False)
+        detail = await store._writer.call(plan, write=False)
     finally:
         await store.close()
     assert "SEARCH records USING INDEX sqlite_autoindex_records_1" in detail
@@ -302,7 +302,7 @@ async def test_a_failed_transaction_fails_every_operation_of_its_group() -> None
         def sabotage(conn: sqlite3.Connection, _: Any) -> None:
             conn.execute("ROLLBACK")  # ends the group's transaction under its feet
 
-        broken = asyncio.create_task(store._call(sabotage, write=True))
+        broken = asyncio.create_task(store._writer.call(sabotage, write=True))
         await until_submitted(store, submitted + 2)
         store.resume_writer()
         for task in (append, broken):
@@ -357,7 +357,9 @@ def test_open_store_says_postgresql_is_not_available_yet() -> None:
         open_store("postgresql://user@localhost/hearth")
 
 
-@pytest.mark.parametrize("url", ["mysql://localhost/db", "", "sqlite://", "sqlite:///", "sqlite://x.db?y=1"])
+@pytest.mark.parametrize(
+    "url", ["mysql://localhost/db", "", "sqlite://", "sqlite:///", "sqlite://x.db?y=1"]
+)
 def test_open_store_refuses_other_urls(url: str) -> None:
     with pytest.raises(ConfigurationError):
         open_store(url)

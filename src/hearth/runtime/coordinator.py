@@ -1,8 +1,9 @@
 """The coordinator: claims runnable submissions, holds their leases, and lets go.
 
 It knows nothing of prompts or tools: it claims, supervises one ``Attempt`` per claim (deadline
-timer, abort, lost lease, shutdown), renews leases by heartbeat, and scans for work whose owner
-is gone.
+timer, abort, lost lease, shutdown), renews its leases by heartbeat, and scans for work whose owner
+is gone. It learns of new work and of aborts from the store's events (``admitted``, ``released``,
+``settled``, ``abort``), wherever they were written, and polls at ``scan_s`` in case one is lost.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hearth.config import Settings
@@ -18,6 +20,7 @@ from hearth.errors import FencedOut
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt, Env
 from hearth.store.base import Submission
+from hearth.store.events import ABORT, APPENDED, Event
 
 log = logging.getLogger("hearth.coordinator")
 
@@ -46,10 +49,12 @@ class Coordinator:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._unlisten: Callable[[], None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         """Reconcile first (work of dead local owners is taken over at once), then claim."""
+        self._unlisten = self.store.events.listen(self._on_event)
         await self.reconcile()
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="hearth-claims"),
@@ -59,6 +64,8 @@ class Coordinator:
     async def stop(self) -> None:
         """Interrupt running work without settling it, release its leases, stop claiming."""
         self._stopping = True
+        if self._unlisten is not None:
+            self._unlisten()
         for task in self._tasks:
             task.cancel()
         for claim in list(self._claims.values()):
@@ -79,12 +86,15 @@ class Coordinator:
     def running(self) -> int:
         return len(self._claims)
 
-    def abort(self, conversation_id: str) -> None:
-        """Cancel this process's running work of the conversation; it then settles aborted."""
-        for claim in self._claims.values():
-            if claim.sub.conversation_id == conversation_id:
-                claim.interrupt("abort")
-        self.wake()
+    def _on_event(self, event: Event) -> None:
+        if event.kind == APPENDED:
+            return
+        if event.kind == ABORT:
+            # This process's running work of the conversation stops; it then settles aborted.
+            for claim in self._claims.values():
+                if claim.sub.conversation_id == event.conversation_id:
+                    claim.interrupt("abort")
+        self.wake()  # admitted, released, settled: there may be work to claim
 
     # --- loops ----------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -128,15 +138,16 @@ class Coordinator:
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:
             await asyncio.sleep(self.settings.heartbeat_s)
-            for claim in list(self._claims.values()):
-                try:
-                    held = await self.store.renew(
-                        claim.sub.fence, self.owner, self.settings.lease_s
-                    )
-                except Exception:
-                    log.exception("renewing the lease of %s failed", claim.sub.id)
-                    continue
-                if not held:
+            claims = list(self._claims.values())  # claimed before the renewal, so judged by it
+            if not claims:
+                continue
+            try:
+                held = set(await self.store.renew_all(self.owner, self.settings.lease_s))
+            except Exception:
+                log.exception("renewing the leases of %s failed", self.owner)
+                continue
+            for claim in claims:
+                if claim.sub.fence not in held and claim.reason is None:
                     log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
                     claim.interrupt("lost")
 
@@ -149,7 +160,8 @@ class Coordinator:
             metrics.recoveries += 1
         try:
             claim.work = asyncio.create_task(Attempt(self.env, sub).run())
-            remaining = (sub.deadline - time.time()) if sub.deadline is not None else None
+            now = await self.store.now()
+            remaining = (sub.deadline - now) if sub.deadline is not None else None
             done, _ = await asyncio.wait({claim.work}, timeout=remaining)
             if not done:
                 claim.interrupt("deadline")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -26,7 +27,7 @@ from hearth.receipts import (
 from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.runner import Env
-from hearth.store.base import NewSubmission, Store, Submission
+from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission
 
 
 class Runtime:
@@ -103,7 +104,6 @@ class Runtime:
         )
         if not admission.deduplicated:
             self.env.metrics.admitted += 1
-        self.coordinator.wake()
         sub = admission.submission
         return Receipt(
             submission_id=sub.id,
@@ -123,21 +123,22 @@ class Runtime:
     async def wait_settled(self, submission_id: str, timeout: float | None = None) -> Submission:
         """Wait until the submission has its outcome (or ``TimeoutError``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        sub = await self.submission(submission_id)
-        notifier = self.store.notifier
-        while sub.outcome is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"submission {submission_id} has not settled yet")
-            # Armed before the read: the settlement is an append, and cannot slip in between.
-            woken = notifier.subscribe(sub.conversation_id)
+        events = self.store.events
+        while True:
+            # Armed before the read: a settlement committed meanwhile still wakes us.
+            woken = events.watch_settled(submission_id)
             try:
                 sub = await self.submission(submission_id)
-                if sub.outcome is None:
-                    await asyncio.wait({woken}, timeout=min(left or 1.0, 1.0))
+                if sub.outcome is not None:
+                    return sub
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"submission {submission_id} has not settled yet")
+                # Re-read now and then: an event from another process may have been lost.
+                wait_s = _RECHECK_S if left is None else min(left, _RECHECK_S)
+                await asyncio.wait({woken}, timeout=wait_s)
             finally:
-                notifier.unsubscribe(sub.conversation_id, woken)
-        return sub
+                events.unwatch_settled(submission_id, woken)
 
     async def read(self, receipt: Receipt | str, timeout: float | None = None) -> Reply:
         """Wait for the settlement and return the reply; raises ``SubmissionFailed`` or
@@ -153,8 +154,7 @@ class Runtime:
         conversation_id = f"{agent}/{id}"
         if await self.store.get_conversation(conversation_id) is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
-        ids = await self.store.request_abort(conversation_id)
-        self.coordinator.abort(conversation_id)
+        ids = await self.store.request_abort(conversation_id)  # its owner hears of it
         return AbortResult(aborted=bool(ids), submission_ids=ids)
 
     async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:
@@ -169,11 +169,18 @@ class Runtime:
     async def settle_all(self, timeout: float = 30.0) -> None:
         """Wait until no submission is queued or running (handy in scripts and tests)."""
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if not await self.store.list_submissions(statuses=("queued", "running")):
+        while True:
+            pending = await self.store.list_submissions(statuses=UNSETTLED, limit=1)
+            if not pending:
                 return
-            await asyncio.sleep(0.02)
-        raise TimeoutError("work is still queued or running")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("work is still queued or running")
+            with contextlib.suppress(TimeoutError):
+                await self.wait_settled(pending[0].id, timeout=left)
+
+
+_RECHECK_S = 1.0
 
 
 def _payload(message: str | None, signal: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 
 from hearth.server.errors import ApiError
 from hearth.server.openapi import openapi_document
-from hearth.store.base import Submission
+from hearth.store.base import Submission, all_submissions
 
 if TYPE_CHECKING:
     from hearth.server.asgi import HearthASGI
@@ -45,7 +45,7 @@ async def admin_submissions(server: HearthASGI, request: Request) -> Response:
     """
     rt = await server.runtime()
     conversation = request.query_params.get("conversation") or None
-    subs = await rt.store.list_submissions(conversation)
+    subs = await all_submissions(rt.store, conversation)
     now = time.time()
     unsettled = [s for s in subs if s.outcome is None]
     settled = [s for s in subs if s.outcome is not None]

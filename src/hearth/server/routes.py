@@ -19,6 +19,7 @@ from hearth.server.body import read_json
 from hearth.server.errors import ApiError
 from hearth.server.stream import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
 from hearth.server.views import snapshot, submission_view
+from hearth.store.base import all_submissions
 
 if TYPE_CHECKING:
     from hearth.server.asgi import Endpoint, HearthASGI
@@ -136,7 +137,7 @@ async def get_snapshot(server: HearthASGI, request: Request) -> Response:
     conversation_id = f"{agent}/{id}"
     await _existing(rt, conversation_id)
     records = await rt.store.read(conversation_id)
-    subs = await rt.store.list_submissions(conversation_id)
+    subs = await all_submissions(rt.store, conversation_id)
     return JSONResponse(snapshot(conversation_id, records, subs))
 
 

@@ -1,7 +1,7 @@
 """Reading a conversation's stream over HTTP: SSE that stays open, JSON pages, long-polls.
 
 Live tailing needs no database polling: before each read, a waiter is armed on the store's
-``StreamNotifier``, so an append committed while the read runs still wakes the reader.
+``StoreEvents``, so an append committed while the read runs still wakes the reader.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class AppendWaiter:
     """Armed before a read, so that an append committed during that read is not missed."""
 
     def __init__(self, runtime: Runtime, conversation_id: str) -> None:
-        self._notifier = runtime.store.notifier
+        self._notifier = runtime.store.events
         self._conversation_id = conversation_id
         self._woken = self._notifier.subscribe(conversation_id)
 

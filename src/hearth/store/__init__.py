@@ -22,9 +22,9 @@ from hearth.store.base import (
     Fence,
     NewSubmission,
     Store,
-    StreamNotifier,
     Submission,
 )
+from hearth.store.events import Event, StoreEvents, StreamNotifier
 from hearth.store.sqlite import SQLiteStore
 
 DEFAULT_PATH = "./hearth.db"
@@ -80,10 +80,12 @@ __all__ = [
     "UNSETTLED",
     "Admission",
     "ConversationInfo",
+    "Event",
     "Fence",
     "NewSubmission",
     "SQLiteStore",
     "Store",
+    "StoreEvents",
     "StreamNotifier",
     "Submission",
     "open_store",

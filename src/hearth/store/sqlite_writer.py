@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from hearth.errors import StoreError
-from hearth.store.base import StreamNotifier
+from hearth.store.events import APPENDED, Event, StoreEvents
 
 MAX_GROUP = 1024  # bounds how long one group holds the futures it has already run
 
 T = TypeVar("T")
-Touched = dict[str, int]  # conversation id → last offset, for wake-ups after the commit
-Work = Callable[[sqlite3.Connection, Touched], T]
+Outbox = list[Event]  # what an operation changed, published only after its commit
+Work = Callable[[sqlite3.Connection, Outbox], T]
 
 
 @dataclass(eq=False)
@@ -33,7 +33,7 @@ class _Op:
     write: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
-    touched: Touched = field(default_factory=dict)
+    outbox: Outbox = field(default_factory=list)
     result: Any = None
     error: BaseException | None = None
 
@@ -51,9 +51,9 @@ class GroupCommitWriter:
     queued ones, so the effect of group commit can be observed.
     """
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], notifier: StreamNotifier) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], events: StoreEvents) -> None:
         self._connect = connect
-        self.notifier = notifier
+        self.events = events
         self.commits = 0
         self.ops = 0
         self.submitted = 0
@@ -172,10 +172,10 @@ class GroupCommitWriter:
                 if op.write and savepoints:
                     conn.execute("SAVEPOINT op")
                 try:
-                    op.result = op.work(conn, op.touched)
+                    op.result = op.work(conn, op.outbox)
                 except Exception as exc:
                     op.error = _as_store_error(exc)
-                    op.touched.clear()
+                    op.outbox.clear()
                     if op.write and savepoints:
                         conn.execute("ROLLBACK TO op")  # a failure here fails the whole group
                     elif op.write:
@@ -194,7 +194,7 @@ class GroupCommitWriter:
                     pass
             for op in group:
                 op.error = StoreError(f"the SQLite transaction failed and was rolled back: {exc}")
-                op.touched.clear()
+                op.outbox.clear()
         self.ops += len(group)
         by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
         for op in group:
@@ -203,18 +203,25 @@ class GroupCommitWriter:
             _post(loop, self._deliver, ops)
 
     def _deliver(self, ops: list[_Op]) -> None:
-        touched: Touched = {}
+        appended: dict[str, int] = {}  # one wake-up per conversation, at its last offset
+        others: list[Event] = []
         for op in ops:
-            for conversation_id, offset in op.touched.items():
-                touched[conversation_id] = max(offset, touched.get(conversation_id, -1))
+            for event in op.outbox:
+                if event.kind == APPENDED:
+                    last = appended.get(event.conversation_id, -1)
+                    appended[event.conversation_id] = max(event.offset, last)
+                else:
+                    others.append(event)
             if op.future.done():  # the caller was cancelled; the work stands anyway
                 continue
             if op.error is not None:
                 op.future.set_exception(op.error)
             else:
                 op.future.set_result(op.result)
-        for conversation_id, offset in touched.items():
-            self.notifier.publish(conversation_id, offset)
+        for conversation_id, offset in appended.items():
+            self.events.publish(Event(APPENDED, conversation_id, offset))
+        for event in others:  # after the appends: a woken waiter finds the records
+            self.events.publish(event)
 
 
 def _as_store_error(exc: Exception) -> Exception:

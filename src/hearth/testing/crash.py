@@ -28,7 +28,7 @@ from typing import Any
 
 from hearth.records import Record
 from hearth.store import open_store
-from hearth.store.base import Submission
+from hearth.store.base import Submission, all_submissions
 
 
 @dataclass
@@ -129,7 +129,7 @@ class CrashHarness:
         return asyncio.run(self._with_store(lambda s: s.read(conversation_id)))
 
     def submissions(self, conversation_id: str | None = None) -> list[Submission]:
-        return asyncio.run(self._with_store(lambda s: s.list_submissions(conversation_id)))
+        return asyncio.run(self._with_store(lambda s: all_submissions(s, conversation_id)))
 
     def request_abort(self, conversation_id: str) -> list[str]:
         """Stamp an abort intent while no process is running (as a peer process would)."""

@@ -1,0 +1,130 @@
+"""What a store tells the runtime after a commit: admitted, appended, abort, released, settled.
+
+A store publishes an ``Event`` only after the transaction that caused it committed. The SQLite
+store publishes from its writer thread into the owning event loop; a store shared by several
+processes also feeds the events its peers committed into the same hub, so a waiter never has to
+know where a write came from. Events carry ids and offsets only — never data that is not in the
+tables — so a lost event delays a waiter but never misleads it.
+
+Example::
+
+    woken = store.events.subscribe("support/c-1")   # arm before reading
+    try:
+        records = await store.read("support/c-1", after=last)
+        if not records:
+            await asyncio.wait({woken}, timeout=15)
+    finally:
+        store.events.unsubscribe("support/c-1", woken)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+ADMITTED = "admitted"  # a submission was admitted: claimers look for work
+APPENDED = "appended"  # records were appended: tails and readers wake
+ABORT = "abort"  # an abort intent was stamped: the owning process cancels the attempt
+RELEASED = "released"  # a lease was given up without settling: a peer may claim at once
+SETTLED = "settled"  # a submission has its outcome: its waiters wake
+KINDS = (ADMITTED, APPENDED, ABORT, RELEASED, SETTLED)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One committed change. ``offset`` is the conversation's last offset for ``appended``;
+    ``submission_id`` names the submission for ``released`` and ``settled``."""
+
+    kind: str
+    conversation_id: str
+    offset: int = -1
+    submission_id: str | None = None
+
+
+Listener = Callable[[Event], None]
+T = TypeVar("T")
+
+
+class StoreEvents:
+    """In-process fan-out of committed changes, with one-shot waiters made lazily.
+
+    Idle conversations and submissions hold nothing: a waiter is dropped when it is removed or
+    fired. Listeners (the coordinator) see every event; they must not block.
+    """
+
+    def __init__(self) -> None:
+        self._appended: dict[str, list[asyncio.Future[int]]] = {}
+        self._settled: dict[str, list[asyncio.Future[None]]] = {}
+        self._listeners: list[Listener] = []
+
+    def publish(self, event: Event) -> None:
+        """Deliver one committed change (called on the event loop that owns the waiters)."""
+        if event.kind == APPENDED:
+            _fire(self._appended.pop(event.conversation_id, None), event.offset)
+        elif event.kind == SETTLED and event.submission_id is not None:
+            _fire(self._settled.pop(event.submission_id, None), None)
+        for listener in list(self._listeners):
+            listener(event)
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` for every event from now on; returns the function that stops it."""
+        self._listeners.append(listener)
+
+        def stop() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return stop
+
+    # --- one-shot waiters --------------------------------------------------------------------
+    def subscribe(self, conversation_id: str) -> asyncio.Future[int]:
+        """A future done at the next append to the conversation. Arm it *before* reading, so
+        an append committed during the read is not missed; ``unsubscribe`` when done."""
+        return _arm(self._appended, conversation_id)
+
+    def unsubscribe(self, conversation_id: str, fut: asyncio.Future[int]) -> None:
+        _disarm(self._appended, conversation_id, fut)
+
+    def watch_settled(self, submission_id: str) -> asyncio.Future[None]:
+        """A future done when the submission settles. Arm it before reading the row;
+        ``unwatch_settled`` when done."""
+        return _arm(self._settled, submission_id)
+
+    def unwatch_settled(self, submission_id: str, fut: asyncio.Future[None]) -> None:
+        _disarm(self._settled, submission_id, fut)
+
+    async def wait(self, conversation_id: str, timeout: float | None = None) -> None:
+        """Wait until something is appended to the conversation (or the timeout passes)."""
+        fut = self.subscribe(conversation_id)
+        try:
+            await asyncio.wait({fut}, timeout=timeout)
+        finally:
+            self.unsubscribe(conversation_id, fut)
+
+
+def _arm(table: dict[str, list[asyncio.Future[T]]], key: str) -> asyncio.Future[T]:
+    fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    table.setdefault(key, []).append(fut)
+    return fut
+
+
+def _disarm(table: dict[str, list[asyncio.Future[T]]], key: str, fut: asyncio.Future[T]) -> None:
+    waiters = table.get(key)
+    if waiters is None:
+        return
+    if fut in waiters:
+        waiters.remove(fut)
+    if not waiters:
+        table.pop(key, None)
+
+
+def _fire(waiters: list[asyncio.Future[T]] | None, value: T) -> None:
+    for fut in waiters or ():
+        if not fut.done():
+            fut.set_result(value)
+
+
+StreamNotifier = StoreEvents  # the name this hub had before it carried every kind of event

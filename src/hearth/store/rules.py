@@ -1,0 +1,107 @@
+"""The rules of records and submissions that every store follows the same way.
+
+A store persists, fences and notifies; what it persists is decided here: submission ids, the
+payload digest behind idempotent admission, the ``conversation_created`` record at admission,
+the settlement records of joined submissions, the fence check, how a re-appended record is
+judged, and how ``state_write`` records project onto the conversation's state. Keeping them in
+one place means a second store cannot drift from the first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError
+from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled
+from hearth.store.rows import RUNNING, Fence, NewSubmission
+
+
+def new_submission_id() -> str:
+    """A fresh, unguessable submission id (``s_`` and 20 hex digits)."""
+    return "s_" + uuid.uuid4().hex[:20]
+
+
+def payload_digest(kind: str, payload: dict[str, Any]) -> str:
+    """What "the same payload" means for an idempotency key: kind and payload, canonical JSON."""
+    canonical = json.dumps([kind, payload], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_idempotent(new: NewSubmission, first_digest: str) -> None:
+    """A key seen before must come with the payload it came with the first time."""
+    if first_digest != payload_digest(new.kind, new.payload):
+        raise IdempotencyConflict(
+            f"idempotency key {new.idempotency_key!r} was already used in"
+            f" {new.conversation_id} with a different payload; use a new key"
+        )
+
+
+def conversation_created(new: NewSubmission) -> ConversationCreated:
+    """The record at offset 0 of a conversation, written by its first admission."""
+    return ConversationCreated(
+        id=f"{new.conversation_id}:created",
+        agent=new.agent,
+        conversation_id=new.conversation_id,
+        parent=new.parent,
+    )
+
+
+def settlement(
+    submission_id: str, outcome: str, error: dict[str, Any] | None, reply: str | None
+) -> SubmissionSettled:
+    """The ``submission_settled`` record of a submission (its id is deterministic)."""
+    return SubmissionSettled(
+        id=f"{submission_id}:settled",
+        submission_id=submission_id,
+        outcome=outcome,
+        error=error,
+        reply=reply,
+    )
+
+
+def check_fence(fence: Fence, status: str | None, attempt: int | None) -> None:
+    """Accept a write only from the attempt that owns the submission now; ``status`` is None
+    when the submission does not exist."""
+    if status == RUNNING and attempt == fence.attempt:
+        return
+    now = "missing" if status is None else f"{status}, attempt {attempt}"
+    raise FencedOut(
+        f"submission {fence.submission_id} attempt {fence.attempt} no longer owns its work"
+        f" (now {now}); this attempt must stop"
+    )
+
+
+def check_reappend(
+    conversation_id: str, record: Record, digest: str, existing_offset: int, existing_digest: str
+) -> int:
+    """A record whose id exists is a no-op when its content is the same (its original offset is
+    returned) and an integrity error otherwise."""
+    if existing_digest != digest:
+        raise IntegrityError(
+            f"record {record.id} already exists in {conversation_id} (offset {existing_offset})"
+            " with different content"
+        )
+    return existing_offset
+
+
+def state_changes(appended: Iterable[Record]) -> dict[str, Any]:
+    """The conversation state after newly appended records: each ``state_write`` sets its name,
+    the later one winning. (A re-appended, old write is not new and changes nothing.)"""
+    changes: dict[str, Any] = {}
+    for record in appended:
+        if isinstance(record, StateWrite):
+            changes[record.name] = record.value
+    return changes
+
+
+def to_json(value: Any) -> str:
+    """The stored JSON form of a value (compact, UTF-8 kept as is)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def to_json_or_none(value: Any) -> str | None:
+    return None if value is None else to_json(value)

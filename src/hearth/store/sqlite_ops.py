@@ -1,0 +1,316 @@
+"""The SQLite store's operations: SQL and row mapping, run on the writer thread.
+
+Each function runs inside the writer's transaction and records what it changed in the outbox;
+the rules of what to write come from ``hearth.store.rules``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from hearth.errors import StoreError
+from hearth.records import ConversationCreated, Record
+from hearth.store import rules
+from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
+from hearth.store.rows import (
+    JOINED,
+    QUEUED,
+    RUNNING,
+    Admission,
+    ConversationInfo,
+    Fence,
+    NewSubmission,
+    Submission,
+)
+from hearth.store.rows import SETTLED as SETTLED_STATUS
+from hearth.store.sqlite_writer import Outbox
+
+CLAIM = """
+UPDATE submissions SET
+    status = 'running',
+    attempt = attempt + 1,
+    lease_owner = :owner,
+    lease_expires_at = :expires,
+    started_at = COALESCE(started_at, :now),
+    deadline = COALESCE(deadline, :now + timeout)
+WHERE seq IN (
+    SELECT s.seq FROM submissions AS s
+    WHERE s.status IN ('queued', 'running')
+      AND (s.status = 'queued' OR COALESCE(s.lease_expires_at, 0) <= :now)
+      AND s.conversation_id NOT IN (SELECT value FROM json_each(:excluded))
+      AND s.seq = (
+          SELECT MIN(t.seq) FROM submissions AS t
+          WHERE t.conversation_id = s.conversation_id AND t.status IN ('queued', 'running'))
+      AND NOT EXISTS (
+          SELECT 1 FROM submissions AS r
+          WHERE r.conversation_id = s.conversation_id AND r.status = 'running'
+            AND r.seq <> s.seq)
+    ORDER BY s.seq
+    LIMIT :limit)
+RETURNING *
+"""
+
+
+def check_fence(conn: sqlite3.Connection, fence: Fence) -> sqlite3.Row:
+    row = submission_row(conn, fence.submission_id)
+    rules.check_fence(
+        fence, None if row is None else row["status"], None if row is None else row["attempt"]
+    )
+    assert row is not None
+    return row
+
+
+def append(
+    conn: sqlite3.Connection,
+    conversation_id: str,
+    records: list[Record],
+    outbox: Outbox,
+    now: float,
+) -> list[int]:
+    row = conn.execute(
+        "SELECT last_offset FROM conversations WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    if row is not None:
+        last = int(row[0])
+    elif (
+        records
+        and isinstance(records[0], ConversationCreated)
+        and records[0].conversation_id == conversation_id
+    ):
+        created = records[0]
+        conn.execute(
+            "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at)"
+            " VALUES (?, ?, ?, -1, ?)",
+            (conversation_id, created.agent, rules.to_json_or_none(created.parent), now),
+        )
+        last = -1
+    else:
+        raise StoreError(f"conversation {conversation_id} does not exist; admit a submission first")
+    start, offsets, new = last, [], []
+    for record in records:
+        body, digest = record.encode(last + 1)
+        inserted = conn.execute(
+            'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (conversation_id, last + 1, record.id, record.type, record.submission_id, body, digest),
+        ).rowcount
+        if inserted:
+            last += 1
+            offsets.append(last)
+            new.append(record)
+            continue
+        existing = conn.execute(
+            'SELECT "offset", digest FROM records WHERE conversation_id = ? AND id = ?',
+            (conversation_id, record.id),
+        ).fetchone()
+        if existing is None:
+            raise StoreError(f"offset {last + 1} of {conversation_id} is taken: corrupt stream")
+        offsets.append(
+            rules.check_reappend(conversation_id, record, digest, int(existing[0]), existing[1])
+        )
+    for name, value in rules.state_changes(new).items():
+        conn.execute(
+            "INSERT INTO state (conversation_id, name, value) VALUES (?, ?, ?)"
+            " ON CONFLICT (conversation_id, name) DO UPDATE SET value = excluded.value",
+            (conversation_id, name, rules.to_json(value)),
+        )
+    if last != start:
+        conn.execute(
+            "UPDATE conversations SET last_offset = ? WHERE conversation_id = ?",
+            (last, conversation_id),
+        )
+        outbox.append(Event(APPENDED, conversation_id, last))
+    return offsets
+
+
+def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: float) -> Admission:
+    conversation_id = new.conversation_id
+    if last_offset(conn, conversation_id) < 0:
+        append(conn, conversation_id, [rules.conversation_created(new)], outbox, now)
+    if new.idempotency_key is not None:
+        row = conn.execute(
+            "SELECT * FROM submissions WHERE conversation_id = ? AND idempotency_key = ?",
+            (conversation_id, new.idempotency_key),
+        ).fetchone()
+        if row is not None:
+            rules.check_idempotent(new, row["payload_digest"])
+            return Admission(submission(row), row["admitted_offset"], True)
+    offset = last_offset(conn, conversation_id)
+    row = conn.execute(
+        "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
+        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) RETURNING *",
+        (
+            rules.new_submission_id(),
+            conversation_id,
+            new.kind,
+            rules.to_json(new.payload),
+            new.idempotency_key,
+            rules.payload_digest(new.kind, new.payload),
+            offset,
+            QUEUED,
+            new.max_attempts,
+            new.timeout,
+            now,
+        ),
+    ).fetchone()
+    admitted = submission(row)
+    outbox.append(Event(ADMITTED, conversation_id, offset, admitted.id))
+    return Admission(admitted, offset, False)
+
+
+def settle(
+    conn: sqlite3.Connection,
+    fence: Fence,
+    batch: list[Record],
+    result: tuple[str, dict[str, Any] | None, str | None],
+    outbox: Outbox,
+    now: float,
+) -> int:
+    outcome, error, reply = result
+    host = check_fence(conn, fence)
+    conversation_id = host["conversation_id"]
+    offset = append(conn, conversation_id, batch, outbox, now)[-1]
+    error_json = rules.to_json_or_none(error)
+    conn.execute(
+        "UPDATE submissions SET status = ?, outcome = ?, error = ?, reply = ?,"
+        " settled_at = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
+        (SETTLED_STATUS, outcome, error_json, reply, now, fence.submission_id),
+    )
+    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id))
+    joined = conn.execute(
+        "SELECT id FROM submissions WHERE joined_to = ? AND status = ?"
+        " AND settled_at IS NULL ORDER BY seq",
+        (fence.submission_id, JOINED),
+    ).fetchall()
+    for (sid,) in joined:
+        settled = rules.settlement(sid, outcome, error, reply)
+        at = append(conn, conversation_id, [settled], outbox, now)[0]
+        conn.execute(
+            "UPDATE submissions SET outcome = ?, error = ?, reply = ?, settled_at = ? WHERE id = ?",
+            (outcome, error_json, reply, now, sid),
+        )
+        outbox.append(Event(SETTLED, conversation_id, at, sid))
+    return offset
+
+
+def join(
+    conn: sqlite3.Connection,
+    host: Fence,
+    submission_id: str,
+    batch: list[Record],
+    outbox: Outbox,
+    now: float,
+) -> bool:
+    host_row = check_fence(conn, host)
+    row = submission_row(conn, submission_id)
+    conversation_id = host_row["conversation_id"]
+    if row is None or row["status"] != QUEUED or row["conversation_id"] != conversation_id:
+        return False
+    conn.execute(
+        "UPDATE submissions SET status = ?, joined_to = ?, started_at = ? WHERE id = ?",
+        (JOINED, host.submission_id, now, submission_id),
+    )
+    append(conn, conversation_id, batch, outbox, now)
+    return True
+
+
+def release(conn: sqlite3.Connection, fence: Fence, owner: str, outbox: Outbox) -> bool:
+    row = conn.execute(
+        "UPDATE submissions SET lease_expires_at = 0, lease_owner = NULL"
+        " WHERE id = ? AND status = ? AND attempt = ? AND lease_owner = ?"
+        " RETURNING conversation_id",
+        (fence.submission_id, RUNNING, fence.attempt, owner),
+    ).fetchone()
+    if row is None:
+        return False
+    outbox.append(Event(RELEASED, row[0], submission_id=fence.submission_id))
+    return True
+
+
+def expire_owners(conn: sqlite3.Connection, owners: list[str], outbox: Outbox) -> int:
+    rows = conn.execute(
+        "UPDATE submissions SET lease_expires_at = 0 WHERE status = ?"
+        " AND lease_owner IN (SELECT value FROM json_each(?))"
+        " AND (lease_expires_at IS NULL OR lease_expires_at <> 0)"
+        " RETURNING id, conversation_id",
+        (RUNNING, json.dumps(owners)),
+    ).fetchall()
+    outbox.extend(Event(RELEASED, conv, submission_id=sid) for sid, conv in rows)
+    return len(rows)
+
+
+def request_abort(
+    conn: sqlite3.Connection, conversation_id: str, outbox: Outbox, now: float
+) -> list[str]:
+    unsettled = (conversation_id, QUEUED, RUNNING)
+    conn.execute(
+        "UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, ?)"
+        " WHERE conversation_id = ? AND status IN (?, ?)",
+        (now, *unsettled),
+    )
+    rows = conn.execute(
+        "SELECT id FROM submissions WHERE conversation_id = ? AND status IN (?, ?) ORDER BY seq",
+        unsettled,
+    )
+    ids = [row[0] for row in rows]
+    if ids:
+        outbox.append(Event(ABORT, conversation_id, last_offset(conn, conversation_id)))
+    return ids
+
+
+def last_offset(conn: sqlite3.Connection, conversation_id: str) -> int:
+    row = conn.execute(
+        "SELECT last_offset FROM conversations WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    return -1 if row is None else int(row[0])
+
+
+def submission_row(conn: sqlite3.Connection, submission_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT * FROM submissions WHERE id = ?", (submission_id,)
+    ).fetchone()
+    return row
+
+
+def submission(row: sqlite3.Row) -> Submission:
+    return Submission(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        kind=row["kind"],
+        payload=json.loads(row["payload"]),
+        idempotency_key=row["idempotency_key"],
+        status=row["status"],
+        outcome=row["outcome"],
+        error=None if row["error"] is None else json.loads(row["error"]),
+        reply=row["reply"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        timeout=float(row["timeout"]),
+        deadline=_real(row["deadline"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=_real(row["lease_expires_at"]),
+        abort_requested_at=_real(row["abort_requested_at"]),
+        accepted_at=float(row["accepted_at"]),
+        started_at=_real(row["started_at"]),
+        settled_at=_real(row["settled_at"]),
+        seq=row["seq"],
+        joined_to=row["joined_to"],
+    )
+
+
+def conversation(row: sqlite3.Row) -> ConversationInfo:
+    parent = row["parent"]
+    return ConversationInfo(
+        conversation_id=row["conversation_id"],
+        agent=row["agent"],
+        last_offset=row["last_offset"],
+        parent=None if parent is None else json.loads(parent),
+        extra={"created_at": row["created_at"]},
+    )
+
+
+def _real(value: float | None) -> float | None:
+    return None if value is None else float(value)
