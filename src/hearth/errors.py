@@ -52,6 +52,10 @@ class FencedOut(StoreError):
     """
 
 
+class StoreUnavailable(StoreError):
+    """The database cannot be reached right now; nothing was lost. Retry shortly."""
+
+
 class SchemaTooNew(StoreError):
     """The database was created by a newer hearth; upgrade hearth before using it."""
 

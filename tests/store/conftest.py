@@ -1,9 +1,10 @@
 """The store fixtures: every conformance test runs once per store implementation.
 
 A store joins the suite by adding a param here and a branch in ``_make``. ``store_pair`` gives
-two handles on one database: two real connections where the store allows several processes, the
-same handle twice where one process owns the database (SQLite), so the two-handle tests run as
-stale-fence cases there.
+two handles on one database: two stores (two pools, two listeners) on PostgreSQL, the same
+handle twice where one process owns the database (SQLite), so the two-handle tests run as
+stale-fence cases there. The PostgreSQL param uses the session's throwaway cluster and a fresh
+schema per test.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pgcluster import Cluster, new_schema
 
 from hearth.store import Store
 from hearth.store.sqlite import SQLiteStore
 from hearth.testing.clock import ManualClock
 
-STORES = ["sqlite-file", "sqlite-memory"]
+STORES = ["sqlite-file", "sqlite-memory", "postgres"]
 
 
 @pytest.fixture
@@ -30,7 +32,14 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def _make(kind: str, tmp_path: Path, clock: ManualClock) -> Store:
+def _make(
+    kind: str, tmp_path: Path, clock: ManualClock, request: pytest.FixtureRequest, schema: str
+) -> Store:
+    if kind == "postgres":
+        from hearth.store.postgres import PostgresStore
+
+        cluster: Cluster = request.getfixturevalue("pg_cluster")
+        return PostgresStore(cluster.conninfo, schema=schema, clock=clock)
     if kind == "sqlite-file":
         return SQLiteStore(str(tmp_path / "hearth.db"), clock=clock)
     if kind == "sqlite-memory":
@@ -42,7 +51,7 @@ def _make(kind: str, tmp_path: Path, clock: ManualClock) -> Store:
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
 ) -> AsyncIterator[Store]:
-    made = _make(request.param, tmp_path, clock)
+    made = _make(request.param, tmp_path, clock, request, new_schema())
     await made.open()
     try:
         yield made
@@ -54,9 +63,19 @@ async def store(
 async def store_pair(
     request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
 ) -> AsyncIterator[tuple[Store, Store]]:
-    first = _make(request.param, tmp_path, clock)
+    schema = new_schema()
+    first = _make(request.param, tmp_path, clock, request, schema)
     await first.open()
+    if request.param != "postgres":
+        try:
+            yield first, first  # SQLite: one process owns the file, so both handles are one
+        finally:
+            await first.close()
+        return
+    second = _make(request.param, tmp_path, clock, request, schema)
+    await second.open()
     try:
-        yield first, first  # SQLite: one process owns the file, so both handles are one
+        yield first, second
     finally:
+        await second.close()
         await first.close()

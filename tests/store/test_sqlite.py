@@ -352,11 +352,6 @@ def test_open_store_maps_urls_to_sqlite_files(url: str | None, path: str, synchr
     assert (store.path, store.synchronous) == (path, synchronous)
 
 
-def test_open_store_says_postgresql_is_not_available_yet() -> None:
-    with pytest.raises(ConfigurationError, match="PostgreSQL support is not available yet"):
-        open_store("postgresql://user@localhost/hearth")
-
-
 @pytest.mark.parametrize(
     "url", ["mysql://localhost/db", "", "sqlite://", "sqlite:///", "sqlite://x.db?y=1"]
 )

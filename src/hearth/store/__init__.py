@@ -8,7 +8,7 @@ Example::
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from hearth.errors import ConfigurationError
 from hearth.store.base import (
@@ -31,7 +31,7 @@ DEFAULT_PATH = "./hearth.db"
 _URL_FORMS = "sqlite:///relative/path.db, sqlite:////abs/path.db, a file path, or 'memory'"
 
 
-def open_store(url: str | None) -> Store:
+def open_store(url: str | None, *, pg_pool: int = 10) -> Store:
     """Make the store a database URL names; ``await store.open()`` before using it.
 
     ``None`` → the SQLite file ``./hearth.db``; ``"memory"`` → a private in-memory SQLite
@@ -51,10 +51,7 @@ def open_store(url: str | None) -> Store:
         return SQLiteStore(text)
     scheme = scheme.lower()
     if scheme in ("postgresql", "postgres"):
-        raise ConfigurationError(
-            "PostgreSQL support is not available yet; use a SQLite database"
-            " (sqlite:///path/to/hearth.db) for now"
-        )
+        return _postgres(text, pg_pool)
     if scheme != "sqlite":
         raise ConfigurationError(f"unsupported database URL {url!r}; use {_URL_FORMS}")
     path, _, query = rest.partition("?")
@@ -70,6 +67,31 @@ def open_store(url: str | None) -> Store:
     if not path:
         raise ConfigurationError(f"database URL {url!r} names no file; use {_URL_FORMS}")
     return SQLiteStore(":memory:" if path == ":memory:" else path, synchronous=synchronous)
+
+
+def _postgres(url: str, pool_size: int) -> Store:
+    try:
+        from hearth.store.postgres import PostgresStore
+    except ImportError:
+        raise ConfigurationError(
+            "PostgreSQL URLs need the PostgreSQL extra: pip install 'hearth[postgres]'"
+        ) from None
+    parts = urlsplit(url)
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for key, value in options if key == "schema"]
+    if len(schemas) > 1 or (schemas and not schemas[0]):
+        raise ConfigurationError(f"give ?schema= once, with a name, in {_masked(url)}")
+    rest = urlencode([(key, value) for key, value in options if key != "schema"])
+    conninfo = urlunsplit(parts._replace(query=rest))
+    return PostgresStore(conninfo, schema=schemas[0] if schemas else "hearth", pool_size=pool_size)
+
+
+def _masked(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 __all__ = [

@@ -1,0 +1,511 @@
+"""The shared store: PostgreSQL, for any number of hearth processes on any hosts.
+
+``PostgresStore`` runs each ``Store`` method as one transaction over a connection from a
+``psycopg_pool.AsyncConnectionPool``; the SQL is in ``postgres_ops``, the schema in
+``postgres_schema``, the cross-process push in ``postgres_listen``.
+
+A lost connection (server restart, ``pg_terminate_backend``, failover) is retried with backoff.
+When it was lost while a write may have committed, the retry first reads back what that write
+would have left (its deterministic record ids, its submission id, its claim token) and returns
+that instead of writing again. While the database stays unreachable, methods raise
+``StoreUnavailable`` (admission within two seconds; fenced writes after ``write_retry_s``).
+
+Example::
+
+    store = PostgresStore("postgresql://hearth@db.internal/hearth", schema="hearth")
+    await store.open()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from hearth.errors import ConfigurationError, HearthError, StoreError, StoreUnavailable
+from hearth.records import Record, loads
+from hearth.store import postgres_ops as ops
+from hearth.store import rules
+from hearth.store.base import LIST_LIMIT
+from hearth.store.events import APPENDED, Event, StoreEvents
+from hearth.store.postgres_listen import Listener, encode
+from hearth.store.postgres_schema import migrate
+from hearth.store.rows import RUNNING, Admission, ConversationInfo, Fence, NewSubmission, Submission
+
+T = TypeVar("T")
+Work = Callable[[ops.Conn, ops.Outbox], Awaitable[T]]
+Resolve = Callable[[ops.Conn], Awaitable[T | None]]
+
+SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+ADMIT_WAIT_S = 1.5  # admission gives up within two seconds, so HTTP answers 503 quickly
+READ_RETRY_S = 10.0
+CONNECT_TIMEOUT_S = 5
+_SKEW_TTL_S = 30.0
+
+
+class PostgresStore:
+    """The ``Store`` on one PostgreSQL database, all tables in ``schema``."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "hearth",
+        pool_size: int = 10,
+        write_retry_s: float = 30.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if not SCHEMA_RE.match(schema):
+            raise ConfigurationError(
+                f"schema {schema!r} must be 1-63 letters, digits or _, not starting with a digit"
+            )
+        if pool_size < 1:
+            raise ConfigurationError("the PostgreSQL pool needs at least 1 connection")
+        self.conninfo = conninfo
+        self.schema = schema
+        self.pool_size = pool_size
+        self.write_retry_s = write_retry_s
+        self.clock = clock
+        self.events = StoreEvents()
+        self.channel = "hearth_" + hashlib.sha256(schema.encode()).hexdigest()[:24]
+        self._sender = uuid.uuid4().hex
+        self._kwargs: dict[str, Any] = {
+            "options": f"-c search_path={schema}",
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        }
+        self._pool: AsyncConnectionPool[ops.Conn] | None = None
+        self._listener: Listener | None = None
+        self._skew: tuple[float, float] | None = None  # (database - local seconds, measured at)
+
+    @property
+    def where(self) -> str:
+        """The server and database, without credentials, for messages."""
+        try:
+            info = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        except psycopg.ProgrammingError:
+            return "PostgreSQL"
+        host = info.get("host") or "localhost"
+        return f"PostgreSQL at {host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect, create or check the schema (under an advisory lock), start the listener."""
+        if self._pool is not None:
+            return
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to {self.where}: {_first_line(exc)}") from None
+        try:
+            await migrate(conn, self.schema)
+        finally:
+            await conn.close()
+        pool: AsyncConnectionPool[ops.Conn] = AsyncConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={**self._kwargs, "autocommit": True, "row_factory": dict_row},
+            open=False,
+            timeout=ADMIT_WAIT_S,
+            name="hearth",
+        )
+        await pool.open()
+        self._pool = pool
+        self._listener = Listener(
+            self.conninfo, self._kwargs, self.channel, self._sender, self.events, self._missed
+        )
+        self._listener.start()
+        try:
+            await asyncio.wait_for(self._listener.connected.wait(), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            pass  # it keeps trying; polling covers the gap
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def now(self) -> float:
+        if self.clock is not None:
+            return self.clock()
+        local = time.time()
+        if self._skew is None or local - self._skew[1] > _SKEW_TTL_S:
+            row = await self._read(
+                lambda conn: ops.fetchone(
+                    conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS t", {}
+                )
+            )
+            after = time.time()
+            assert row is not None
+            self._skew = (float(row["t"]) - (local + after) / 2, after)
+            local = after
+        return local + self._skew[0]
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The backend pid of the listening connection (tests terminate it)."""
+        return None if self._listener is None else self._listener.backend_pid
+
+    def _missed(self) -> None:
+        # After the listener was away, tell every local waiter to look again.
+        self.events.publish(Event("released", ""))
+
+    # --- transactions ---------------------------------------------------------------------------
+    def _now(self) -> float | None:
+        return None if self.clock is None else self.clock()
+
+    async def _read(self, work: Callable[[ops.Conn], Awaitable[T]]) -> T:
+        async def run(conn: ops.Conn, _: ops.Outbox) -> T:
+            return await work(conn)
+
+        return await self._run(run, budget_s=READ_RETRY_S, transaction=False)
+
+    async def _write(
+        self, work: Work[T], *, resolve: Resolve[T] | None = None, budget_s: float | None = None
+    ) -> T:
+        budget = self.write_retry_s if budget_s is None else budget_s
+        return await self._run(work, budget_s=budget, resolve=resolve)
+
+    async def _run(
+        self,
+        work: Work[T],
+        *,
+        budget_s: float,
+        transaction: bool = True,
+        resolve: Resolve[T] | None = None,
+    ) -> T:
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailable("the PostgreSQL store is not open")
+        end = time.monotonic() + budget_s
+        delay, uncertain = 0.05, False
+        while True:
+            outbox: ops.Outbox = []
+            try:
+                wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
+                async with pool.connection(timeout=wait) as conn:
+                    if uncertain and resolve is not None:
+                        found = await resolve(conn)
+                        if found is not None:
+                            return found
+                    if not transaction:
+                        return await work(conn, outbox)
+                    async with conn.transaction():
+                        result = await work(conn, outbox)
+                        if outbox:
+                            await self._notify(conn, outbox)
+                self._publish(outbox)
+                return result
+            except (HearthError, psycopg.IntegrityError):
+                # After a lost COMMIT whose transaction finished late, the retry is refused (the
+                # fence moved on, the id exists): what was written is the answer.
+                found = await self._resolve_late(resolve) if uncertain else None
+                if found is None:
+                    raise
+                return found
+            except (psycopg.OperationalError, PoolTimeout) as exc:
+                uncertain = uncertain or transaction  # its COMMIT may have gone through
+                if time.monotonic() + delay >= end or self._pool is None:
+                    raise StoreUnavailable(
+                        f"{self.where} is unreachable: {_first_line(exc)}"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except psycopg.Error as exc:
+                raise StoreError(f"{self.where} refused the operation: {_first_line(exc)}") from exc
+
+    async def _resolve_late(self, resolve: Resolve[T] | None) -> T | None:
+        if resolve is None or self._pool is None:
+            return None
+        try:
+            async with self._pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                return await resolve(conn)
+        except (psycopg.Error, PoolTimeout):
+            return None
+
+    async def _notify(self, conn: ops.Conn, outbox: ops.Outbox) -> None:
+        await conn.execute(
+            "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)s::text[]) AS p",
+            {"ch": self.channel, "ps": [encode(e, self._sender) for e in outbox]},
+        )
+
+    def _publish(self, outbox: ops.Outbox) -> None:
+        appended: dict[str, int] = {}
+        for event in outbox:
+            if event.kind == APPENDED:
+                appended[event.conversation_id] = max(
+                    event.offset, appended.get(event.conversation_id, -1)
+                )
+        for conversation_id, offset in appended.items():
+            self.events.publish(Event(APPENDED, conversation_id, offset))
+        for event in outbox:
+            if event.kind != APPENDED:
+                self.events.publish(event)
+
+    # --- the stream -----------------------------------------------------------------------------
+    async def append(
+        self, conversation_id: str, records: Sequence[Record], *, fence: Fence | None = None
+    ) -> list[int]:
+        batch = list(records)
+
+        async def work(conn: ops.Conn, outbox: ops.Outbox) -> list[int]:
+            if fence is not None:
+                await ops.check_fence(conn, fence)
+            return await ops.append(conn, conversation_id, batch, outbox, self._now())
+
+        async def resolve(conn: ops.Conn) -> list[int] | None:
+            return await _appended_offsets(conn, conversation_id, batch)
+
+        return await self._write(work, resolve=resolve)
+
+    async def read(
+        self, conversation_id: str, after: int = -1, limit: int | None = None
+    ) -> list[Record]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                'SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" > %(a)s'
+                ' ORDER BY "offset" LIMIT %(l)s',
+                {"c": conversation_id, "a": after, "l": limit},
+            )
+        )
+        return [loads(row["body"]) for row in rows]
+
+    async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
+        row = await self._read(
+            lambda conn: ops.fetchone(
+                conn,
+                "SELECT body FROM records WHERE conversation_id = %(c)s AND type = %(t)s"
+                ' ORDER BY "offset" DESC LIMIT 1',
+                {"c": conversation_id, "t": record_type},
+            )
+        )
+        return None if row is None else loads(row["body"])
+
+    async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
+        row = await self._read(
+            lambda conn: ops.fetchone(
+                conn,
+                "SELECT * FROM conversations WHERE conversation_id = %(c)s",
+                {"c": conversation_id},
+            )
+        )
+        return None if row is None else ops.conversation(row)
+
+    async def get_state(self, conversation_id: str) -> dict[str, Any]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT name, value FROM state WHERE conversation_id = %(c)s",
+                {"c": conversation_id},
+            )
+        )
+        return {row["name"]: json.loads(row["value"]) for row in rows}
+
+    # --- submissions ----------------------------------------------------------------------------
+    async def admit(self, new: NewSubmission) -> Admission:
+        sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
+
+        async def resolve(conn: ops.Conn) -> Admission | None:
+            row = await ops.fetchone(
+                conn, "SELECT * FROM submissions WHERE id = %(id)s", {"id": sid}
+            )
+            return (
+                None
+                if row is None
+                else Admission(ops.submission(row), row["admitted_offset"], False)
+            )
+
+        return await self._write(
+            lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
+            resolve=resolve,
+            budget_s=ADMIT_WAIT_S,
+        )
+
+    async def get_submission(self, submission_id: str) -> Submission | None:
+        row = await self._read(
+            lambda conn: ops.fetchone(
+                conn, "SELECT * FROM submissions WHERE id = %(id)s", {"id": submission_id}
+            )
+        )
+        return None if row is None else ops.submission(row)
+
+    async def list_submissions(
+        self,
+        conversation_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        *,
+        after: int = 0,
+        limit: int = LIST_LIMIT,
+    ) -> list[Submission]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT * FROM submissions WHERE seq > %(after)s"
+                " AND (%(c)s::text IS NULL OR conversation_id = %(c)s)"
+                " AND (%(st)s::text[] IS NULL OR status = ANY(%(st)s::text[]))"
+                " ORDER BY seq LIMIT %(limit)s",
+                {
+                    "after": after,
+                    "c": conversation_id,
+                    "st": None if statuses is None else list(statuses),
+                    "limit": max(limit, 0),
+                },
+            )
+        )
+        return [ops.submission(row) for row in rows]
+
+    async def claim(
+        self,
+        owner: str,
+        lease_s: float,
+        limit: int,
+        *,
+        exclude_conversations: Sequence[str] = (),
+    ) -> list[Submission]:
+        token = uuid.uuid4().hex  # names this claim's rows, so an unknown outcome is read back
+        params = {
+            "owner": owner,
+            "lease_s": lease_s,
+            "limit": limit,
+            "excluded": list(exclude_conversations),
+            "token": token,
+            "now": self._now(),
+        }
+
+        async def work(conn: ops.Conn, _: ops.Outbox) -> list[Submission]:
+            rows = await ops.fetchall(conn, ops.CLAIM, params)
+            return sorted((ops.submission(row) for row in rows), key=lambda s: s.seq)
+
+        async def resolve(conn: ops.Conn) -> list[Submission] | None:
+            rows = await ops.fetchall(
+                conn,
+                "SELECT * FROM submissions WHERE claim_token = %(t)s AND status = %(r)s"
+                " ORDER BY seq",
+                {"t": token, "r": RUNNING},
+            )
+            return [ops.submission(row) for row in rows] or None
+
+        return await self._write(work, resolve=resolve)
+
+    async def renew_all(self, owner: str, lease_s: float) -> list[Fence]:
+        rows = await self._write(
+            lambda conn, _: ops.fetchall(
+                conn,
+                f"UPDATE submissions SET lease_expires_at = {ops.NOW} + %(lease_s)s"
+                " WHERE status = %(r)s AND lease_owner = %(o)s RETURNING id, attempt",
+                {"lease_s": lease_s, "r": RUNNING, "o": owner, "now": self._now()},
+            )
+        )
+        return [Fence(row["id"], int(row["attempt"])) for row in rows]
+
+    async def release(self, fence: Fence, owner: str) -> bool:
+        return await self._write(lambda conn, outbox: ops.release(conn, fence, owner, outbox))
+
+    async def expire_owners(self, owners: Sequence[str]) -> int:
+        names = list(owners)
+        return await self._write(lambda conn, outbox: ops.expire_owners(conn, names, outbox))
+
+    async def lease_owners(self) -> list[str]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT DISTINCT lease_owner FROM submissions"
+                " WHERE status = %(r)s AND lease_owner IS NOT NULL ORDER BY lease_owner",
+                {"r": RUNNING},
+            )
+        )
+        return [row["lease_owner"] for row in rows]
+
+    async def request_abort(self, conversation_id: str) -> list[str]:
+        return await self._write(
+            lambda conn, outbox: ops.request_abort(conn, conversation_id, outbox, self._now())
+        )
+
+    async def settle(
+        self,
+        fence: Fence,
+        record: Record,
+        *,
+        outcome: str,
+        error: dict[str, Any] | None,
+        reply: str | None,
+        records_before: Sequence[Record] = (),
+    ) -> int:
+        batch = [*records_before, record]
+        result = (outcome, error, reply)
+
+        async def resolve(conn: ops.Conn) -> int | None:
+            offsets = await _appended_offsets(conn, None, [record], fence.submission_id)
+            return None if offsets is None else offsets[-1]
+
+        return await self._write(
+            lambda conn, outbox: ops.settle(conn, fence, batch, result, outbox, self._now()),
+            resolve=resolve,
+        )
+
+    async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
+        batch = list(records)
+
+        async def resolve(conn: ops.Conn) -> bool | None:
+            row = await ops.fetchone(
+                conn,
+                "SELECT 1 AS ok FROM submissions WHERE id = %(id)s AND joined_to = %(h)s",
+                {"id": submission_id, "h": host.submission_id},
+            )
+            return None if row is None else True
+
+        return await self._write(
+            lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self._now()),
+            resolve=resolve,
+        )
+
+
+async def _appended_offsets(
+    conn: ops.Conn,
+    conversation_id: str | None,
+    records: list[Record],
+    submission_id: str | None = None,
+) -> list[int] | None:
+    """The offsets of ``records`` when every one of them is stored with the same content (an
+    earlier try committed), else None. Without ``conversation_id``, the submission's is used."""
+    if conversation_id is None:
+        row = await ops.fetchone(
+            conn, "SELECT conversation_id FROM submissions WHERE id = %(id)s", {"id": submission_id}
+        )
+        if row is None:
+            return None
+        conversation_id = row["conversation_id"]
+    rows = await ops.fetchall(
+        conn,
+        'SELECT id, "offset", digest FROM records'
+        " WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
+        {"c": conversation_id, "ids": [r.id for r in records]},
+    )
+    stored = {row["id"]: (int(row["offset"]), row["digest"]) for row in rows}
+    offsets = []
+    for record in records:
+        found = stored.get(record.id)
+        if found is None or found[1] != record.content_digest():
+            return None
+        offsets.append(found[0])
+    return offsets
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,120 @@
+"""Push across processes: one ``LISTEN`` connection per store, fed into its ``StoreEvents``.
+
+Writers ``NOTIFY`` inside their transaction, so a notification is delivered only once the
+change it names has committed. Payloads carry ids and offsets only. The listener reconnects by
+itself with backoff; while it is down the coordinator's polling at ``scan_s`` keeps work moving,
+so a lost notification delays work but never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from hearth.store.events import KINDS, Event, StoreEvents
+
+log = logging.getLogger("hearth.store.postgres")
+
+_BACKOFF_MIN_S = 0.1
+_BACKOFF_MAX_S = 2.0
+
+
+def encode(event: Event, sender: str) -> str:
+    """The notification payload of one event (well under PostgreSQL's 8000-byte limit)."""
+    return json.dumps(
+        [sender, event.kind, event.conversation_id, event.offset, event.submission_id],
+        separators=(",", ":"),
+    )
+
+
+def decode(payload: str) -> tuple[str, Event] | None:
+    try:
+        sender, kind, conversation_id, offset, submission_id = json.loads(payload)
+    except (ValueError, TypeError):
+        return None
+    if kind not in KINDS or not isinstance(conversation_id, str):
+        return None
+    return str(sender), Event(kind, conversation_id, int(offset), submission_id)
+
+
+class Listener:
+    """Listens on ``channel`` and publishes what other stores committed into ``events``.
+
+    ``connected`` is set while the ``LISTEN`` is in place; ``on_reconnect`` is called after a
+    reconnection, when notifications may have been missed.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        connect_kwargs: dict[str, Any],
+        channel: str,
+        sender: str,
+        events: StoreEvents,
+        on_reconnect: Callable[[], None],
+    ) -> None:
+        self._conninfo = conninfo
+        self._kwargs = connect_kwargs
+        self._channel = channel
+        self._sender = sender
+        self._events = events
+        self._on_reconnect = on_reconnect
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.backend_pid: int | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="hearth-pg-listener")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        delay, first = _BACKOFF_MIN_S, True
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, **self._kwargs
+                )
+            except psycopg.Error as exc:
+                log.warning("the notification listener cannot connect (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+                continue
+            try:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                self.backend_pid = conn.info.backend_pid
+                self.connected.set()
+                if not first:
+                    self._on_reconnect()  # what was missed meanwhile is found by a look
+                first, delay = False, _BACKOFF_MIN_S
+                async for note in conn.notifies():
+                    self._deliver(note.payload)
+            except psycopg.Error as exc:
+                log.warning("the notification listener lost its connection (%s); reconnecting", exc)
+            finally:
+                self.connected.clear()
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            await asyncio.sleep(delay)
+
+    def _deliver(self, payload: str) -> None:
+        decoded = decode(payload)
+        if decoded is None:
+            log.warning("ignoring a malformed notification: %.200s", payload)
+            return
+        sender, event = decoded
+        if sender != self._sender:  # this store published its own events after its commits
+            self._events.publish(event)

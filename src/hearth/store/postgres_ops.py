@@ -1,0 +1,370 @@
+"""The PostgreSQL store's operations: SQL and row mapping, each run inside one transaction.
+
+Every write takes the row locks that make it safe beside other processes: an append locks its
+conversation's row (so offsets are allocated densely and in commit order), a fenced write locks
+its submission's row (so a claim cannot change hands before the write commits). The rules of
+what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in SQL.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from hearth.errors import StoreError
+from hearth.records import ConversationCreated, Record
+from hearth.store import rules
+from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
+from hearth.store.rows import (
+    JOINED,
+    QUEUED,
+    RUNNING,
+    Admission,
+    ConversationInfo,
+    Fence,
+    NewSubmission,
+    Submission,
+)
+from hearth.store.rows import SETTLED as SETTLED_STATUS
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+Outbox = list[Event]
+
+# The injected clock when a test gives one, else the database server's clock.
+NOW = "COALESCE(%(now)s::float8, extract(epoch FROM clock_timestamp()))"
+
+CLAIM = f"""
+WITH picked AS (
+    SELECT s.seq FROM submissions AS s
+    WHERE s.status IN ('queued', 'running')
+      AND (s.status = 'queued' OR COALESCE(s.lease_expires_at, 0) <= {NOW})
+      AND NOT (s.conversation_id = ANY(%(excluded)s::text[]))
+      AND s.seq = (
+          SELECT min(t.seq) FROM submissions AS t
+          WHERE t.conversation_id = s.conversation_id AND t.status IN ('queued', 'running'))
+      AND NOT EXISTS (
+          SELECT 1 FROM submissions AS r
+          WHERE r.conversation_id = s.conversation_id AND r.status = 'running'
+            AND r.seq <> s.seq)
+    ORDER BY s.seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+UPDATE submissions AS u SET
+    status = 'running',
+    attempt = u.attempt + 1,
+    lease_owner = %(owner)s,
+    lease_expires_at = {NOW} + %(lease_s)s,
+    claim_token = %(token)s,
+    started_at = COALESCE(u.started_at, {NOW}),
+    deadline = COALESCE(u.deadline, {NOW} + u.timeout)
+FROM picked WHERE u.seq = picked.seq
+RETURNING u.*
+"""
+
+
+async def fetchone(conn: Conn, query: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    cursor = await conn.execute(query.encode(), params)
+    return await cursor.fetchone()
+
+
+async def fetchall(conn: Conn, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    cursor = await conn.execute(query.encode(), params)
+    return await cursor.fetchall()
+
+
+async def check_fence(conn: Conn, fence: Fence, *, lock: str = "SHARE") -> dict[str, Any]:
+    row = await fetchone(
+        conn, f"SELECT * FROM submissions WHERE id = %(id)s FOR {lock}", {"id": fence.submission_id}
+    )
+    rules.check_fence(
+        fence, None if row is None else row["status"], None if row is None else row["attempt"]
+    )
+    assert row is not None
+    return row
+
+
+async def append(
+    conn: Conn, conversation_id: str, records: list[Record], outbox: Outbox, now: float | None
+) -> list[int]:
+    row = await fetchone(
+        conn,
+        "SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE",
+        {"c": conversation_id},
+    )
+    if row is not None:
+        last = int(row["last_offset"])
+    elif (
+        records
+        and isinstance(records[0], ConversationCreated)
+        and records[0].conversation_id == conversation_id
+    ):
+        created = records[0]
+        await create_conversation(conn, conversation_id, created.agent, created.parent, now)
+        last = -1
+    else:
+        raise StoreError(f"conversation {conversation_id} does not exist; admit a submission first")
+    start, offsets, new = last, [], []
+    for record in records:
+        body, digest = record.encode(last + 1)
+        inserted = await fetchone(
+            conn,
+            'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
+            " VALUES (%(c)s, %(o)s, %(id)s, %(t)s, %(s)s, %(b)s, %(d)s)"
+            " ON CONFLICT DO NOTHING RETURNING 1 AS ok",
+            {
+                "c": conversation_id,
+                "o": last + 1,
+                "id": record.id,
+                "t": record.type,
+                "s": record.submission_id,
+                "b": body,
+                "d": digest,
+            },
+        )
+        if inserted is not None:
+            last += 1
+            offsets.append(last)
+            new.append(record)
+            continue
+        existing = await fetchone(
+            conn,
+            'SELECT "offset", digest FROM records WHERE conversation_id = %(c)s AND id = %(id)s',
+            {"c": conversation_id, "id": record.id},
+        )
+        if existing is None:
+            raise StoreError(f"offset {last + 1} of {conversation_id} is taken: corrupt stream")
+        offsets.append(
+            rules.check_reappend(
+                conversation_id, record, digest, int(existing["offset"]), existing["digest"]
+            )
+        )
+    for name, value in rules.state_changes(new).items():
+        await conn.execute(
+            "INSERT INTO state (conversation_id, name, value) VALUES (%(c)s, %(n)s, %(v)s)"
+            " ON CONFLICT (conversation_id, name) DO UPDATE SET value = excluded.value",
+            {"c": conversation_id, "n": name, "v": rules.to_json(value)},
+        )
+    if last != start:
+        await conn.execute(
+            "UPDATE conversations SET last_offset = %(o)s WHERE conversation_id = %(c)s",
+            {"o": last, "c": conversation_id},
+        )
+        outbox.append(Event(APPENDED, conversation_id, last))
+    return offsets
+
+
+async def create_conversation(
+    conn: Conn, conversation_id: str, agent: str, parent: Any, now: float | None
+) -> None:
+    await conn.execute(
+        "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at)"
+        f" VALUES (%(c)s, %(a)s, %(p)s, -1, {NOW}) ON CONFLICT DO NOTHING".encode(),
+        {"c": conversation_id, "a": agent, "p": rules.to_json_or_none(parent), "now": now},
+    )
+
+
+async def admit(
+    conn: Conn, new: NewSubmission, submission_id: str, outbox: Outbox, now: float | None
+) -> Admission:
+    conversation_id = new.conversation_id
+    await create_conversation(conn, conversation_id, new.agent, new.parent, now)
+    locked = await fetchone(
+        conn,
+        "SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE",
+        {"c": conversation_id},
+    )
+    assert locked is not None
+    if int(locked["last_offset"]) < 0:
+        await append(conn, conversation_id, [rules.conversation_created(new)], outbox, now)
+    if new.idempotency_key is not None:
+        row = await fetchone(
+            conn,
+            "SELECT * FROM submissions WHERE conversation_id = %(c)s AND idempotency_key = %(k)s",
+            {"c": conversation_id, "k": new.idempotency_key},
+        )
+        if row is not None:
+            rules.check_idempotent(new, row["payload_digest"])
+            return Admission(submission(row), int(row["admitted_offset"]), True)
+    offset = await last_offset(conn, conversation_id)
+    row = await fetchone(
+        conn,
+        "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
+        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at)"
+        " VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s, %(offset)s,"
+        f" 'queued', 0, %(max)s, %(timeout)s, {NOW}) RETURNING *",
+        {
+            "id": submission_id,
+            "c": conversation_id,
+            "kind": new.kind,
+            "payload": rules.to_json(new.payload),
+            "key": new.idempotency_key,
+            "digest": rules.payload_digest(new.kind, new.payload),
+            "offset": offset,
+            "max": new.max_attempts,
+            "timeout": new.timeout,
+            "now": now,
+        },
+    )
+    assert row is not None
+    outbox.append(Event(ADMITTED, conversation_id, offset, submission_id))
+    return Admission(submission(row), offset, False)
+
+
+async def settle(
+    conn: Conn,
+    fence: Fence,
+    batch: list[Record],
+    result: tuple[str, dict[str, Any] | None, str | None],
+    outbox: Outbox,
+    now: float | None,
+) -> int:
+    outcome, error, reply = result
+    host = await check_fence(conn, fence, lock="UPDATE")
+    conversation_id = host["conversation_id"]
+    offset = (await append(conn, conversation_id, batch, outbox, now))[-1]
+    values = {
+        "outcome": outcome,
+        "error": rules.to_json_or_none(error),
+        "reply": reply,
+        "now": now,
+        "id": fence.submission_id,
+        "settled": SETTLED_STATUS,
+    }
+    await conn.execute(
+        "UPDATE submissions SET status = %(settled)s, outcome = %(outcome)s, error = %(error)s,"
+        f" reply = %(reply)s, settled_at = {NOW}, lease_owner = NULL, lease_expires_at = NULL"
+        " WHERE id = %(id)s".encode(),
+        values,
+    )
+    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id))
+    joined = await fetchall(
+        conn,
+        "SELECT id FROM submissions WHERE joined_to = %(id)s AND status = %(j)s"
+        " AND settled_at IS NULL ORDER BY seq FOR UPDATE",
+        {"id": fence.submission_id, "j": JOINED},
+    )
+    for row in joined:
+        sid = row["id"]
+        record = rules.settlement(sid, outcome, error, reply)
+        at = (await append(conn, conversation_id, [record], outbox, now))[0]
+        await conn.execute(
+            "UPDATE submissions SET outcome = %(outcome)s, error = %(error)s, reply = %(reply)s,"
+            f" settled_at = {NOW} WHERE id = %(sid)s".encode(),
+            {**values, "sid": sid},
+        )
+        outbox.append(Event(SETTLED, conversation_id, at, sid))
+    return offset
+
+
+async def join(
+    conn: Conn,
+    host: Fence,
+    submission_id: str,
+    batch: list[Record],
+    outbox: Outbox,
+    now: float | None,
+) -> bool:
+    host_row = await check_fence(conn, host)
+    conversation_id = host_row["conversation_id"]
+    row = await fetchone(
+        conn, "SELECT * FROM submissions WHERE id = %(id)s FOR UPDATE", {"id": submission_id}
+    )
+    if row is None or row["status"] != QUEUED or row["conversation_id"] != conversation_id:
+        return False
+    await conn.execute(
+        f"UPDATE submissions SET status = %(j)s, joined_to = %(host)s, started_at = {NOW}"
+        " WHERE id = %(id)s".encode(),
+        {"j": JOINED, "host": host.submission_id, "id": submission_id, "now": now},
+    )
+    await append(conn, conversation_id, batch, outbox, now)
+    return True
+
+
+async def release(conn: Conn, fence: Fence, owner: str, outbox: Outbox) -> bool:
+    row = await fetchone(
+        conn,
+        "UPDATE submissions SET lease_expires_at = 0, lease_owner = NULL"
+        " WHERE id = %(id)s AND status = %(r)s AND attempt = %(a)s AND lease_owner = %(o)s"
+        " RETURNING conversation_id",
+        {"id": fence.submission_id, "r": RUNNING, "a": fence.attempt, "o": owner},
+    )
+    if row is None:
+        return False
+    outbox.append(Event(RELEASED, row["conversation_id"], submission_id=fence.submission_id))
+    return True
+
+
+async def expire_owners(conn: Conn, owners: list[str], outbox: Outbox) -> int:
+    rows = await fetchall(
+        conn,
+        "UPDATE submissions SET lease_expires_at = 0 WHERE status = %(r)s"
+        " AND lease_owner = ANY(%(owners)s::text[])"
+        " AND (lease_expires_at IS NULL OR lease_expires_at <> 0)"
+        " RETURNING id, conversation_id",
+        {"r": RUNNING, "owners": owners},
+    )
+    outbox.extend(Event(RELEASED, row["conversation_id"], submission_id=row["id"]) for row in rows)
+    return len(rows)
+
+
+async def request_abort(
+    conn: Conn, conversation_id: str, outbox: Outbox, now: float | None
+) -> list[str]:
+    rows = await fetchall(
+        conn,
+        f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
+        " WHERE conversation_id = %(c)s AND status IN (%(q)s, %(r)s) RETURNING id, seq",
+        {"c": conversation_id, "q": QUEUED, "r": RUNNING, "now": now},
+    )
+    ids = [row["id"] for row in sorted(rows, key=lambda r: int(r["seq"]))]
+    if ids:
+        outbox.append(Event(ABORT, conversation_id, await last_offset(conn, conversation_id)))
+    return ids
+
+
+async def last_offset(conn: Conn, conversation_id: str) -> int:
+    row = await fetchone(
+        conn,
+        "SELECT last_offset FROM conversations WHERE conversation_id = %(c)s",
+        {"c": conversation_id},
+    )
+    return -1 if row is None else int(row["last_offset"])
+
+
+def submission(row: dict[str, Any]) -> Submission:
+    return Submission(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        kind=row["kind"],
+        payload=json.loads(row["payload"]),
+        idempotency_key=row["idempotency_key"],
+        status=row["status"],
+        outcome=row["outcome"],
+        error=None if row["error"] is None else json.loads(row["error"]),
+        reply=row["reply"],
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max_attempts"]),
+        timeout=float(row["timeout"]),
+        deadline=row["deadline"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        abort_requested_at=row["abort_requested_at"],
+        accepted_at=float(row["accepted_at"]),
+        started_at=row["started_at"],
+        settled_at=row["settled_at"],
+        seq=int(row["seq"]),
+        joined_to=row["joined_to"],
+    )
+
+
+def conversation(row: dict[str, Any]) -> ConversationInfo:
+    parent = row["parent"]
+    return ConversationInfo(
+        conversation_id=row["conversation_id"],
+        agent=row["agent"],
+        last_offset=int(row["last_offset"]),
+        parent=None if parent is None else json.loads(parent),
+        extra={"created_at": row["created_at"]},
+    )

@@ -1,0 +1,117 @@
+"""The PostgreSQL schema: its tables in one schema of their own, and its versioned migration.
+
+Many processes may start at once against a fresh database: the migration runs under a
+transaction-scoped advisory lock, so the schema is created once and the others wait for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from hearth.errors import SchemaTooNew
+
+SCHEMA_VERSION = 1
+_LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE IF NOT EXISTS conversations (
+    conversation_id text PRIMARY KEY,
+    agent text NOT NULL,
+    parent text,
+    last_offset bigint NOT NULL,
+    created_at double precision NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+    conversation_id text NOT NULL,
+    "offset" bigint NOT NULL,
+    id text NOT NULL,
+    type text NOT NULL,
+    submission_id text,
+    body text NOT NULL,
+    digest text NOT NULL,
+    PRIMARY KEY (conversation_id, "offset"),
+    UNIQUE (conversation_id, id)
+);
+CREATE INDEX IF NOT EXISTS records_by_type ON records (conversation_id, type, "offset");
+CREATE TABLE IF NOT EXISTS state (
+    conversation_id text NOT NULL,
+    name text NOT NULL,
+    value text NOT NULL,
+    PRIMARY KEY (conversation_id, name)
+);
+CREATE TABLE IF NOT EXISTS submissions (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id text NOT NULL UNIQUE,
+    conversation_id text NOT NULL,
+    kind text NOT NULL,
+    payload text NOT NULL,
+    idempotency_key text,
+    payload_digest text NOT NULL,
+    admitted_offset bigint NOT NULL,
+    status text NOT NULL,
+    outcome text,
+    error text,
+    reply text,
+    attempt integer NOT NULL,
+    max_attempts integer NOT NULL,
+    timeout double precision NOT NULL,
+    deadline double precision,
+    lease_owner text,
+    lease_expires_at double precision,
+    claim_token text,
+    abort_requested_at double precision,
+    accepted_at double precision NOT NULL,
+    started_at double precision,
+    settled_at double precision,
+    joined_to text,
+    UNIQUE (conversation_id, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS submissions_by_conversation
+    ON submissions (conversation_id, status, seq);
+CREATE INDEX IF NOT EXISTS submissions_unsettled ON submissions (seq)
+    WHERE status IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS submissions_by_owner ON submissions (lease_owner)
+    WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS submissions_by_claim ON submissions (claim_token)
+    WHERE claim_token IS NOT NULL;
+CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
+    WHERE joined_to IS NOT NULL
+"""
+
+
+async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    """Create the schema and its tables, or check the version of the ones that exist."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        await conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+        found = await _version(conn, schema)
+        if found is not None and found > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"the database schema {schema!r} was created by a newer hearth (schema version"
+                f" {found}; this hearth knows version {SCHEMA_VERSION}); upgrade hearth"
+            )
+        for statement in _TABLES.split(";"):
+            if statement.strip():
+                await conn.execute(statement.encode())
+        await conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+
+
+async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
+    cursor = await conn.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'meta'",
+        (schema,),
+    )
+    if await cursor.fetchone() is None:
+        return None
+    cursor = await conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+    row = await cursor.fetchone()
+    return None if row is None else int(str(row[0]))

@@ -1,0 +1,307 @@
+"""Behaviour of the PostgreSQL store beyond the store contract: URLs, migrations, offsets under
+concurrent writers, the listener, and writes whose commit outcome was lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from pgcluster import Cluster, free_port, new_schema
+
+import hearth.store
+from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
+from hearth.records import UserMessage
+from hearth.store import NewSubmission, open_store
+from hearth.store.postgres import PostgresStore
+from hearth.store.rules import settlement
+
+pytestmark = pytest.mark.anyio
+
+SRC = str(Path(hearth.store.__file__).resolve().parents[2])
+CONV = "support/c-1"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def msg(n: int, submission_id: str | None = None) -> UserMessage:
+    return UserMessage(
+        id=f"m{n}", message_id=f"m{n}", content=f"text {n}", submission_id=submission_id
+    )
+
+
+@contextlib.asynccontextmanager
+async def opened(conninfo: str, schema: str, **options: object) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(conninfo, schema=schema, **options)  # type: ignore[arg-type]
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+# --- URLs ------------------------------------------------------------------------------------
+
+
+def test_postgres_urls_open_a_postgres_store_with_its_schema() -> None:
+    store = open_store("postgresql://u:secret@db.example:6543/app?schema=tenant_7&sslmode=disable")
+    assert isinstance(store, PostgresStore)
+    assert store.schema == "tenant_7"
+    assert "schema" not in store.conninfo and "sslmode=disable" in store.conninfo
+    assert store.where == "PostgreSQL at db.example:6543/app"
+    default = open_store("postgres://localhost/app", pg_pool=3)
+    assert isinstance(default, PostgresStore)
+    assert (default.schema, default.pool_size) == ("hearth", 3)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://localhost/app?schema=", "postgresql://localhost/app?schema=1bad-name"]
+)
+def test_a_bad_schema_name_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="schema"):
+        open_store(url)
+
+
+def test_without_the_extra_a_postgres_url_names_the_install_command() -> None:
+    script = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None\n"  # as if hearth[postgres] were not installed
+        "from hearth.errors import ConfigurationError\n"
+        "from hearth.store import open_store\n"
+        "try:\n"
+        "    open_store('postgresql://localhost/app')\n"
+        "except ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={"PYTHONPATH": SRC}
+    )
+    assert "pip install 'hearth[postgres]'" in out.stdout, out.stderr
+
+
+async def test_an_unreachable_server_is_one_clear_error() -> None:
+    store = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
+    with pytest.raises(StoreUnavailable, match=r"cannot connect to PostgreSQL at 127\.0\.0\.1:"):
+        await store.open()
+
+
+# --- migrations ------------------------------------------------------------------------------
+
+
+async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    stores = [PostgresStore(pg_cluster.conninfo, schema=schema, pool_size=1) for _ in range(6)]
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        admission = await stores[3].admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        assert (await stores[0].get_submission(admission.submission.id)) is not None
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert version == "1"
+
+
+async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema):
+        pass
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version 1"):
+        await PostgresStore(pg_cluster.conninfo, schema=schema).open()
+
+
+# --- offsets under concurrent writers --------------------------------------------------------
+
+APPENDER = """
+import asyncio, sys
+from hearth.records import UserMessage
+from hearth.store.postgres import PostgresStore
+
+async def main(conninfo, schema, tag, count):
+    store = PostgresStore(conninfo, schema=schema)
+    await store.open()
+    try:
+        for n in range(count):
+            record = UserMessage(id=f"{tag}-{n}", message_id=f"{tag}-{n}", content=tag)
+            await store.append("support/c-1", [record])
+    finally:
+        await store.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+"""
+
+
+async def test_concurrent_appenders_in_two_processes_leave_no_gap_behind_a_tailer(
+    pg_cluster: Cluster,
+) -> None:
+    schema, count = new_schema(), 150
+    async with opened(pg_cluster.conninfo, schema) as store:
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        writers = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                APPENDER,
+                pg_cluster.conninfo,
+                schema,
+                tag,
+                str(count),
+                env={"PYTHONPATH": SRC},
+            )
+            for tag in ("a", "b")
+        ]
+        seen: list[int] = [0]  # conversation_created is at 0
+        while True:
+            for record in await store.read(CONV, after=seen[-1]):
+                assert record.offset == seen[-1] + 1, f"gap after offset {seen[-1]}"
+                seen.append(record.offset)
+            if all(w.returncode is not None for w in writers) and len(seen) == 2 * count + 1:
+                break
+            await asyncio.sleep(0)
+            for w in writers:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(w.wait(), 0.001)
+        assert [w.returncode for w in writers] == [0, 0]
+        final = await store.read(CONV)
+        assert [r.offset for r in final] == seen  # nothing appeared behind the tailer
+        assert sorted(r.id for r in final[1:]) == sorted(
+            f"{tag}-{n}" for tag in ("a", "b") for n in range(count)
+        )
+
+
+# --- the listener ----------------------------------------------------------------------------
+
+
+async def test_the_listener_reconnects_after_its_backend_is_terminated(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with (
+        opened(pg_cluster.conninfo, schema) as one,
+        opened(pg_cluster.conninfo, schema) as two,
+    ):
+        await one.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        pid = two.listener_pid
+        assert pid is not None
+        pg_cluster.sql(f"SELECT pg_terminate_backend({pid})")
+        for _ in range(200):
+            if two.listener_pid not in (None, pid):
+                break
+            await asyncio.sleep(0.05)
+        assert two.listener_pid not in (None, pid)
+        waiter = asyncio.create_task(two.events.wait(CONV, timeout=5.0))
+        await asyncio.sleep(0.05)
+        await one.append(CONV, [msg(1)])
+        await asyncio.wait_for(waiter, 5.0)
+
+
+# --- a lost COMMIT reply ---------------------------------------------------------------------
+
+
+class CommitCutter:
+    """A loopback TCP proxy to PostgreSQL that, once armed, forwards the next ``COMMIT`` and
+    then cuts that connection before the server's reply can return."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.armed = False
+        self.cuts = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        cut = asyncio.Event()
+
+        async def upward() -> None:
+            while data := await reader.read(65536):
+                committing = self.armed and b"COMMIT" in data
+                if committing:
+                    self.armed = False
+                    self.cuts += 1
+                    cut.set()  # from now on nothing the server says reaches the client
+                up_writer.write(data)
+                await up_writer.drain()
+                if committing:
+                    await asyncio.sleep(0.3)  # the server commits; its answer never returns
+                    return
+
+        async def downward() -> None:
+            while not cut.is_set() and (data := await up_reader.read(65536)):
+                if cut.is_set():
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        tasks = [asyncio.create_task(upward()), asyncio.create_task(downward())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for w in (writer, up_writer):
+            w.close()
+
+
+async def test_an_append_whose_commit_reply_was_lost_is_read_back_not_written_twice(
+    pg_cluster: Cluster,
+) -> None:
+    proxy = CommitCutter(pg_cluster.port)
+    await proxy.start()
+    schema = new_schema()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, schema) as store:
+            sub = (
+                await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+            ).submission
+            [running] = await store.claim("owner-1", 30.0, 1)
+            proxy.armed = True
+            offsets = await store.append(
+                CONV, [msg(1, sub.id), msg(2, sub.id)], fence=running.fence
+            )
+            assert proxy.cuts == 1
+            assert offsets == [1, 2]
+            assert [r.id for r in await store.read(CONV)] == [f"{CONV}:created", "m1", "m2"]
+
+            proxy.armed = True
+            record = settlement(sub.id, "completed", None, "done")
+            at = await store.settle(
+                running.fence, record, outcome="completed", error=None, reply="done"
+            )
+            assert proxy.cuts == 2
+            assert at == 3
+            row = await store.get_submission(sub.id)
+            assert row is not None and (row.status, row.outcome) == ("settled", "completed")
+            assert [r.id for r in await store.read(CONV, after=2)] == [f"{sub.id}:settled"]
+    finally:
+        await proxy.stop()
+
+
+async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster: Cluster) -> None:
+    proxy = CommitCutter(pg_cluster.port)
+    await proxy.start()
+    schema = new_schema()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, schema) as store:
+            proxy.armed = True
+            admission = await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+            assert proxy.cuts == 1
+            listed = await store.list_submissions(CONV)
+            assert [s.id for s in listed] == [admission.submission.id]
+    finally:
+        await proxy.stop()
