@@ -23,7 +23,7 @@ from hearth.providers.base import (
     estimate_tokens,
 )
 from hearth.records import Compaction
-from hearth.runtime.context import build_context
+from hearth.runtime.model_context import build_context
 from hearth.runtime.recovery import TRANSIENT_BUDGET, backoff_delay
 
 if TYPE_CHECKING:

@@ -31,10 +31,11 @@ from hearth.records import (
 )
 from hearth.runtime.batch import ToolBatch, mark_interrupted
 from hearth.runtime.compaction import compact, input_budget
-from hearth.runtime.context import STREAM_INTERRUPTED_NOTE, build_context
+from hearth.runtime.deltas import DeltaWriter
 from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
 from hearth.runtime.journal import Journal
 from hearth.runtime.metrics import Metrics
+from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.recovery import (
     Action,
     Decision,
@@ -43,7 +44,6 @@ from hearth.runtime.recovery import (
     classify_recovery,
     close_open_messages,
 )
-from hearth.runtime.streaming import DeltaWriter
 from hearth.runtime.tasks import (
     MAX_DEPTH,
     TaskPreempted,
