@@ -11,14 +11,12 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from hearth import _faults
 from hearth.agent import Agent, Rendered
 from hearth.errors import ConfigurationError, FencedOut, ProviderError
 from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
-from hearth.providers.registry import ProviderRegistry
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
@@ -32,9 +30,9 @@ from hearth.records import (
 from hearth.runtime.batch import ToolBatch, mark_interrupted
 from hearth.runtime.compaction import compact, input_budget
 from hearth.runtime.deltas import DeltaWriter
+from hearth.runtime.env import Env
 from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
 from hearth.runtime.journal import Journal
-from hearth.runtime.metrics import Metrics
 from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.recovery import (
     Action,
@@ -51,19 +49,9 @@ from hearth.runtime.tasks import (
     run_child_task,
     task_tool_spec,
 )
-from hearth.store.base import Store, Submission
+from hearth.store.base import Submission
 
 log = logging.getLogger("hearth.runner")
-
-
-@dataclass
-class Env:
-    """What every attempt needs from the runtime around it."""
-
-    store: Store
-    agents: dict[str, Agent]
-    providers: ProviderRegistry
-    metrics: Metrics = field(default_factory=Metrics)
 
 
 class Attempt:
