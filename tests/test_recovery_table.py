@@ -318,7 +318,7 @@ def test_backoff_doubles_per_consecutive_error() -> None:
 
 def test_the_model_sees_tool_results_in_call_order_whatever_order_they_finished_in() -> None:
     from hearth.providers.base import ToolResult
-    from hearth.runtime.context import build_context
+    from hearth.runtime.model_context import build_context
 
     s = Stream().user().started().call("a", "slow").call("b", "fast").completed("tool_use")
     s.outcome("b", "fast").outcome("a", "slow").committed("a", "b")

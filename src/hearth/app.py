@@ -11,8 +11,8 @@ from hearth.config import Settings
 from hearth.errors import ConfigurationError
 from hearth.providers.base import ModelProvider
 from hearth.providers.registry import ProviderRegistry
+from hearth.runtime.env import Env
 from hearth.runtime.metrics import Metrics
-from hearth.runtime.runner import Env
 from hearth.runtime.runtime import Runtime
 from hearth.store import open_store
 

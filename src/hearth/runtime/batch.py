@@ -10,21 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic
 
 from hearth import _faults
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.errors import FencedOut
-from hearth.records import (
-    AssistantToolCall,
-    Record,
-    StateWrite,
-    ToolOutcome,
-    ToolResultsCommitted,
-    ToolStepSettled,
+from hearth.records import AssistantToolCall, Record, StateWrite, ToolOutcome, ToolStepSettled
+from hearth.runtime.outcomes import (
+    batch_committed,
+    call_outcome,
+    error_outcome,
+    interrupted_outcome,
 )
 from hearth.runtime.recovery import (
     TASK_TOOL,
@@ -33,68 +31,20 @@ from hearth.runtime.recovery import (
     MessageView,
     plan_tool_batch,
 )
+from hearth.runtime.scope import AttemptScope
+from hearth.runtime.tasks import run_child_task
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext
-
-if TYPE_CHECKING:
-    from hearth.runtime.runner import Attempt
 
 log = logging.getLogger("hearth.tools")
 
 
-def interrupted_outcome(message_id: str, tool: InterruptedTool) -> ToolOutcome:
-    """The error outcome of a call cut off by an interruption: not re-run, outcome unknown."""
-    content: dict[str, Any] = {
-        "type": "interrupted",
-        "message": f"The call to {tool.name} was cut off by an interruption; it may or may not "
-        "have taken effect. Its outcome is unknown.",
-    }
-    if tool.child_conversation_id:
-        content["child_conversation_id"] = tool.child_conversation_id
-    return ToolOutcome(
-        id=f"{message_id}:outcome:{tool.tool_call_id}",
-        message_id=message_id,
-        tool_call_id=tool.tool_call_id,
-        name=tool.name,
-        is_error=True,
-        content=content,
-    )
-
-
-def mark_interrupted(view: MessageView, interrupted: Sequence[InterruptedTool]) -> list[Record]:
-    """Close a tool batch a dead or stopped attempt left open: an ``interrupted`` outcome for
-    each unresolved call, then the batch's ``tool_results_committed``."""
-    if not interrupted:
-        return []
-    records: list[Record] = [interrupted_outcome(view.message_id, tool) for tool in interrupted]
-    records.append(
-        ToolResultsCommitted(
-            id=f"{view.message_id}:committed",
-            message_id=view.message_id,
-            tool_call_ids=[c.tool_call_id for c in view.calls],
-        )
-    )
-    return records
-
-
-def error_outcome(
-    call: AssistantToolCall, kind: str, message: str, duration_ms: int = 0
-) -> ToolOutcome:
-    return ToolOutcome(
-        id=f"{call.message_id}:outcome:{call.tool_call_id}",
-        message_id=call.message_id,
-        tool_call_id=call.tool_call_id,
-        name=call.name,
-        is_error=True,
-        content={"type": kind, "message": message},
-        duration_ms=duration_ms,
-    )
-
-
 class ToolBatch:
-    def __init__(self, attempt: Attempt, rendered: Rendered, view: MessageView) -> None:
-        self.attempt = attempt
-        self.journal = attempt.journal
+    """The calls of one assistant message, run (or repaired) and committed together."""
+
+    def __init__(self, scope: AttemptScope, rendered: Rendered, view: MessageView) -> None:
+        self.scope = scope
+        self.journal = scope.journal
         self.rendered = rendered
         self.view = view
 
@@ -102,7 +52,7 @@ class ToolBatch:
         view = self.view
         declared = {name: t.durable for name, t in self.rendered.tools.items()}
         plan = plan_tool_batch(
-            view, self.attempt.sub.attempt, declared, list(self.rendered.subagents)
+            view, self.scope.sub.attempt, declared, list(self.rendered.subagents)
         )
         buffer = StateBuffer(self.rendered.state)
         jobs = []
@@ -130,14 +80,7 @@ class ToolBatch:
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
             for name, value in buffer.writes.items()
         ]
-        await self.journal.append(
-            *writes,
-            ToolResultsCommitted(
-                id=f"{view.message_id}:committed",
-                message_id=view.message_id,
-                tool_call_ids=[c.tool_call_id for c in view.calls],
-            ),
-        )
+        await self.journal.append(*writes, batch_committed(view))
 
     async def _run_call(
         self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer
@@ -155,7 +98,7 @@ class ToolBatch:
         if verdict is CallPlan.RESUME_CHILD or (
             verdict is CallPlan.RUN and call.name == TASK_TOOL and self.rendered.subagents
         ):
-            return await self.attempt.run_task(call, self.rendered)
+            return await run_child_task(self.scope, call, self.rendered)
         tool = self.rendered.tools.get(call.name)
         if tool is None:
             return error_outcome(
@@ -174,22 +117,14 @@ class ToolBatch:
             return error_outcome(call, "exception", f"{type(exc).__name__}: {exc}", ms())
         finally:
             current_unit.reset(token)
-        return ToolOutcome(
-            id=f"{call.message_id}:outcome:{call.tool_call_id}",
-            message_id=call.message_id,
-            tool_call_id=call.tool_call_id,
-            name=call.name,
-            is_error=False,
-            content=content,
-            duration_ms=ms(),
-        )
+        return call_outcome(call, content, ms())
 
     async def _invoke(self, tool: Tool, call: AssistantToolCall) -> Any:
         arguments = tool.validate(call.arguments)
         steps = self._steps(call) if tool.durable else None
         ctx = ToolContext(
             tool_call_id=call.tool_call_id,
-            conversation_id=self.attempt.conversation_id,
+            conversation_id=self.scope.conversation_id,
             log=logging.LoggerAdapter(log, {"tool": tool.name, "tool_call_id": call.tool_call_id}),
             step=steps,
         )
@@ -203,7 +138,7 @@ class ToolBatch:
             for r in self.journal.records
             if isinstance(r, ToolStepSettled) and r.id.startswith(prefix)
         }
-        metrics = self.attempt.env.metrics
+        metrics = self.scope.env.metrics
 
         async def record(name: str, value: Any) -> None:
             t0 = time.perf_counter()

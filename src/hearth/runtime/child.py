@@ -1,55 +1,43 @@
-"""The turn loop of a delegated task's child conversation, run inside its parent's attempt."""
+"""The turn loop's policy for a delegated task's child conversation, run inside its parent's
+attempt: its input is the task's prompt, nothing joins it, and its end is kept for the parent's
+tool outcome instead of settling a submission."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from hearth.agent import Agent
 from hearth.records import Record, UserMessage
-from hearth.runtime.journal import Journal
-from hearth.runtime.runner import Attempt
+from hearth.runtime.env import Env
+from hearth.runtime.scope import AttemptScope, Settlement
+
+log = logging.getLogger("hearth.tasks")
 
 
-class ChildAttempt(Attempt):
-    """The turn loop of a child conversation, inside its parent's attempt."""
+class ChildPolicy:
+    """How the loop of one child conversation begins and ends."""
 
-    def __init__(self, parent: Attempt, agent: Agent, conversation_id: str, prompt: str) -> None:
-        self.env = parent.env
-        self.sub = parent.sub  # the parent's claim: fence, budget and deadline
-        self.store = parent.store
+    def __init__(
+        self, parent: AttemptScope, agent: Agent, conversation_id: str, prompt: str
+    ) -> None:
         self.conversation_id = conversation_id
-        self.agent_name, _, self.id = conversation_id.partition("/")
-        self.journal = Journal(parent.store, conversation_id, parent.sub.fence)
         self.input_id = f"{conversation_id}:input"
-        self.log = logging.LoggerAdapter(
-            logging.getLogger("hearth.tasks"), {"child": conversation_id}
-        )
         self.depth = parent.depth + 1
-        self._agent = agent
+        self.log = logging.LoggerAdapter(log, {"child": conversation_id})
         self.prompt = prompt
-        self.result: tuple[str, str | None, dict[str, Any] | None] | None = None
+        self.settlement: Settlement | None = None  # set once the child's loop ends
+        self._agent = agent
 
-    @property
-    def agent(self) -> Agent | None:
+    def agent(self, env: Env) -> Agent | None:
         return self._agent
 
-    async def _append_input(self) -> None:
-        await self.journal.append(
-            UserMessage(id=self.input_id, message_id=self.input_id, content=self.prompt)
-        )
+    def input_record(self) -> Record:
+        return UserMessage(id=self.input_id, message_id=self.input_id, content=self.prompt)
 
-    async def _join_queued(self) -> bool:
+    async def join_queued(self, scope: AttemptScope) -> bool:
         return False  # a child has no submissions of its own
 
-    async def _finish(
-        self,
-        outcome: str,
-        *,
-        reply: str | None,
-        error: dict[str, Any] | None,
-        records: list[Record],
-    ) -> None:
-        if records:
-            await self.journal.append(*records)
-        self.result = (outcome, reply, error)
+    async def finish(self, scope: AttemptScope, settlement: Settlement) -> None:
+        if settlement.records:
+            await scope.journal.append(*settlement.records)
+        self.settlement = settlement

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from hearth.errors import ProviderError
 from hearth.providers.base import (
@@ -23,11 +22,9 @@ from hearth.providers.base import (
     estimate_tokens,
 )
 from hearth.records import Compaction
-from hearth.runtime.context import build_context
+from hearth.runtime.model_context import build_context
 from hearth.runtime.recovery import TRANSIENT_BUDGET, backoff_delay
-
-if TYPE_CHECKING:
-    from hearth.runtime.runner import Attempt
+from hearth.runtime.scope import AttemptScope
 
 SUMMARY_PROMPT = (
     "You condense conversations. Write a faithful summary of the conversation so far: the user's "
@@ -43,7 +40,7 @@ def input_budget(window: int) -> int:
     return window - min(RESPONSE_RESERVE, window // 4)
 
 
-async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool:
+async def compact(scope: AttemptScope, provider: ModelProvider, model: str) -> bool:
     """Append a ``compaction`` record covering everything before the current submission's
     input. Returns False when there is nothing older to summarise.
 
@@ -52,8 +49,8 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
     the attempt budget bounds that). History too long for one summary call keeps its most recent
     part, so a conversation can always be compacted and go on.
     """
-    records = attempt.journal.records
-    mine = attempt.submission_records()
+    records = scope.journal.records
+    mine = scope.submission_records()
     if not mine:
         return False
     first_kept = mine[0].offset
@@ -71,11 +68,11 @@ async def compact(attempt: Attempt, provider: ModelProvider, model: str) -> bool
         summary,
         messages,
         budget=input_budget(provider.context_window(model)),
-        conversation_id=attempt.conversation_id,
+        conversation_id=scope.conversation_id,
     )
-    await attempt.journal.append(
+    await scope.journal.append(
         Compaction(
-            id=f"{attempt.sub.id}:compaction:{first_kept}:{attempt.sub.attempt}",
+            id=f"{scope.sub.id}:compaction:{first_kept}:{scope.sub.attempt}",
             summary=text,
             first_kept_offset=first_kept,
             tokens_before=estimate_tokens(whole),

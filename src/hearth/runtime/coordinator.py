@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from hearth.config import Settings
 from hearth.errors import FencedOut
+from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
-from hearth.runtime.runner import Attempt, Env
+from hearth.runtime.runner import Attempt
 from hearth.store.base import Submission
 from hearth.store.events import ABORT, APPENDED, Event
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hearth import _faults
 from hearth.agent import MAX_CONTINUATIONS, Hook, Rendered, StateBuffer, current_unit
@@ -22,9 +22,7 @@ from hearth.runtime.recovery import (
     assemble_messages,
     input_key,
 )
-
-if TYPE_CHECKING:
-    from hearth.runtime.runner import Attempt
+from hearth.runtime.scope import AttemptScope
 
 log = logging.getLogger("hearth.hooks")
 
@@ -74,7 +72,12 @@ class HookFailure(Exception):
 
 
 async def run_seam(
-    attempt: Attempt, hook: str, key: str, rendered: Rendered, callbacks: list[Hook], event: Any
+    scope: AttemptScope,
+    hook: str,
+    key: str,
+    rendered: Rendered,
+    callbacks: list[Hook],
+    event: Any,
 ) -> None:
     """Run every callback of one seam, then commit its writes with its seam record."""
     buffer = StateBuffer(rendered.state)
@@ -109,11 +112,11 @@ async def run_seam(
             for i, text in enumerate(event.appended)
         ]
     records.append(HookSeamCommitted(id=f"{key}:{hook}", hook=hook, message_id=key))
-    await attempt.journal.append(*records)
+    await scope.journal.append(*records)
 
 
-def _input_content(attempt: Attempt, key: str) -> Any:
-    for rec in attempt.submission_records():
+def _input_content(scope: AttemptScope, key: str) -> Any:
+    for rec in scope.submission_records():
         if input_key(rec) == key:
             if isinstance(rec, UserMessage):
                 return rec.content
@@ -122,35 +125,35 @@ def _input_content(attempt: Attempt, key: str) -> Any:
     return None
 
 
-async def start_seam(attempt: Attempt, key: str, rendered: Rendered) -> None:
+async def start_seam(scope: AttemptScope, key: str, rendered: Rendered) -> None:
     """The ``on_agent_start`` seam of the delivered input keyed ``key``."""
     event = AgentStart(
-        agent=attempt.agent_name,
-        id=attempt.id,
-        conversation_id=attempt.conversation_id,
-        submission_id=attempt.sub.id,
-        input=_input_content(attempt, key),
-        log=attempt.log,
+        agent=scope.agent_name,
+        id=scope.id,
+        conversation_id=scope.conversation_id,
+        submission_id=scope.sub.id,
+        input=_input_content(scope, key),
+        log=scope.log,
     )
-    await run_seam(attempt, START_HOOK, key, rendered, rendered.on_start, event)
+    await run_seam(scope, START_HOOK, key, rendered, rendered.on_start, event)
 
 
-async def finish_seam(attempt: Attempt, message_id: str, rendered: Rendered) -> None:
+async def finish_seam(scope: AttemptScope, message_id: str, rendered: Rendered) -> None:
     """The ``on_agent_finish`` seam where the response ending with ``message_id`` would stop."""
-    mine = attempt.submission_records()
+    mine = scope.submission_records()
     used = sum(1 for r in mine if isinstance(r, Signal) and r.signal_type == CONTINUATION)
     view = next(v for v in assemble_messages(mine) if v.message_id == message_id)
     event = AgentFinish(
-        agent=attempt.agent_name,
-        id=attempt.id,
-        conversation_id=attempt.conversation_id,
-        submission_id=attempt.sub.id,
-        input=_input_content(attempt, input_key(mine[0])),
+        agent=scope.agent_name,
+        id=scope.id,
+        conversation_id=scope.conversation_id,
+        submission_id=scope.sub.id,
+        input=_input_content(scope, input_key(mine[0])),
         text=view.completed.text if view.completed is not None else "",
-        log=attempt.log,
+        log=scope.log,
         remaining=max(MAX_CONTINUATIONS - used, 0),
     )
-    await run_seam(attempt, FINISH_HOOK, message_id, rendered, rendered.on_finish, event)
+    await run_seam(scope, FINISH_HOOK, message_id, rendered, rendered.on_finish, event)
 
 
 __all__ = [

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hearth import _faults
-from hearth.records import Record, SubmissionSettled
+from hearth.records import Record
 from hearth.store.base import Fence, Store
+from hearth.store.rules import settlement
 
 
 class Journal:
@@ -62,9 +63,7 @@ class Journal:
     ) -> int:
         """Write the settlement (after ``records_before``) exactly once, fenced."""
         sid = self.fence.submission_id
-        record = SubmissionSettled(
-            id=f"{sid}:settled", outcome=outcome, error=error, reply=reply
-        ).stamped(sid, self.fence.attempt)
+        record = settlement(sid, outcome, error, reply).stamped(sid, self.fence.attempt)
         before = self.stamp(records_before)
         for r in [*before, record]:
             _faults.reached(f"before:{r.type}")

@@ -26,7 +26,7 @@ from hearth.receipts import (
 )
 from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
-from hearth.runtime.runner import Env
+from hearth.runtime.env import Env
 from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission
 
 

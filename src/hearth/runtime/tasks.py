@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hearth.agent import Rendered
 from hearth.providers.base import ToolSpec
 from hearth.records import (
+    AssistantToolCall,
     ChildConversationLinked,
     ConversationCreated,
-    Record,
     ToolOutcome,
 )
-from hearth.runtime.batch import error_outcome
+from hearth.runtime.child import ChildPolicy
+from hearth.runtime.outcomes import call_outcome, error_outcome
 from hearth.runtime.recovery import TASK_TOOL
-
-if TYPE_CHECKING:
-    from hearth.records import AssistantToolCall
-    from hearth.runtime.runner import Attempt
+from hearth.runtime.scope import AttemptScope
 
 MAX_DEPTH = 4  # a submission's agent is depth 0; its task's child is depth 1; ...
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
@@ -62,7 +60,7 @@ def task_tool_spec(rendered: Rendered) -> ToolSpec:
 
 
 async def run_child_task(
-    parent: Attempt, call: AssistantToolCall, rendered: Rendered
+    parent: AttemptScope, call: AssistantToolCall, rendered: Rendered
 ) -> ToolOutcome:
     """Run (or, after a crash, resume) the child conversation of one ``task`` call."""
     args: dict[str, Any] = call.arguments if isinstance(call.arguments, dict) else {}
@@ -85,66 +83,24 @@ async def run_child_task(
             child_conversation_id=child_conversation,
         )
     )
-    from hearth.runtime.child import ChildAttempt  # the child loop is the parent's loop class
-
-    child = ChildAttempt(parent, sub.agent, child_conversation, prompt)
     created = ConversationCreated(
         id=f"{child_conversation}:created",
         agent=sub.agent.name,
         conversation_id=child_conversation,
         parent={"conversation_id": parent.conversation_id, "tool_call_id": call.tool_call_id},
     )
+    # The child's records carry the parent's claim, so the parent's journal stamps them.
     await parent.store.append(
-        child_conversation, child.journal.stamp([created]), fence=parent.sub.fence
+        child_conversation, parent.journal.stamp([created]), fence=parent.sub.fence
     )
-    await child.run()
-    outcome, reply, error = child.result or ("failed", None, None)
+    child = ChildPolicy(parent, sub.agent, child_conversation, prompt)
+    await parent.run_child(child)
+    end = child.settlement
+    outcome, reply, error = (end.outcome, end.reply, end.error) if end else ("failed", None, None)
     if outcome == "completed":
-        return ToolOutcome(
-            id=f"{call.message_id}:outcome:{call.tool_call_id}",
-            message_id=call.message_id,
-            tool_call_id=call.tool_call_id,
-            name=call.name,
-            is_error=False,
-            content=reply or "",
-        )
+        return call_outcome(call, reply or "")
     reason = (error or {}).get("type")
     if outcome == "aborted" or reason in ("timeout", "retry_exhausted"):
         raise TaskPreempted(child_conversation)
-    failed = error_outcome(
-        call, "task_failed", f"{sub.agent.name} failed: {(error or {}).get('message', reason)}"
-    )
-    content = {**failed.content, "child_conversation_id": child_conversation}
-    return ToolOutcome(**{**_fields(failed), "content": content})
-
-
-def _fields(outcome: ToolOutcome) -> dict[str, Any]:
-    return {
-        "id": outcome.id,
-        "message_id": outcome.message_id,
-        "tool_call_id": outcome.tool_call_id,
-        "name": outcome.name,
-        "is_error": outcome.is_error,
-        "content": outcome.content,
-    }
-
-
-async def bring_child_to_rest(parent: Attempt, child_conversation: str) -> None:
-    """Leave an abandoned child conversation (and its own children) at rest: its cut-off message
-    closed and its unresolved calls marked interrupted, as for any interrupted submission."""
-    from hearth.runtime.batch import mark_interrupted
-    from hearth.runtime.journal import Journal
-    from hearth.runtime.recovery import assemble_messages, close_open_messages, unresolved_tools
-
-    journal = Journal(parent.store, child_conversation, parent.sub.fence)
-    await journal.load(-1)
-    views = assemble_messages(journal.records)
-    interrupted = unresolved_tools(views)
-    for tool in interrupted:
-        if tool.child_conversation_id:
-            await bring_child_to_rest(parent, tool.child_conversation_id)
-    records: list[Record] = [*close_open_messages(journal.records)]
-    if views:
-        records += mark_interrupted(views[-1], interrupted)
-    if records:
-        await journal.append(*records)
+    message = f"{sub.agent.name} failed: {(error or {}).get('message', reason)}"
+    return error_outcome(call, "task_failed", message, child_conversation_id=child_conversation)

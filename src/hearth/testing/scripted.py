@@ -44,6 +44,8 @@ from hearth.providers.base import (
 __all__ = [
     "CallsStep",
     "ErrorStep",
+    "ScriptStep",
+    "ScriptStepFunction",
     "ScriptedModel",
     "StallStep",
     "Step",
@@ -109,13 +111,17 @@ class StallStep:
     seconds: float | None = None
 
 
-Step: TypeAlias = TextStep | CallsStep | ErrorStep | StallStep | ToolCallSpec | str
+ScriptStep: TypeAlias = TextStep | CallsStep | ErrorStep | StallStep | ToolCallSpec | str
 """One scripted response. A bare ``str`` means ``reply(s)``; a ``ToolCallSpec``, ``calls(c)``."""
 
 _STEP_TYPES = (TextStep, CallsStep, ErrorStep, StallStep, ToolCallSpec, str)
 
-StepFunction: TypeAlias = Callable[[ModelRequest], Step | Awaitable[Step]]
+ScriptStepFunction: TypeAlias = Callable[[ModelRequest], ScriptStep | Awaitable[ScriptStep]]
 """A step computed from the request, sync or async."""
+
+# The names these had before: ``Step`` read too much like ``hearth.Steps`` (durable tool steps).
+Step: TypeAlias = ScriptStep
+StepFunction: TypeAlias = ScriptStepFunction
 
 
 def reply(text: str) -> TextStep:
@@ -229,11 +235,12 @@ def _chunks(chunks: Sequence[str]) -> tuple[str, ...]:
 class ScriptedModel:
     """A ``ModelProvider`` that plays a script; agents address it as ``"scripted/<name>"``.
 
-    ``script`` is either a sequence of steps (each a :data:`Step` or a :data:`StepFunction`) or
-    one :data:`StepFunction` used for every request. With a sequence, ``script[i]`` answers the
-    request whose messages hold ``i`` assistant turns (aborted ones included); past the end, the
-    last step is played again if ``repeat_last``, otherwise the request fails with a terminal
-    ``ProviderError``. ``requests`` records every request this instance received.
+    ``script`` is either a sequence of steps (each a :data:`ScriptStep` or a
+    :data:`ScriptStepFunction`) or one :data:`ScriptStepFunction` used for every request. With a
+    sequence, ``script[i]`` answers the request whose messages hold ``i`` assistant turns (aborted
+    ones included); past the end, the last step is played again if ``repeat_last``, otherwise the
+    request fails with a terminal ``ProviderError``. ``requests`` records every request this
+    instance received.
 
     Example::
 
@@ -246,7 +253,7 @@ class ScriptedModel:
     def __init__(
         self,
         name: str,
-        script: Sequence[Step | StepFunction] | StepFunction,
+        script: Sequence[ScriptStep | ScriptStepFunction] | ScriptStepFunction,
         *,
         context_window: int = 128_000,
         repeat_last: bool = False,
@@ -259,8 +266,8 @@ class ScriptedModel:
         self.repeat_last = repeat_last
         self.requests: list[ModelRequest] = []
         self._context_window = context_window
-        self._function: StepFunction | None = None
-        self._steps: tuple[Step | StepFunction, ...] = ()
+        self._function: ScriptStepFunction | None = None
+        self._steps: tuple[ScriptStep | ScriptStepFunction, ...] = ()
         if isinstance(script, Sequence) and not isinstance(script, str):
             self._steps = tuple(script)
             if repeat_last and not self._steps:
@@ -333,8 +340,8 @@ class ScriptedModel:
                 await asyncio.sleep(step.seconds)
             yield Finished("stop", _usage(request, "".join(step.after_chunks)))
 
-    async def _step_for(self, position: int, request: ModelRequest) -> Step:
-        chosen: Step | StepFunction
+    async def _step_for(self, position: int, request: ModelRequest) -> ScriptStep:
+        chosen: ScriptStep | ScriptStepFunction
         if self._function is not None:
             chosen = self._function
         elif position < len(self._steps):

@@ -1,4 +1,4 @@
-"""Persisting partial model output while it streams."""
+"""The delta writer: an assistant message's partial text, persisted in batches while it streams."""
 
 from __future__ import annotations
 

@@ -1,0 +1,124 @@
+"""One model turn: the request built from the records, the answer streamed into the journal.
+
+Text arrives as batched deltas (``DeltaWriter``); tool calls are written with the completion
+record, so a turn cut off mid-stream leaves its partial text and no half-made calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any
+
+from hearth.agent import Rendered
+from hearth.errors import ProviderError
+from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
+from hearth.records import (
+    AssistantMessageCompleted,
+    AssistantMessageStarted,
+    AssistantToolCall,
+    Signal,
+)
+from hearth.runtime.compaction import compact, input_budget
+from hearth.runtime.deltas import DeltaWriter
+from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
+from hearth.runtime.scope import AttemptScope
+from hearth.runtime.tasks import MAX_DEPTH, task_tool_spec
+
+
+def build_request(scope: AttemptScope, rendered: Rendered, model: str) -> ModelRequest:
+    """The model's request: the rendered agent, and the context rebuilt from the records."""
+    summary, messages = build_context(scope.journal.records)
+    tools = tuple(t.spec() for t in rendered.tools.values())
+    return ModelRequest(
+        model=model,
+        system=rendered.system,
+        messages=tuple(messages),
+        tools=tools + _task_tools(scope, rendered),
+        options=dict(rendered.model_options),
+        summary=summary,
+        conversation_id=scope.conversation_id,
+    )
+
+
+def _task_tools(scope: AttemptScope, rendered: Rendered) -> tuple[ToolSpec, ...]:
+    if rendered.subagents and scope.depth < MAX_DEPTH:
+        return (task_tool_spec(rendered),)
+    return ()
+
+
+async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
+    """Ask the model once (compacting first if the request would not fit) and record its
+    answer; a provider error is recorded as the completion's ``error``."""
+    provider, model = scope.env.providers.resolve(rendered.model)
+    request = build_request(scope, rendered, model)
+    window = provider.context_window(model)
+    if estimate_tokens(request) > input_budget(window):
+        if await compact(scope, provider, model):
+            request = build_request(scope, rendered, model)
+    mid = f"m_{uuid.uuid4().hex[:20]}"
+    writer = DeltaWriter(scope.journal, mid)
+    started = False
+
+    async def ensure_started() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            await scope.journal.append(
+                AssistantMessageStarted(id=f"{mid}:started", message_id=mid, model=rendered.model)
+            )
+
+    calls: list[AssistantToolCall] = []
+    stop_reason = "stop"
+    usage: dict[str, int] | None = None
+    error: dict[str, Any] | None = None
+    try:
+        async with contextlib.aclosing(provider.stream(request)) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    if event.text:
+                        await ensure_started()
+                        await writer.add(event.text)
+                elif isinstance(event, ToolCallEvent):
+                    c = event.call
+                    calls.append(
+                        AssistantToolCall(
+                            id=f"{mid}:call:{c.id}",
+                            message_id=mid,
+                            tool_call_id=c.id,
+                            name=c.name,
+                            arguments=c.arguments,
+                        )
+                    )
+                else:
+                    stop_reason, usage = event.stop_reason, event.usage
+    except ProviderError as exc:
+        # A failed stream keeps its text but none of its calls.
+        calls, stop_reason, usage, error = [], "error", None, exc.to_json()
+    finally:
+        writer.abandon()
+    await writer.close()
+    await ensure_started()
+    await scope.journal.append(
+        *calls,
+        AssistantMessageCompleted(
+            id=f"{mid}:completed",
+            message_id=mid,
+            stop_reason="tool_use" if calls else stop_reason,
+            text="".join(writer.text),
+            usage=usage,
+            error=error,
+        ),
+    )
+
+
+async def note_interrupted_stream(scope: AttemptScope, message_id: str | None) -> None:
+    """Tell the model its previous response was cut off, before it continues."""
+    await scope.journal.append(
+        Signal(
+            id=f"{message_id}:interrupted",
+            signal_type="stream_interrupted",
+            body=STREAM_INTERRUPTED_NOTE,
+            attributes={"message_id": message_id},
+        )
+    )

@@ -1,0 +1,79 @@
+"""The narrow view of a running attempt that the turn loop's helpers work through.
+
+Tool batches, hooks, compaction, delegated tasks, the model turn and bringing to rest take an
+``AttemptScope``, never the loop itself, so they sit below it. ``TurnPolicy`` is the loop's other
+seam: what differs between a submission's own loop and a delegated task's child loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hearth.agent import Agent
+from hearth.records import Record
+from hearth.runtime.env import Env
+from hearth.runtime.journal import Journal
+from hearth.store.base import Store, Submission
+
+Log = logging.LoggerAdapter[logging.Logger]
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How a turn loop ends: the outcome, its reply or error, and records to write just before."""
+
+    outcome: str  # "completed", "failed" or "aborted"
+    reply: str | None = None
+    error: dict[str, Any] | None = None
+    records: list[Record] = field(default_factory=list)
+
+
+class AttemptScope(Protocol):
+    """What a helper of the turn loop may use of the attempt it runs in."""
+
+    env: Env
+    store: Store
+    # The claim: fence, attempt number, budget and deadline. A child loop runs under its parent's.
+    sub: Submission
+    conversation_id: str
+    agent_name: str
+    id: str  # the conversation's id without the agent's name
+    journal: Journal
+    depth: int  # delegation depth: 0 for a submission, 1 for its task's child, ...
+    log: Log
+
+    def submission_records(self) -> list[Record]:
+        """The records of this loop's input and everything after it."""
+        ...
+
+    async def run_child(self, policy: TurnPolicy) -> None:
+        """Run another conversation through the same loop, under this attempt's claim."""
+        ...
+
+
+class TurnPolicy(Protocol):
+    """Whose turn loop this is, how its input is appended, whether queued messages may join it,
+    and how its end is recorded."""
+
+    conversation_id: str
+    input_id: str  # the id of the input record; the loop's own records follow it
+    depth: int
+    log: Log
+
+    def agent(self, env: Env) -> Agent | None:
+        """The agent that answers, or None when it is not declared."""
+        ...
+
+    def input_record(self) -> Record:
+        """The record that starts the loop, appended once."""
+        ...
+
+    async def join_queued(self, scope: AttemptScope) -> bool:
+        """At a turn boundary, let waiting inputs join the live response; True when any did."""
+        ...
+
+    async def finish(self, scope: AttemptScope, settlement: Settlement) -> None:
+        """Record the end, exactly once."""
+        ...
