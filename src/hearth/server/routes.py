@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.errors import ConversationNotFound, SubmissionNotFound
-from hearth.receipts import MAX_IDEMPOTENCY_KEY, check_id
+from hearth.ids import MAX_IDEMPOTENCY_KEY, check_id
 from hearth.runtime.runtime import Runtime
 from hearth.server import ops
 from hearth.server.body import read_json
