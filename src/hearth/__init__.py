@@ -4,6 +4,7 @@ Every input to an agent is admitted durably as a submission and reaches exactly 
 outcome (completed, failed or aborted), through crashes, restarts and redeploys.
 """
 
+from hearth._version import __version__
 from hearth.agent import Agent, AgentContext, Durability, agent
 from hearth.app import App
 from hearth.client import AsyncClient, Client
@@ -32,8 +33,6 @@ from hearth.runtime.hooks import AgentFinish, AgentStart
 from hearth.runtime.runtime import Runtime
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext, tool
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AbortResult",
