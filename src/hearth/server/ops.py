@@ -29,7 +29,7 @@ async def healthz(server: HearthASGI, request: Request) -> Response:
 
 async def metrics(server: HearthASGI, request: Request) -> Response:
     rt = await server.runtime()
-    text = rt.env.metrics.render()
+    text = rt.render_metrics()
     text += f"# TYPE hearth_sse_streams gauge\nhearth_sse_streams {server.sse_streams}\n"
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -45,7 +45,7 @@ async def admin_submissions(server: HearthASGI, request: Request) -> Response:
     """
     rt = await server.runtime()
     conversation = request.query_params.get("conversation") or None
-    subs = await rt.store.list_submissions(conversation)
+    subs = await rt.submissions(conversation)
     now = time.time()
     unsettled = [s for s in subs if s.outcome is None]
     settled = [s for s in subs if s.outcome is not None]
@@ -53,7 +53,7 @@ async def admin_submissions(server: HearthASGI, request: Request) -> Response:
     return JSONResponse(
         {
             "now": now,
-            "owner": rt.coordinator.owner,
+            "owner": rt.owner,
             "counts": dict(Counter(s.status for s in subs)),
             "outcomes": dict(Counter(s.outcome for s in settled)),
             "unsettled": [s.to_json() for s in unsettled],
