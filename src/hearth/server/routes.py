@@ -6,7 +6,7 @@ Each endpoint is ``async (server, request) -> Response``; errors are raised (``A
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -14,12 +14,10 @@ from starlette.responses import JSONResponse, Response
 from hearth.runtime.runtime import Runtime
 from hearth.server import ops
 from hearth.server.body import read_json
+from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.stream import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
 from hearth.server.views import snapshot, submission_view
-
-if TYPE_CHECKING:
-    from hearth.server.asgi import Endpoint, HearthASGI
 
 MAX_WAIT_S = 300.0
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
@@ -43,7 +41,7 @@ def routes() -> list[tuple[str, Endpoint, list[str]]]:
     ]
 
 
-async def _runtime_for(server: HearthASGI, request: Request) -> tuple[Runtime, str, str]:
+async def _runtime_for(server: ServerContext, request: Request) -> tuple[Runtime, str, str]:
     """The runtime and the checked agent name and id of an ``/agents`` route (404 unknown agent,
     400 bad id), so that a wrong address is answered before anything else."""
     rt = await server.runtime()
@@ -53,7 +51,7 @@ async def _runtime_for(server: HearthASGI, request: Request) -> tuple[Runtime, s
 
 
 # --- POST /agents/{agent}/{id} ---------------------------------------------------------------
-async def admit(server: HearthASGI, request: Request) -> Response:
+async def admit(server: ServerContext, request: Request) -> Response:
     rt, agent, id = await _runtime_for(server, request)
     if server.shutting_down:
         raise ApiError(
@@ -110,7 +108,7 @@ def _given(body: dict[str, Any], name: str) -> Any:
 
 
 # --- GET /agents/{agent}/{id} ----------------------------------------------------------------
-async def get_snapshot(server: HearthASGI, request: Request) -> Response:
+async def get_snapshot(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     agent, id = request.path_params["agent"], request.path_params["id"]
     records = await rt.history(agent, id)
@@ -120,7 +118,7 @@ async def get_snapshot(server: HearthASGI, request: Request) -> Response:
 
 
 # --- GET /agents/{agent}/{id}/stream ---------------------------------------------------------
-async def stream(server: HearthASGI, request: Request) -> Response:
+async def stream(server: ServerContext, request: Request) -> Response:
     rt, agent, id = await _runtime_for(server, request)
     conversation_id = rt.conversation_id(agent, id)
     after = _int_param(request.query_params.get("offset"), "offset", default=-1, low=-1)
@@ -143,7 +141,7 @@ async def stream(server: HearthASGI, request: Request) -> Response:
 
 
 # --- GET /agents/{agent}/{id}/submissions/{sid} ----------------------------------------------
-async def get_submission(server: HearthASGI, request: Request) -> Response:
+async def get_submission(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     path = request.path_params
     sub = await rt.conversation_submission(path["agent"], path["id"], path["sid"])
@@ -154,7 +152,7 @@ async def get_submission(server: HearthASGI, request: Request) -> Response:
 
 
 # --- POST /agents/{agent}/{id}/abort ---------------------------------------------------------
-async def abort(server: HearthASGI, request: Request) -> Response:
+async def abort(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     result = await rt.abort(request.path_params["agent"], request.path_params["id"])
     return JSONResponse({"aborted": result.aborted, "submission_ids": result.submission_ids})

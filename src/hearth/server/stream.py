@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -18,6 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from hearth.errors import StoreError
 from hearth.records import Record
 from hearth.runtime.runtime import Runtime
+from hearth.server.context import Closing
 from hearth.store.base import Submission
 
 PAGE_LIMIT = 1000  # records in one JSON page
@@ -34,30 +35,6 @@ async def _until_woken(
 ) -> None:
     """Until an append wakes ``woken``, ``also`` completes, or ``timeout`` passes."""
     await asyncio.wait({woken, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-
-
-class Closing:
-    """Set once when the server begins to shut down; readers end their answers then."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
-    def watch(self, *others: Callable[[], Awaitable[Any]]) -> asyncio.Task[None]:
-        """A task done when closing begins (or when any of ``others`` returns)."""
-
-        async def first() -> None:
-            waits = [asyncio.ensure_future(self.event.wait())]
-            waits += [asyncio.ensure_future(other()) for other in others]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-
-        return asyncio.ensure_future(first())
 
 
 def sse_response(
