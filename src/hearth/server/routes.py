@@ -16,7 +16,7 @@ from hearth.server import ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.stream import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
+from hearth.server.tail import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
 from hearth.server.views import snapshot, submission_view
 
 MAX_WAIT_S = 300.0

@@ -1,6 +1,6 @@
-"""Reading a conversation's stream over HTTP: SSE that stays open, JSON pages, long-polls.
+"""Tailing a conversation over HTTP: SSE that stays open, JSON pages, long-polls.
 
-Live tailing needs no database polling: before each read, a waiter is armed on the store's
+Live tailing needs no database polling: before each read, a waiter is armed with
 ``Runtime.next_append``, so an append committed while the read runs still wakes the reader.
 """
 
