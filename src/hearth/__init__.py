@@ -4,6 +4,7 @@ Every input to an agent is admitted durably as a submission and reaches exactly 
 outcome (completed, failed or aborted), through crashes, restarts and redeploys.
 """
 
+from hearth._version import __version__
 from hearth.agent import Agent, AgentContext, Durability, agent
 from hearth.app import App
 from hearth.client import AsyncClient, Client
@@ -15,6 +16,7 @@ from hearth.errors import (
     IdempotencyConflict,
     IntegrityError,
     InvalidId,
+    InvalidInput,
     ProviderError,
     SchemaTooNew,
     ShuttingDown,
@@ -33,8 +35,6 @@ from hearth.runtime.runtime import Runtime
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext, tool
 
-__version__ = "0.1.0"
-
 __all__ = [
     "AbortResult",
     "Agent",
@@ -52,6 +52,7 @@ __all__ = [
     "IdempotencyConflict",
     "IntegrityError",
     "InvalidId",
+    "InvalidInput",
     "ProviderError",
     "Receipt",
     "Reply",

@@ -1,7 +1,11 @@
-"""The ``App``: agents, providers, a store and settings, runnable in-process or behind HTTP."""
+"""The ``App``: agents, providers, a store and settings, runnable in-process or behind HTTP; and
+``load_app``, which finds one by its import path (``hearth serve module:app``)."""
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -112,3 +116,34 @@ class App:
         from hearth.server import build_asgi
 
         return build_asgi(self, sse_heartbeat_s=sse_heartbeat_s)
+
+
+def load_app(ref: str, app_dir: str | None = ".") -> App:
+    """Import ``module:attribute`` (default attribute ``app``) and check it is a ``hearth.App``.
+
+    ``app_dir`` goes first on ``sys.path``, as uvicorn does, so that ``hearth serve myapp:app``
+    finds ``./myapp.py``.
+    """
+    module_name, _, attr = ref.partition(":")
+    if not module_name:
+        raise ConfigurationError(f"{ref!r}: name the app as module:attribute, e.g. myapp:app")
+    if app_dir is not None:
+        folder = os.path.abspath(app_dir)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigurationError(
+                f"cannot import {module_name!r}: no such module (run from its folder, or use"
+                " --app-dir)"
+            ) from None
+        raise
+    target = getattr(module, attr or "app", None)
+    if not isinstance(target, App):
+        raise ConfigurationError(
+            f"{module_name}:{attr or 'app'} is not a hearth.App"
+            + (" (it does not exist)" if target is None else f" but {type(target).__name__}")
+        )
+    return target

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import httpx2
@@ -23,7 +23,11 @@ import hearth
 from hearth.client import Client
 from hearth.errors import HearthError, SubmissionError
 
+if TYPE_CHECKING:
+    from hearth.server import HearthASGI
+
 F = TypeVar("F", bound=Callable[..., Any])
+_RELOAD_SPEC = "HEARTH_SERVE_SPEC"  # what --reload's workers load, as JSON
 # Piped output is not cut at 80 columns: lines stay whole for grep and logs.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -120,7 +124,7 @@ def serve(
 
     Runs until SIGTERM or Ctrl-C, then shuts down gracefully within HEARTH_SHUTDOWN_S.
     """
-    from hearth.server.serve import load_app
+    from hearth.app import load_app
     from hearth.server.serve import serve as run_server
 
     app = load_app(app_ref, app_dir)
@@ -142,18 +146,17 @@ def serve(
 def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level: str) -> None:
     import uvicorn
 
-    from hearth.server.reload import SPEC_VAR
-    from hearth.server.serve import load_app
+    from hearth.app import load_app
 
     settings = load_app(app_ref, app_dir).settings
     spec = {"app": app_ref, "app_dir": os.path.abspath(app_dir), "options": options}
-    os.environ[SPEC_VAR] = json.dumps(spec)
+    os.environ[_RELOAD_SPEC] = json.dumps(spec)
     click.echo(
         f"hearth: serving http://{settings.host}:{settings.port}, restarting when files under"
         f" {spec['app_dir']} change"
     )
     uvicorn.run(
-        "hearth.server.reload:make",
+        "hearth.cli:reloaded_asgi",
         factory=True,
         reload=True,
         reload_dirs=[os.path.abspath(app_dir)],
@@ -161,6 +164,16 @@ def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level
         port=settings.port,
         log_level=log_level,
     )
+
+
+def reloaded_asgi() -> HearthASGI:
+    """The app factory uvicorn calls in each worker of ``hearth serve --reload``."""
+    from hearth.app import load_app
+
+    spec = json.loads(os.environ[_RELOAD_SPEC])
+    app = load_app(spec["app"], spec["app_dir"])
+    app.configure(**spec["options"])
+    return app.asgi()
 
 
 # --- send ------------------------------------------------------------------------------------

@@ -21,6 +21,17 @@ class InvalidId(HearthError):
     """A conversation id does not match ``^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$``."""
 
 
+class InvalidInput(HearthError, ValueError):
+    """A message, signal or idempotency key given to ``dispatch`` is malformed.
+
+    ``field`` names the part at fault (``"message"``, ``"signal.type"``, ...) when one is.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ConversationNotFound(HearthError):
     """The conversation has never been admitted any input."""
 

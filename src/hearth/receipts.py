@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hearth.errors import InvalidId, SubmissionAborted, SubmissionFailed
+from hearth.errors import SubmissionAborted, SubmissionFailed
+from hearth.ids import ID_RE, MAX_IDEMPOTENCY_KEY, check_id
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-MAX_IDEMPOTENCY_KEY = 256
-
-
-def check_id(id: str) -> str:
-    if not isinstance(id, str) or not ID_RE.match(id):
-        raise InvalidId(
-            f"conversation id {id!r} must match {ID_RE.pattern} (1-128 letters, digits, . _ : -)"
-        )
-    return id
+# The id rules moved to hearth.ids; re-exported here so that old imports keep working.
+__all__ = [
+    "ID_RE",
+    "MAX_IDEMPOTENCY_KEY",
+    "AbortResult",
+    "Receipt",
+    "Reply",
+    "check_id",
+    "reply_or_raise",
+]
 
 
 @dataclass(frozen=True)

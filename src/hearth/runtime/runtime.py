@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from hearth.agent import Agent
@@ -12,6 +14,7 @@ from hearth.config import Settings
 from hearth.errors import (
     ConversationNotFound,
     HearthError,
+    InvalidInput,
     ShuttingDown,
     SubmissionNotFound,
     UnknownAgent,
@@ -27,7 +30,7 @@ from hearth.receipts import (
 from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.env import Env
-from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission
+from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission, all_submissions
 
 
 class Runtime:
@@ -86,8 +89,9 @@ class Runtime:
             not isinstance(idempotency_key, str)
             or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
         ):
-            raise ValueError(
-                f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"
+            raise InvalidInput(
+                f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters",
+                "idempotency_key",
             )
         if self.shutting_down:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
@@ -179,29 +183,85 @@ class Runtime:
             with contextlib.suppress(TimeoutError):
                 await self.wait_settled(pending[0].id, timeout=left)
 
+    # --- for the HTTP server ----------------------------------------------------------------
+    # What hearth.server reads, so that it goes through the runtime and never around it.
+    def conversation_id(self, agent: str, id: str) -> str:
+        """The id of ``agent``'s conversation ``id``; ``UnknownAgent`` or ``InvalidId`` when
+        either is wrong."""
+        self.agent(agent)
+        return f"{agent}/{check_id(id)}"
 
-_RECHECK_S = 1.0
+    async def require_conversation(self, conversation_id: str) -> None:
+        """``ConversationNotFound`` unless the conversation has been admitted some input."""
+        if await self.store.get_conversation(conversation_id) is None:
+            raise ConversationNotFound(f"no conversation {conversation_id!r}")
+
+    async def read_stream(
+        self, conversation_id: str, after: int = -1, limit: int | None = None
+    ) -> list[Record]:
+        """The conversation's committed records with offset > ``after``, at most ``limit``."""
+        return await self.store.read(conversation_id, after=after, limit=limit)
+
+    @contextmanager
+    def next_append(self, conversation_id: str) -> Iterator[asyncio.Future[int]]:
+        """A future done at the conversation's next committed append. Enter it *before* a read:
+        an append committed while the read runs then still wakes the reader."""
+        events = self.store.events
+        woken = events.subscribe(conversation_id)
+        try:
+            yield woken
+        finally:
+            events.unsubscribe(conversation_id, woken)
+
+    async def submissions(self, conversation_id: str | None = None) -> list[Submission]:
+        """Submissions in admission order: every one, or one conversation's (read page by page:
+        an operator's view, not a hot path)."""
+        return await all_submissions(self.store, conversation_id)
+
+    async def conversation_submission(self, agent: str, id: str, submission_id: str) -> Submission:
+        """One submission of ``agent``'s conversation ``id``; ``SubmissionNotFound`` when there is
+        none by that id in that conversation."""
+        conversation_id = self.conversation_id(agent, id)
+        sub = await self.store.get_submission(submission_id)
+        if sub is None or sub.conversation_id != conversation_id:
+            raise SubmissionNotFound(
+                f"no submission {submission_id!r} in conversation {conversation_id}"
+            )
+        return sub
+
+    @property
+    def owner(self) -> str:
+        """The owner id on the leases this runtime takes."""
+        return self.coordinator.owner
+
+    def render_metrics(self) -> str:
+        """This process's metrics in the Prometheus text format."""
+        return self.env.metrics.render()
+
+
+_RECHECK_S = 1.0  # how often a settlement wait looks again, in case an event was lost
 
 
 def _payload(message: str | None, signal: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
     if (message is None) == (signal is None):
-        raise ValueError("give exactly one of message or signal")
+        raise InvalidInput("give exactly one of message or signal")
     if message is not None:
         if not isinstance(message, str) or not message:
-            raise ValueError("message must be a non-empty string")
+            raise InvalidInput("message must be a non-empty string", "message")
         return "message", {"message": message}
     assert signal is not None
-    if (
-        not isinstance(signal, dict)
-        or not isinstance(signal.get("type"), str)
-        or not signal["type"]
-    ):
-        raise ValueError("signal must be an object with a non-empty string 'type'")
+    if not isinstance(signal, dict):
+        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal")
+    if not isinstance(signal.get("type"), str) or not signal["type"]:
+        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal.type")
     body = signal.get("body", "")
-    attributes = signal.get("attributes") or {}
-    if not isinstance(body, str) or not isinstance(attributes, dict):
-        raise ValueError("signal.body must be a string and signal.attributes an object")
-    return "signal", {"signal": {"type": signal["type"], "body": body, "attributes": attributes}}
+    attributes = signal.get("attributes")
+    if not isinstance(body, str):
+        raise InvalidInput("signal.body must be a string", "signal.body")
+    if attributes is not None and not isinstance(attributes, dict):
+        raise InvalidInput("signal.attributes must be an object", "signal.attributes")
+    signal = {"type": signal["type"], "body": body, "attributes": attributes or {}}
+    return "signal", {"signal": signal}
 
 
 __all__ = ["HearthError", "Runtime"]

@@ -1,4 +1,5 @@
-"""hearth's HTTP API (docs/http.md): an ASGI app over one ``App`` or ``Runtime``.
+"""hearth's HTTP API (docs/http.md): an ASGI app over one ``RuntimeHost`` (an ``App``) or
+``Runtime``.
 
 Example::
 
@@ -8,5 +9,6 @@ Example::
 
 from hearth.server.asgi import HearthASGI, build_asgi
 from hearth.server.errors import ApiError
+from hearth.server.host import RuntimeHost
 
-__all__ = ["ApiError", "HearthASGI", "build_asgi"]
+__all__ = ["ApiError", "HearthASGI", "RuntimeHost", "build_asgi"]

@@ -1,4 +1,5 @@
-"""The ASGI application: one hearth ``App`` (or a running ``Runtime``) behind HTTP.
+"""The ASGI application: one ``RuntimeHost`` such as a hearth ``App`` (or a running ``Runtime``)
+behind HTTP.
 
 Lifecycle. Run directly by an ASGI server (``hearth serve``, ``uvicorn``), the application's own
 lifespan starts the runtime and stops it. Mounted inside another Starlette or FastAPI app, where
@@ -19,7 +20,7 @@ import hmac
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,25 +31,25 @@ from starlette.types import Receive, Scope, Send
 
 from hearth.config import Settings
 from hearth.runtime.runtime import Runtime
+from hearth.server.context import Closing, Endpoint
 from hearth.server.errors import ApiError, api_error, error_response
-from hearth.server.stream import Closing
-
-if TYPE_CHECKING:
-    from hearth.app import App
+from hearth.server.host import RuntimeHost
+from hearth.server.routes import admit, routes
 
 log = logging.getLogger("hearth.server")
 _ADMISSION_PATH = re.compile(r"/agents/([^/]+)/([^/]+)")
 
-Endpoint = Callable[["HearthASGI", Request], Awaitable[Response]]
 DEFAULT_HEARTBEAT_S = 15.0
 
 
 class HearthASGI:
     """The HTTP API (docs/http.md) as an ASGI callable. Make one with ``app.asgi()``."""
 
-    def __init__(self, target: App | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S):
+    def __init__(
+        self, target: RuntimeHost | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    ):
         if isinstance(target, Runtime):
-            self._app: App | None = None
+            self._app: RuntimeHost | None = None
             self._runtime: Runtime | None = target
         else:
             self._app = target
@@ -60,8 +61,6 @@ class HearthASGI:
         self._owner: asyncio.Task[None] | None = None
         self._release: asyncio.Event | None = None
         self._stopper: asyncio.Task[None] | None = None
-        from hearth.server.routes import admit, routes
-
         # Admission is the hot path: it skips the router (same handler, same answers).
         self._admit = self._endpoint(admit)
         self._router = Starlette(
@@ -230,7 +229,8 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 def build_asgi(
-    target: App | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    target: RuntimeHost | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S
 ) -> HearthASGI:
-    """The ASGI application serving ``target`` (an ``App``, or a ``Runtime`` you started)."""
+    """The ASGI application serving ``target``: a ``RuntimeHost`` such as ``hearth.App``, or a
+    ``Runtime`` you started."""
     return HearthASGI(target, sse_heartbeat_s=sse_heartbeat_s)

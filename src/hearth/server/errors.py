@@ -17,6 +17,7 @@ from hearth.errors import (
     HearthError,
     IdempotencyConflict,
     InvalidId,
+    InvalidInput,
     ShuttingDown,
     StoreError,
     SubmissionNotFound,
@@ -65,6 +66,7 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (ConversationNotFound, 404, "conversation_not_found"),
     (SubmissionNotFound, 404, "submission_not_found"),
     (InvalidId, 400, "invalid_id"),
+    (InvalidInput, 400, "invalid_request"),
     (IdempotencyConflict, 409, "idempotency_conflict"),
     (ShuttingDown, 503, "shutting_down"),
     (StoreError, 503, "unavailable"),
@@ -79,7 +81,10 @@ def api_error(exc: BaseException) -> ApiError:
     for kind, status, name in _MAPPED:
         if isinstance(exc, kind):
             headers = {"Retry-After": "1"} if status == 503 else None
-            return ApiError(status, name, str(exc) or name.replace("_", " "), headers=headers)
+            field = exc.field if isinstance(exc, InvalidInput) else None
+            details = {"field": field} if field else None
+            message = str(exc) or name.replace("_", " ")
+            return ApiError(status, name, message, details, headers)
     if isinstance(exc, HearthError):
         return ApiError(500, "internal", f"{type(exc).__name__}: {exc}")
     log.error("unexpected error while serving a request", exc_info=exc)

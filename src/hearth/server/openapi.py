@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import hearth
+from hearth._version import __version__
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -225,7 +225,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "hearth", "version": hearth.__version__},
+        "info": {"title": "hearth", "version": __version__},
         "servers": [{"url": root_path or "/"}],
         "paths": paths,
         "components": {

@@ -4,48 +4,45 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.openapi import openapi_document
-from hearth.store.base import Submission, all_submissions
-
-if TYPE_CHECKING:
-    from hearth.server.asgi import HearthASGI
+from hearth.store.base import Submission
 
 RECENT = 20  # settled submissions listed by the admin view
 _QUEUED_TOO_LONG_S = 60.0
 
 
-async def healthz(server: HearthASGI, request: Request) -> Response:
+async def healthz(server: ServerContext, request: Request) -> Response:
     await server.runtime()
     if server.shutting_down:
         raise ApiError(503, "shutting_down", "the server is shutting down")
     return JSONResponse({"status": "ok"})
 
 
-async def metrics(server: HearthASGI, request: Request) -> Response:
+async def metrics(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
-    text = rt.env.metrics.render()
+    text = rt.render_metrics()
     text += f"# TYPE hearth_sse_streams gauge\nhearth_sse_streams {server.sse_streams}\n"
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-async def openapi(server: HearthASGI, request: Request) -> Response:
+async def openapi(server: ServerContext, request: Request) -> Response:
     return JSONResponse(openapi_document(request.scope.get("root_path", "")))
 
 
-async def admin_submissions(server: HearthASGI, request: Request) -> Response:
+async def admin_submissions(server: ServerContext, request: Request) -> Response:
     """Submissions by status, the leases held, and work that looks stuck (for ``hearth inspect``).
 
     Counting reads every submission row: an operator's tool, not a hot path.
     """
     rt = await server.runtime()
     conversation = request.query_params.get("conversation") or None
-    subs = await all_submissions(rt.store, conversation)
+    subs = await rt.submissions(conversation)
     now = time.time()
     unsettled = [s for s in subs if s.outcome is None]
     settled = [s for s in subs if s.outcome is not None]
@@ -53,7 +50,7 @@ async def admin_submissions(server: HearthASGI, request: Request) -> Response:
     return JSONResponse(
         {
             "now": now,
-            "owner": rt.coordinator.owner,
+            "owner": rt.owner,
             "counts": dict(Counter(s.status for s in subs)),
             "outcomes": dict(Counter(s.outcome for s in settled)),
             "unsettled": [s.to_json() for s in unsettled],
@@ -105,5 +102,5 @@ code{background:#f3f3f3;padding:0 .25rem}</style></head>
 """
 
 
-async def console(server: HearthASGI, request: Request) -> Response:
+async def console(server: ServerContext, request: Request) -> Response:
     return HTMLResponse(_CONSOLE)

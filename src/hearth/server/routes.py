@@ -6,27 +6,23 @@ Each endpoint is ``async (server, request) -> Response``; errors are raised (``A
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.errors import ConversationNotFound, SubmissionNotFound
-from hearth.receipts import MAX_IDEMPOTENCY_KEY, check_id
 from hearth.runtime.runtime import Runtime
 from hearth.server import ops
 from hearth.server.body import read_json
+from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.stream import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
+from hearth.server.tail import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
 from hearth.server.views import snapshot, submission_view
-from hearth.store.base import all_submissions
-
-if TYPE_CHECKING:
-    from hearth.server.asgi import Endpoint, HearthASGI
 
 MAX_WAIT_S = 300.0
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
+_NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
 
 
 def routes() -> list[tuple[str, Endpoint, list[str]]]:
@@ -45,23 +41,18 @@ def routes() -> list[tuple[str, Endpoint, list[str]]]:
     ]
 
 
-async def _conversation(server: HearthASGI, request: Request) -> tuple[Runtime, str, str]:
-    """The runtime, agent name and id of an ``/agents`` route: 404 unknown agent, 400 bad id."""
+async def _runtime_for(server: ServerContext, request: Request) -> tuple[Runtime, str, str]:
+    """The runtime and the checked agent name and id of an ``/agents`` route (404 unknown agent,
+    400 bad id), so that a wrong address is answered before anything else."""
     rt = await server.runtime()
     agent, id = request.path_params["agent"], request.path_params["id"]
-    rt.agent(agent)
-    check_id(id)
+    rt.conversation_id(agent, id)
     return rt, agent, id
 
 
-async def _existing(rt: Runtime, conversation_id: str) -> None:
-    if await rt.store.get_conversation(conversation_id) is None:
-        raise ConversationNotFound(f"no conversation {conversation_id!r}: send it a message first")
-
-
 # --- POST /agents/{agent}/{id} ---------------------------------------------------------------
-async def admit(server: HearthASGI, request: Request) -> Response:
-    rt, agent, id = await _conversation(server, request)
+async def admit(server: ServerContext, request: Request) -> Response:
+    rt, agent, id = await _runtime_for(server, request)
     if server.shutting_down:
         raise ApiError(
             503,
@@ -71,10 +62,7 @@ async def admit(server: HearthASGI, request: Request) -> Response:
         )
     body = await read_json(request, server.settings.max_body)
     message, signal, key = parse_admission(body)
-    try:
-        receipt = await rt.dispatch(agent, id, message, signal=signal, idempotency_key=key)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_request", str(exc)) from None
+    receipt = await rt.dispatch(agent, id, message, signal=signal, idempotency_key=key)
     root = request.scope.get("root_path", "")
     stream_url = f"{root}/agents/{agent}/{id}/stream?offset={receipt.offset}"
     return JSONResponse(
@@ -91,8 +79,9 @@ async def admit(server: HearthASGI, request: Request) -> Response:
     )
 
 
-def parse_admission(body: Any) -> tuple[str | None, dict[str, Any] | None, str | None]:
-    """``(message, signal, idempotency_key)`` from a POST body, or a 400."""
+def parse_admission(body: Any) -> tuple[Any, Any, Any]:
+    """``(message, signal, idempotency_key)`` from a POST body, or a 400 for a body of the wrong
+    shape. The values themselves are the runtime's to check (``dispatch``)."""
 
     def bad(message: str, field: str | None = None) -> ApiError:
         return ApiError(400, "invalid_request", message, {"field": field} if field else None)
@@ -102,54 +91,41 @@ def parse_admission(body: Any) -> tuple[str | None, dict[str, Any] | None, str |
     unknown = sorted(set(body) - _ADMISSION_KEYS)
     if unknown:
         raise bad(f"unknown field(s): {', '.join(unknown)}", unknown[0])
-    if ("message" in body) == ("signal" in body):
-        raise bad('give exactly one of "message" or "signal"')
-    key = body.get("idempotency_key")
-    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY):
-        raise bad(
-            f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters",
-            "idempotency_key",
-        )
-    if "message" in body:
-        message = body["message"]
-        if not isinstance(message, str) or not message:
-            raise bad("message must be a non-empty string", "message")
-        return message, None, key
-    signal = body["signal"]
-    if not isinstance(signal, dict):
-        raise bad('signal must be an object {"type", "body", "attributes"}', "signal")
-    unknown = sorted(set(signal) - _SIGNAL_KEYS)
-    if unknown:
-        raise bad(f"unknown signal field(s): {', '.join(unknown)}", "signal")
-    kind, text, attributes = signal.get("type"), signal.get("body", ""), signal.get("attributes")
-    if not isinstance(kind, str) or not kind:
-        raise bad("signal.type must be a non-empty string", "signal.type")
-    if not isinstance(text, str):
-        raise bad("signal.body must be a string", "signal.body")
-    if attributes is not None and not isinstance(attributes, dict):
-        raise bad("signal.attributes must be an object", "signal.attributes")
-    return None, {"type": kind, "body": text, "attributes": attributes or {}}, key
+    message, signal = _given(body, "message"), _given(body, "signal")
+    if isinstance(signal, dict):
+        unknown = sorted(set(signal) - _SIGNAL_KEYS)
+        if unknown:
+            raise bad(f"unknown signal field(s): {', '.join(unknown)}", "signal")
+    return message, signal, body.get("idempotency_key")
+
+
+def _given(body: dict[str, Any], name: str) -> Any:
+    """The field's value for ``dispatch``, where None means "not given": so a JSON null that
+    was given becomes a value that ``dispatch`` refuses."""
+    if name not in body:
+        return None
+    return _NULL if body[name] is None else body[name]
 
 
 # --- GET /agents/{agent}/{id} ----------------------------------------------------------------
-async def get_snapshot(server: HearthASGI, request: Request) -> Response:
-    rt, agent, id = await _conversation(server, request)
-    conversation_id = f"{agent}/{id}"
-    await _existing(rt, conversation_id)
-    records = await rt.store.read(conversation_id)
-    subs = await all_submissions(rt.store, conversation_id)
+async def get_snapshot(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    agent, id = request.path_params["agent"], request.path_params["id"]
+    records = await rt.history(agent, id)
+    conversation_id = rt.conversation_id(agent, id)
+    subs = await rt.submissions(conversation_id)
     return JSONResponse(snapshot(conversation_id, records, subs))
 
 
 # --- GET /agents/{agent}/{id}/stream ---------------------------------------------------------
-async def stream(server: HearthASGI, request: Request) -> Response:
-    rt, agent, id = await _conversation(server, request)
-    conversation_id = f"{agent}/{id}"
+async def stream(server: ServerContext, request: Request) -> Response:
+    rt, agent, id = await _runtime_for(server, request)
+    conversation_id = rt.conversation_id(agent, id)
     after = _int_param(request.query_params.get("offset"), "offset", default=-1, low=-1)
     resume = request.headers.get("last-event-id")
     if resume is not None and resume.strip():
         after = _int_param(resume.strip(), "Last-Event-ID", default=-1, low=-1)
-    await _existing(rt, conversation_id)
+    await rt.require_conversation(conversation_id)
     if "text/event-stream" in request.headers.get("accept", "").lower():
         if server.shutting_down:
             raise ApiError(
@@ -165,12 +141,10 @@ async def stream(server: HearthASGI, request: Request) -> Response:
 
 
 # --- GET /agents/{agent}/{id}/submissions/{sid} ----------------------------------------------
-async def get_submission(server: HearthASGI, request: Request) -> Response:
-    rt, agent, id = await _conversation(server, request)
-    sid = request.path_params["sid"]
-    sub = await rt.store.get_submission(sid)
-    if sub is None or sub.conversation_id != f"{agent}/{id}":
-        raise SubmissionNotFound(f"no submission {sid!r} in conversation {agent}/{id}")
+async def get_submission(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    path = request.path_params
+    sub = await rt.conversation_submission(path["agent"], path["id"], path["sid"])
     wait = _wait_param(request)
     if wait > 0 and sub.outcome is None:
         sub = await wait_for_settlement(rt, sub, wait, server.closing)
@@ -178,9 +152,9 @@ async def get_submission(server: HearthASGI, request: Request) -> Response:
 
 
 # --- POST /agents/{agent}/{id}/abort ---------------------------------------------------------
-async def abort(server: HearthASGI, request: Request) -> Response:
-    rt, agent, id = await _conversation(server, request)
-    result = await rt.abort(agent, id)
+async def abort(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    result = await rt.abort(request.path_params["agent"], request.path_params["id"])
     return JSONResponse({"aborted": result.aborted, "submission_ids": result.submission_ids})
 
 

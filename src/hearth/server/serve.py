@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import logging
 import os
 import socket
@@ -20,10 +19,9 @@ from types import FrameType
 
 import uvicorn
 
-from hearth.app import App
-from hearth.errors import ConfigurationError
 from hearth.server.asgi import DEFAULT_HEARTBEAT_S, HearthASGI
 from hearth.server.errors import ApiError
+from hearth.server.host import RuntimeHost
 
 log = logging.getLogger("hearth.server")
 
@@ -89,39 +87,8 @@ def _overrun(limit: float) -> None:
     os._exit(1)
 
 
-def load_app(ref: str, app_dir: str | None = ".") -> App:
-    """Import ``module:attribute`` (default attribute ``app``) and check it is a ``hearth.App``.
-
-    ``app_dir`` goes first on ``sys.path``, as uvicorn does, so that ``hearth serve myapp:app``
-    finds ``./myapp.py``.
-    """
-    module_name, _, attr = ref.partition(":")
-    if not module_name:
-        raise ConfigurationError(f"{ref!r}: name the app as module:attribute, e.g. myapp:app")
-    if app_dir is not None:
-        folder = os.path.abspath(app_dir)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise ConfigurationError(
-                f"cannot import {module_name!r}: no such module (run from its folder, or use"
-                " --app-dir)"
-            ) from None
-        raise
-    target = getattr(module, attr or "app", None)
-    if not isinstance(target, App):
-        raise ConfigurationError(
-            f"{module_name}:{attr or 'app'} is not a hearth.App"
-            + (" (it does not exist)" if target is None else f" but {type(target).__name__}")
-        )
-    return target
-
-
 def make_server(
-    app: App,
+    app: RuntimeHost,
     *,
     log_level: str = "warning",
     access_log: bool = False,
@@ -161,7 +128,7 @@ async def serve_async(server: HearthServer) -> None:
 
 
 def serve(
-    app: App,
+    app: RuntimeHost,
     *,
     log_level: str = "warning",
     access_log: bool = False,

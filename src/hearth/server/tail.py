@@ -1,7 +1,7 @@
-"""Reading a conversation's stream over HTTP: SSE that stays open, JSON pages, long-polls.
+"""Tailing a conversation over HTTP: SSE that stays open, JSON pages, long-polls.
 
-Live tailing needs no database polling: before each read, a waiter is armed on the store's
-``StoreEvents``, so an append committed while the read runs still wakes the reader.
+Live tailing needs no database polling: before each read, a waiter is armed with
+``Runtime.next_append``, so an append committed while the read runs still wakes the reader.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -18,6 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from hearth.errors import StoreError
 from hearth.records import Record
 from hearth.runtime.runtime import Runtime
+from hearth.server.context import Closing
 from hearth.store.base import Submission
 
 PAGE_LIMIT = 1000  # records in one JSON page
@@ -29,49 +30,11 @@ def record_json(record: Record) -> str:
     return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False)
 
 
-class AppendWaiter:
-    """Armed before a read, so that an append committed during that read is not missed."""
-
-    def __init__(self, runtime: Runtime, conversation_id: str) -> None:
-        self._notifier = runtime.store.events
-        self._conversation_id = conversation_id
-        self._woken = self._notifier.subscribe(conversation_id)
-
-    async def __aenter__(self) -> AppendWaiter:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._notifier.unsubscribe(self._conversation_id, self._woken)
-
-    async def wait(self, timeout: float | None, also: asyncio.Future[Any]) -> None:
-        """Until an append, ``also`` completes, or ``timeout`` passes."""
-        await asyncio.wait(
-            {self._woken, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-
-
-class Closing:
-    """Set once when the server begins to shut down; readers end their answers then."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
-    def watch(self, *others: Callable[[], Awaitable[Any]]) -> asyncio.Task[None]:
-        """A task done when closing begins (or when any of ``others`` returns)."""
-
-        async def first() -> None:
-            waits = [asyncio.ensure_future(self.event.wait())]
-            waits += [asyncio.ensure_future(other()) for other in others]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-
-        return asyncio.ensure_future(first())
+async def _until_woken(
+    woken: asyncio.Future[int], also: asyncio.Future[Any], timeout: float | None
+) -> None:
+    """Until an append wakes ``woken``, ``also`` completes, or ``timeout`` passes."""
+    await asyncio.wait({woken, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
 
 def sse_response(
@@ -91,10 +54,10 @@ def sse_response(
         last = after
         try:
             while not stop.done() and not runtime.shutting_down:
-                async with AppendWaiter(runtime, conversation_id) as waiter:
-                    batch = await runtime.store.read(conversation_id, after=last, limit=_SSE_BATCH)
+                with runtime.next_append(conversation_id) as woken:
+                    batch = await runtime.read_stream(conversation_id, last, _SSE_BATCH)
                     if not batch:
-                        await waiter.wait(_RECHECK_S, stop)
+                        await _until_woken(woken, stop, _RECHECK_S)
                         continue
                 for record in batch:
                     yield ServerSentEvent(data=record_json(record), id=str(record.offset))
@@ -127,12 +90,12 @@ async def json_page(
     stop = closing.watch()
     try:
         while True:
-            async with AppendWaiter(runtime, conversation_id) as waiter:
-                records = await runtime.store.read(conversation_id, after=after, limit=limit + 1)
+            with runtime.next_append(conversation_id) as woken:
+                records = await runtime.read_stream(conversation_id, after, limit + 1)
                 left = deadline - time.monotonic()
                 if records or left <= 0 or stop.done():
                     break
-                await waiter.wait(left, stop)
+                await _until_woken(woken, stop, left)
     finally:
         stop.cancel()
     more = len(records) > limit
@@ -152,12 +115,12 @@ async def wait_for_settlement(
     stop = closing.watch()
     try:
         while sub.outcome is None:
-            async with AppendWaiter(runtime, sub.conversation_id) as waiter:
+            with runtime.next_append(sub.conversation_id) as woken:
                 sub = await runtime.submission(sub.id)  # the settlement is an append: re-read
                 left = deadline - time.monotonic()
                 if sub.outcome is not None or left <= 0 or stop.done():
                     break
-                await waiter.wait(left, stop)
+                await _until_woken(woken, stop, left)
     finally:
         stop.cancel()
     return sub

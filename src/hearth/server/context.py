@@ -1,0 +1,72 @@
+"""What the server hands its endpoints: the ``ServerContext`` they may use, and the ``Closing``
+signal that ends open streams and long-polls when the server shuts down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hearth.config import Settings
+from hearth.runtime.runtime import Runtime
+
+
+class Closing:
+    """Set once when the server begins to shut down; readers end their answers then."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def watch(self, *others: Callable[[], Awaitable[Any]]) -> asyncio.Task[None]:
+        """A task done when closing begins (or when any of ``others`` returns)."""
+
+        async def first() -> None:
+            waits = [asyncio.ensure_future(self.event.wait())]
+            waits += [asyncio.ensure_future(other()) for other in others]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+        return asyncio.ensure_future(first())
+
+
+class ServerContext(Protocol):
+    """What an endpoint may use of the server calling it (``HearthASGI`` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def shutting_down(self) -> bool:
+        """True from the start of a shutdown: admit nothing more."""
+        ...
+
+    @property
+    def closing(self) -> Closing: ...
+
+    @property
+    def sse_heartbeat_s(self) -> float: ...
+
+    @property
+    def sse_streams(self) -> int:
+        """How many SSE streams are open now."""
+        ...
+
+    async def runtime(self) -> Runtime:
+        """The running runtime, started now if nobody started it yet."""
+        ...
+
+    def count_sse(self, delta: int) -> None:
+        """Count an SSE stream opening (+1) or ending (-1)."""
+        ...
+
+
+Endpoint = Callable[[ServerContext, Request], Awaitable[Response]]
