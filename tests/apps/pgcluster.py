@@ -74,15 +74,31 @@ class Cluster:
             options += ["-c fsync=off", "-c full_page_writes=off"]
         return " ".join(options)
 
+    @property
+    def log(self) -> str:
+        return os.path.join(self.dir, "server.log")
+
     def start(self) -> None:
-        log = os.path.join(self.dir, "server.log")
-        self._run("pg_ctl", "-D", self.data, "-o", self._options(), "-l", log, "-w", "start")
+        # -l: the server must not inherit our pipes, or waiting for pg_ctl's output never ends
+        self._run("pg_ctl", "-D", self.data, "-o", self._options(), "-l", self.log, "-w", "start")
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
 
     def restart(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", self.data, "-o", self._options(), "-m", mode, "-w", "restart")
+        self._run(
+            "pg_ctl",
+            "-D",
+            self.data,
+            "-o",
+            self._options(),
+            "-l",
+            self.log,
+            "-m",
+            mode,
+            "-w",
+            "restart",
+        )
 
     def destroy(self) -> None:
         try:

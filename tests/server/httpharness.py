@@ -101,23 +101,29 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 class ServerProcess:
-    """``python -m hearth serve serverapp:app`` on one database and one port, restartable."""
+    """``python -m hearth serve serverapp:app`` on one database and one port, restartable.
+
+    ``db`` is a SQLite file, or a database URL with ``log`` naming the server's log file."""
 
     def __init__(
         self,
-        db: Path,
+        db: Path | str,
         port: int | None = None,
         *,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        app: str = "serverapp:app",
+        log: Path | None = None,
     ) -> None:
         self.db = db
+        self.db_url = db if isinstance(db, str) else f"sqlite:///{db}"
+        self.app = app
         self.port = port or free_port()
         self.env = child_env(**(env or {}))
         self.args = args
         self.proc: subprocess.Popen[str] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = db.parent / "server.log"
+        self.log = log or Path(db).parent / "server.log"
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         with self.log.open("a") as log:
@@ -127,9 +133,9 @@ class ServerProcess:
                     "-m",
                     "hearth",
                     "serve",
-                    "serverapp:app",
+                    self.app,
                     "--db",
-                    f"sqlite:///{self.db}",
+                    self.db_url,
                     "--port",
                     str(self.port),
                     *self.args,

@@ -148,9 +148,18 @@ class Coordinator:
                 log.exception("renewing the leases of %s failed", self.owner)
                 continue
             for claim in claims:
-                if claim.sub.fence not in held and claim.reason is None:
-                    log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
-                    claim.interrupt("lost")
+                if claim.sub.fence in held or claim.reason is not None:
+                    continue
+                if claim.work is not None and claim.work.done():
+                    continue  # it settled (or stopped) while the renewal ran
+                try:
+                    row = await self.store.get_submission(claim.sub.id)
+                except Exception:
+                    continue  # the next beat judges it again
+                if row is not None and row.outcome is not None and row.attempt == claim.sub.attempt:
+                    continue  # settled by this very attempt: nothing was lost
+                log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
+                claim.interrupt("lost")
 
     # --- one claim ------------------------------------------------------------------------
     async def _supervise(self, claim: _Claim) -> None:

@@ -1,0 +1,62 @@
+"""The runtime on PostgreSQL, in one process: what it learns from other processes' writes."""
+
+from __future__ import annotations
+
+import pytest
+from pgcluster import Cluster
+
+import hearth
+from hearth.store import NewSubmission, open_store
+from hearth.store.postgres import PostgresStore
+from hearth.testing import ScriptedModel, reply
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def echo_agent() -> hearth.Agent:
+    def echo(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/echo")
+        return ""
+
+    return hearth.Agent(echo, name="echo")
+
+
+def app_on(url: str, **settings: float) -> hearth.App:
+    model = ScriptedModel("echo", [reply("heard")], repeat_last=True)
+    return hearth.App([echo_agent()], db=url, providers=[model], **settings)  # type: ignore[arg-type]
+
+
+async def admit_elsewhere(url: str, conversation_id: str) -> str:
+    """Admit through a second store handle, as another process would: no in-process wake-up."""
+    other = open_store(url)
+    await other.open()
+    try:
+        new = NewSubmission(conversation_id, "echo", "message", {"message": "hi"})
+        return (await other.admit(new)).submission.id
+    finally:
+        await other.close()
+
+
+async def test_work_admitted_elsewhere_is_claimed_through_the_listener(
+    pg_cluster: Cluster,
+) -> None:
+    url = pg_cluster.url()
+    async with app_on(url, scan_s=60, lease_s=90, heartbeat_s=30).run() as rt:
+        sid = await admit_elsewhere(url, "echo/pushed")
+        done = await rt.wait_settled(sid, timeout=10)  # far sooner than the 60 s scan
+        assert done.outcome == "completed"
+
+
+async def test_while_the_listener_is_down_polling_keeps_work_moving(pg_cluster: Cluster) -> None:
+    url = pg_cluster.url()
+    async with app_on(url, scan_s=0.5).run() as rt:
+        assert isinstance(rt.store, PostgresStore)
+        await rt.store._listener.stop()  # type: ignore[union-attr]  # no push from now on
+        sid = await admit_elsewhere(url, "echo/polled")
+        done = await rt.wait_settled(sid, timeout=10)
+        assert done.outcome == "completed"
