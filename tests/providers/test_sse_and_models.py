@@ -8,7 +8,7 @@ import pytest
 
 from hearth.errors import ProviderError
 from hearth.providers._sse import SSEEvent, error_details, parse_sse, retry_after_seconds
-from hearth.providers.models import context_window_for
+from hearth.providers.windows import context_window_for
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx2
 
 from hearth.errors import ProviderError
-from hearth.providers.models import context_window_for
+from hearth.providers.windows import context_window_for
 
 __all__ = [
     "ClientSlot",

@@ -39,7 +39,7 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
-from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW
+from hearth.providers.windows import DEFAULT_ANTHROPIC_WINDOW
 
 __all__ = ["AnthropicProvider"]
 

@@ -40,7 +40,7 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
-from hearth.providers.models import DEFAULT_OPENAI_WINDOW
+from hearth.providers.windows import DEFAULT_OPENAI_WINDOW
 
 __all__ = ["OpenAIProvider"]
 
