@@ -17,13 +17,6 @@ from typing import Any
 import httpx2
 
 from hearth.errors import ProviderError
-from hearth.providers._sse import (
-    HTTPProvider,
-    classify_failure,
-    error_details,
-    post_sse,
-    retry_after_seconds,
-)
 from hearth.providers.base import (
     AssistantTurn,
     Finished,
@@ -40,6 +33,8 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
+from hearth.providers.failures import classify_failure, error_details, retry_after_seconds
+from hearth.providers.http import HTTPProvider, post_sse
 from hearth.providers.windows import DEFAULT_OPENAI_WINDOW
 
 __all__ = ["OpenAIProvider"]
