@@ -2,7 +2,8 @@
 
 ``post_sse`` POSTs a JSON body and yields the answer's events; every transport failure and every
 error status comes out of it as a ``ProviderError`` (see ``failures``). ``HTTPProvider`` holds
-where to connect, with which key, and each model's context window.
+where to connect, with which key, each model's context window, and the ``stream`` loop; a provider
+adds only its API's request shape and a ``StreamedAnswer`` that decodes its events.
 """
 
 from __future__ import annotations
@@ -10,16 +11,25 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any
+from contextlib import aclosing
+from typing import Any, Protocol
 
 import httpx2
 
 from hearth.errors import ProviderError
+from hearth.providers.base import (
+    Finished,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+)
 from hearth.providers.failures import transport_failure
 from hearth.providers.windows import context_window_for
 from hearth.sse import SSEEvent, parse_sse
 
-__all__ = ["ClientSlot", "HTTPProvider", "post_sse"]
+__all__ = ["ClientSlot", "HTTPProvider", "StreamedAnswer", "post_sse"]
 
 ErrorResponse = Callable[[int, str, httpx2.Headers], ProviderError]
 
@@ -91,15 +101,51 @@ class ClientSlot:
             await client.aclose()
 
 
+class StreamedAnswer(Protocol):
+    """What a provider folds its server's events into while they stream in."""
+
+    @property
+    def ended(self) -> bool:
+        """The server said it has sent everything: read no further."""
+        ...
+
+    @property
+    def complete(self) -> bool:
+        """The answer is whole (its stop reason came), even if the end of the stream did not."""
+        ...
+
+    def feed(self, event: SSEEvent) -> str:
+        """Take one event in; return its text delta ("" if none). Error events raise."""
+        ...
+
+    def tool_calls(self) -> list[ToolCall]:
+        """The answer's complete tool calls, in order."""
+        ...
+
+    def finished(self) -> Finished:
+        """The stop reason and token usage."""
+        ...
+
+
 class HTTPProvider:
     """What the HTTP model clients share: where to connect and with which key (read from the
-    environment at request time unless given), per-model context windows, and the client."""
+    environment at request time unless given), per-model context windows, the client, and the
+    ``stream`` loop.
+
+    A subclass names its endpoint (``stream_path``) and supplies ``request_body``,
+    ``request_headers``, ``error_response`` and ``new_answer``.
+    """
 
     name = "http"
     base_url_env = ""
     api_key_env = ""
     default_base_url = ""
     default_window = 8192
+    stream_path = ""  # appended to the base URL
+    # How errors name a malformed event and a stream cut short (``name`` is in neither: a
+    # subclass registered under another name still speaks its API's dialect).
+    malformed_event = "malformed stream event"
+    incomplete_stream = "the stream ended before the response was complete"
 
     def __init__(
         self,
@@ -136,3 +182,56 @@ class HTTPProvider:
     async def aclose(self) -> None:
         """Close the HTTP client if this provider created it."""
         await self._client.aclose()
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request``."""
+        raise NotImplementedError
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers sent with every request (the key among them)."""
+        raise NotImplementedError
+
+    def error_response(self, status: int, body: str, headers: httpx2.Headers) -> ProviderError:
+        """The error for an answer that is not a stream (an error status, or JSON)."""
+        raise NotImplementedError
+
+    def new_answer(self) -> StreamedAnswer:
+        """An empty answer to feed one request's events to."""
+        raise NotImplementedError
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
+        """Stream one answer: text deltas, then every tool call, then ``Finished``."""
+        headers = self.request_headers()
+        body = self.request_body(request)
+        answer = self.new_answer()
+        events = post_sse(
+            self._client.get(),
+            f"{self.base_url}{self.stream_path}",
+            body=body,
+            headers=headers,
+            provider=self.name,
+            on_error=self.error_response,
+        )
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    try:
+                        text = answer.feed(event)
+                    except (TypeError, ValueError, AttributeError) as exc:
+                        raise ProviderError(
+                            f"{self.malformed_event} {event.data[:200]!r}",
+                            kind="transient",
+                        ) from exc
+                    if text:
+                        yield TextDelta(text)
+                    if answer.ended:
+                        break
+        except ProviderError as exc:
+            # Cut after the stop reason: the answer is whole, only its trailer was lost.
+            if exc.kind != "transient" or not answer.complete:
+                raise
+        if not answer.complete:
+            raise ProviderError(self.incomplete_stream, kind="transient")
+        for call in answer.tool_calls():
+            yield ToolCallEvent(call)
+        yield answer.finished()
