@@ -211,6 +211,7 @@ class BaseClient(Generic[HTTP]):
     _http_class: type[HTTP]  # which httpx2 client the shell does its I/O with
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+        """``url`` of the server; ``token`` if it wants one; ``timeout`` for a plain request."""
         self.url = url.rstrip("/")
         self._http: HTTP = self._http_class(
             base_url=self.url,
