@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from hearth.errors import ProviderError
-from hearth.providers._sse import SSEEvent, error_details, parse_sse, retry_after_seconds
-from hearth.providers.models import context_window_for
+from hearth.providers.failures import error_details, retry_after_seconds
+from hearth.providers.windows import context_window_for
+from hearth.sse import SSEEvent, parse_sse
 
 pytestmark = pytest.mark.anyio
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 
 import pytest
@@ -74,6 +75,39 @@ def test_read_raises_for_aborted_and_times_out(server: ThreadServer) -> None:
         assert result.aborted and result.submission_ids == [receipt.submission_id]
         with pytest.raises(hearth.SubmissionAborted):
             conv.read(receipt, timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "heartbeat"),
+    [(0.5, 10.0), (2.0, 1.5)],
+    ids=["heartbeat-much-longer", "heartbeat-just-shorter"],
+)
+def test_read_timeout_is_exact_whatever_the_heartbeat(
+    serve_app: Callable[..., ThreadServer], timeout: float, heartbeat: float
+) -> None:
+    server = serve_app(sse_heartbeat_s=heartbeat)
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("staller", "c-1")
+        receipt = conv.send("hi")
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            conv.read(receipt, timeout=timeout)
+        took = time.monotonic() - started
+    # A heartbeat must neither extend the wait nor be needed to end it.
+    assert timeout - 0.05 <= took < timeout + heartbeat / 2
+
+
+@pytest.mark.anyio
+async def test_async_read_timeout_is_exact_too(serve_app: Callable[..., ThreadServer]) -> None:
+    server = serve_app(sse_heartbeat_s=1.5)
+    async with hearth.AsyncClient(server.url) as client:
+        conv = client.conversation("staller", "c-1")
+        receipt = await conv.send("hi")
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await conv.read(receipt, timeout=2.0)
+        took = time.monotonic() - started
+    assert 2.0 - 0.05 <= took < 2.0 + 1.5 / 2
 
 
 def test_signal_history_snapshot_and_stream(server: ThreadServer) -> None:

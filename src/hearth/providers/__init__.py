@@ -24,8 +24,8 @@ from hearth.providers.base import (
     UserTurn,
     estimate_tokens,
 )
-from hearth.providers.models import CONTEXT_WINDOWS, context_window_for
 from hearth.providers.openai import OpenAIProvider
+from hearth.providers.windows import CONTEXT_WINDOWS, context_window_for
 
 __all__ = [
     "CONTEXT_WINDOWS",

@@ -9,29 +9,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 
 from hearth.errors import ProviderError
-from hearth.providers._sse import (
-    HTTPProvider,
-    classify_failure,
-    error_details,
-    post_sse,
-    retry_after_seconds,
-)
 from hearth.providers.base import (
     AssistantTurn,
     Finished,
-    ModelEvent,
     ModelRequest,
-    TextDelta,
     ToolCall,
-    ToolCallEvent,
     ToolResult,
     UserTurn,
     decode_tool_arguments,
@@ -39,7 +28,10 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
-from hearth.providers.models import DEFAULT_ANTHROPIC_WINDOW
+from hearth.providers.failures import classify_failure, error_details, retry_after_seconds
+from hearth.providers.http import HTTPProvider
+from hearth.providers.windows import DEFAULT_ANTHROPIC_WINDOW
+from hearth.sse import SSEEvent
 
 __all__ = ["AnthropicProvider"]
 
@@ -161,7 +153,7 @@ class _Reply:
     blocks: dict[int, _Block] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
     stop_reason: str | None = None
-    stopped: bool = False
+    ended: bool = False  # ``message_stop`` came
 
     def take_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
@@ -198,8 +190,12 @@ class _Reply:
             reason = "tool_use"
         return Finished(stop_reason=reason, usage=usage if u else None)
 
-    def feed(self, kind: str, payload: dict[str, Any]) -> str:
+    def feed(self, event: SSEEvent) -> str:
         """Take one event in; return its text delta ("" if none)."""
+        payload = event.json()
+        return self._take(str(payload.get("type") or event.event), payload)
+
+    def _take(self, kind: str, payload: dict[str, Any]) -> str:
         if kind == "message_start":
             self.take_usage((payload.get("message") or {}).get("usage"))
         elif kind == "content_block_start":
@@ -227,14 +223,14 @@ class _Reply:
                 self.stop_reason = str(reason)
             self.take_usage(payload.get("usage"))
         elif kind == "message_stop":
-            self.stopped = True
+            self.ended = True
         elif kind == "error":
             raise _stream_error(payload)
         return ""  # ping, and event types added after this client was written
 
     @property
     def complete(self) -> bool:
-        return self.stopped or self.stop_reason is not None
+        return self.ended or self.stop_reason is not None
 
 
 # --- the provider -------------------------------------------------------------------------------
@@ -253,6 +249,9 @@ class AnthropicProvider(HTTPProvider):
     api_key_env = "ANTHROPIC_API_KEY"
     default_base_url = DEFAULT_BASE_URL
     default_window = DEFAULT_ANTHROPIC_WINDOW
+    stream_path = "/v1/messages"
+    malformed_event = "anthropic: malformed stream event"
+    incomplete_stream = "anthropic: the stream ended before the message was complete"
 
     def __init__(
         self,
@@ -296,7 +295,7 @@ class AnthropicProvider(HTTPProvider):
             ]
         return body
 
-    def _request_headers(self) -> dict[str, str]:
+    def request_headers(self) -> dict[str, str]:
         headers = {"accept": "text/event-stream", "anthropic-version": API_VERSION, **self._headers}
         key = self.api_key
         if key:
@@ -305,46 +304,11 @@ class AnthropicProvider(HTTPProvider):
             raise ProviderError("anthropic: ANTHROPIC_API_KEY is not set")
         return headers
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
-        """Stream one message: text deltas, then every tool call, then ``Finished``."""
-        headers = self._request_headers()
-        body = self.request_body(request)
-        reply = _Reply()
-        events = post_sse(
-            self._client.get(),
-            f"{self.base_url}/v1/messages",
-            body=body,
-            headers=headers,
-            provider=self.name,
-            on_error=_error_response,
-        )
-        try:
-            async with aclosing(events):
-                async for event in events:
-                    payload = event.json()
-                    kind = str(payload.get("type") or event.event)
-                    try:
-                        text = reply.feed(kind, payload)
-                    except (TypeError, ValueError, AttributeError) as exc:
-                        raise ProviderError(
-                            f"anthropic: malformed stream event {event.data[:200]!r}",
-                            kind="transient",
-                        ) from exc
-                    if text:
-                        yield TextDelta(text)
-                    if reply.stopped:
-                        break
-        except ProviderError as exc:
-            # Cut after the stop reason: the message is whole, only message_stop was lost.
-            if exc.kind != "transient" or not reply.complete:
-                raise
-        if not reply.complete:
-            raise ProviderError(
-                "anthropic: the stream ended before the message was complete", kind="transient"
-            )
-        for call in reply.tool_calls():
-            yield ToolCallEvent(call)
-        yield reply.finished()
+    def new_answer(self) -> _Reply:
+        return _Reply()
+
+    def error_response(self, status: int, body: str, headers: httpx2.Headers) -> ProviderError:
+        return _error_response(status, body, headers)
 
 
 def _classify(

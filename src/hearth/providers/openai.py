@@ -9,30 +9,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 
 from hearth.errors import ProviderError
-from hearth.providers._sse import (
-    HTTPProvider,
-    classify_failure,
-    error_details,
-    post_sse,
-    retry_after_seconds,
-)
 from hearth.providers.base import (
     AssistantTurn,
     Finished,
     Message,
-    ModelEvent,
     ModelRequest,
-    TextDelta,
     ToolCall,
-    ToolCallEvent,
     ToolResult,
     UserTurn,
     decode_tool_arguments,
@@ -40,7 +28,10 @@ from hearth.providers.base import (
     result_text,
     system_prompt,
 )
-from hearth.providers.models import DEFAULT_OPENAI_WINDOW
+from hearth.providers.failures import classify_failure, error_details, retry_after_seconds
+from hearth.providers.http import HTTPProvider
+from hearth.providers.windows import DEFAULT_OPENAI_WINDOW
+from hearth.sse import SSEEvent
 
 __all__ = ["OpenAIProvider"]
 
@@ -194,10 +185,19 @@ class _Reply:
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
-    done: bool = False
+    ended: bool = False  # the ``[DONE]`` marker came
 
-    def feed(self, chunk: dict[str, Any]) -> str:
-        """Take one chunk in; return its text delta ("" if none)."""
+    def feed(self, event: SSEEvent) -> str:
+        """Take one event in; return its text delta ("" if none)."""
+        if event.is_done:
+            self.ended = True
+            return ""
+        chunk = event.json()
+        if chunk.get("error"):
+            raise _stream_error(chunk)
+        return self._take(chunk)
+
+    def _take(self, chunk: dict[str, Any]) -> str:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = {
@@ -240,7 +240,7 @@ class _Reply:
 
     @property
     def complete(self) -> bool:
-        return self.done or self.finish_reason is not None
+        return self.ended or self.finish_reason is not None
 
     def tool_calls(self) -> list[ToolCall]:
         return [
@@ -256,6 +256,9 @@ class _Reply:
         reason = _STOP_REASONS.get(self.finish_reason or "", "stop")
         # Some local servers say "stop" even when the reply is tool calls.
         return "tool_use" if self.calls and reason == "stop" else reason
+
+    def finished(self) -> Finished:
+        return Finished(stop_reason=self.stop_reason(), usage=self.usage)
 
 
 # --- the provider -------------------------------------------------------------------------------
@@ -275,6 +278,9 @@ class OpenAIProvider(HTTPProvider):
     api_key_env = "OPENAI_API_KEY"
     default_base_url = DEFAULT_BASE_URL
     default_window = DEFAULT_OPENAI_WINDOW
+    stream_path = "/chat/completions"
+    malformed_event = "openai: malformed stream chunk"
+    incomplete_stream = "openai: the stream ended before the response was complete"
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (``request.options`` are passed through)."""
@@ -299,7 +305,7 @@ class OpenAIProvider(HTTPProvider):
             ]
         return body
 
-    def _request_headers(self) -> dict[str, str]:
+    def request_headers(self) -> dict[str, str]:
         headers = {"accept": "text/event-stream", **self._headers}
         key = self.api_key
         if key:
@@ -311,48 +317,11 @@ class OpenAIProvider(HTTPProvider):
             )
         return headers
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
-        """Stream one completion: text deltas, then every tool call, then ``Finished``."""
-        headers = self._request_headers()
-        body = self.request_body(request)
-        reply = _Reply()
-        events = post_sse(
-            self._client.get(),
-            f"{self.base_url}/chat/completions",
-            body=body,
-            headers=headers,
-            provider=self.name,
-            on_error=_error_response,
-        )
-        try:
-            async with aclosing(events):
-                async for event in events:
-                    if event.is_done:
-                        reply.done = True
-                        break
-                    chunk = event.json()
-                    if chunk.get("error"):
-                        raise _stream_error(chunk)
-                    try:
-                        text = reply.feed(chunk)
-                    except (TypeError, ValueError, AttributeError) as exc:
-                        raise ProviderError(
-                            f"openai: malformed stream chunk {event.data[:200]!r}",
-                            kind="transient",
-                        ) from exc
-                    if text:
-                        yield TextDelta(text)
-        except ProviderError as exc:
-            # Cut after the finish reason: the reply is whole, only trailing usage was lost.
-            if exc.kind != "transient" or not reply.complete:
-                raise
-        if not reply.complete:
-            raise ProviderError(
-                "openai: the stream ended before the response was complete", kind="transient"
-            )
-        for call in reply.tool_calls():
-            yield ToolCallEvent(call)
-        yield Finished(stop_reason=reply.stop_reason(), usage=reply.usage)
+    def new_answer(self) -> _Reply:
+        return _Reply()
+
+    def error_response(self, status: int, body: str, headers: httpx2.Headers) -> ProviderError:
+        return _error_response(status, body, headers)
 
 
 def _error_response(status: int, body: str, headers: httpx2.Headers) -> ProviderError:

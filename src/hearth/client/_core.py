@@ -1,0 +1,281 @@
+"""Everything the client SDK does that is not I/O, shared by ``Client`` and ``AsyncClient``.
+
+The shells in ``_sync`` and ``_async`` only send what this module builds and hand back what it
+decodes: the requests (method, path, headers, body, timeout), the receipts and replies, and the
+bookkeeping of ``read`` and ``stream`` — the last offset seen, the reconnect backoff, and the
+deadline every wait of a ``read`` is cut to.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx2
+
+from hearth.client._errors import is_transient
+from hearth.receipts import AbortResult, Receipt, Reply, reply_or_raise
+from hearth.sse import SSEEvent
+
+CONNECT_S = 5.0
+STREAM_READ_S = 45.0  # three missed heartbeats: the connection is dead, reconnect
+WAIT_SLACK_S = 30.0  # beyond a long-poll's ``wait``, for the answer to arrive
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 2.0
+
+T = TypeVar("T")
+HTTP = TypeVar("HTTP", httpx2.Client, httpx2.AsyncClient)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP call, as data: the shells send it with httpx2."""
+
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    json: Any = None
+    headers: dict[str, str] | None = None
+    timeout: httpx2.Timeout | None = None  # None: the client's own
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``request`` or ``stream`` of either httpx2 client."""
+        out: dict[str, Any] = {"method": self.method, "url": self.path, "params": self.params}
+        out.update(json=self.json, headers=self.headers)
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        return out
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """A request and what to make of its answer's JSON object."""
+
+    request: Request
+    decode: Callable[[dict[str, Any]], T]
+
+
+def as_is(data: dict[str, Any]) -> dict[str, Any]:
+    return data
+
+
+def receipt_from(data: dict[str, Any]) -> Receipt:
+    return Receipt(
+        submission_id=str(data["submission_id"]),
+        conversation_id=str(data["conversation_id"]),
+        offset=int(data["offset"]),
+        accepted_at=float(data.get("accepted_at", time.time())),
+        deduplicated=bool(data.get("deduplicated", False)),
+    )
+
+
+def abort_result_from(data: dict[str, Any]) -> AbortResult:
+    return AbortResult(bool(data["aborted"]), list(data["submission_ids"]))
+
+
+class Backoff:
+    """Pauses between reconnects: doubling from 0.1 s to 2 s, jittered, reset by progress."""
+
+    def __init__(self) -> None:
+        self.delay = BACKOFF_MIN_S
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, BACKOFF_MAX_S)
+        return delay * random.uniform(0.75, 1.25)
+
+    def reset(self) -> None:
+        self.delay = BACKOFF_MIN_S
+
+
+class Tail:
+    """How far a ``stream`` or ``read`` has got: the last offset seen and the reconnect backoff.
+
+    A ``read`` with a timeout also has a ``deadline``: each request's timeout and each pause is cut
+    to what is left of it, and ``TimeoutError`` is raised once nothing is.
+    """
+
+    def __init__(self, base: str, after: int, deadline: float | None = None) -> None:
+        self.base = base
+        self.after = after
+        self.deadline = deadline
+        self.backoff = Backoff()
+
+    def stream_request(self) -> Request:
+        """The SSE connection that resumes after the last record seen."""
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(self.after)}
+        timeout = self.timeout(STREAM_READ_S)
+        return Request("GET", f"{self.base}/stream", headers=headers, timeout=timeout)
+
+    def record(self, event: SSEEvent) -> dict[str, Any] | None:
+        """The record an event carries, or None when it was seen already."""
+        record: dict[str, Any] = json.loads(event.data)
+        if record["offset"] <= self.after:
+            return None
+        self.after = record["offset"]
+        self.backoff.reset()
+        return record
+
+    def raise_unless_transient(self, exc: Exception) -> None:
+        """Re-raise ``exc`` unless it is worth reconnecting after."""
+        if not is_transient(exc):
+            raise exc
+
+    def pause(self) -> float:
+        """How long to wait before reconnecting."""
+        return min(self.backoff.next(), self.left())
+
+    def timeout(self, read_s: float) -> httpx2.Timeout:
+        """A request's timeouts (``read_s`` to read), cut to what is left of the deadline."""
+        left = self.left()
+        return httpx2.Timeout(min(read_s, left), connect=min(CONNECT_S, left))
+
+    def left(self) -> float:
+        """Seconds until the deadline (infinite without one); ``TimeoutError`` past it."""
+        if self.deadline is None:
+            return float("inf")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self.expired()
+        return left
+
+    def expired(self) -> TimeoutError:
+        return TimeoutError("the deadline has passed")
+
+
+class Reading(Tail):
+    """A ``read``: the tail of the conversation, until one submission settles."""
+
+    def __init__(self, base: str, submission_id: str, after: int, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        super().__init__(base, after, deadline)
+        self.submission_id = submission_id
+
+    def status_call(self) -> Call[Reply | None]:
+        """The submission's status now; decodes to its reply if it has settled."""
+        timeout = self.timeout(WAIT_SLACK_S)
+        path = submission_path(self.base, self.submission_id)
+        return Call(Request("GET", path, timeout=timeout), self.reply_from_status)
+
+    def reply_from_status(self, status: dict[str, Any]) -> Reply | None:
+        """The reply when the submission's status says it has settled."""
+        if status.get("outcome") is None:
+            return None
+        return self._reply(status)
+
+    def reply_from_record(self, record: dict[str, Any]) -> Reply | None:
+        """The reply when ``record`` is the submission's settlement."""
+        settled = record.get("type") == "submission_settled"
+        if not settled or record.get("submission_id") != self.submission_id:
+            return None
+        return self._reply(record)
+
+    def expired(self) -> TimeoutError:
+        return TimeoutError(f"submission {self.submission_id} has not settled yet")
+
+    def _reply(self, data: dict[str, Any]) -> Reply:
+        sid = self.submission_id
+        return reply_or_raise(sid, data.get("outcome"), data.get("reply"), data.get("error"))
+
+
+class History:
+    """The JSON pages of ``history``: which one to ask for next, and the records so far."""
+
+    def __init__(self, base: str, offset: int) -> None:
+        self.base = base
+        self.offset = offset
+        self.records: list[dict[str, Any]] = []
+        self.complete = False
+
+    def next_page(self) -> Call[None]:
+        request = Request("GET", f"{self.base}/stream", params={"offset": self.offset})
+        return Call(request, self._take)
+
+    def _take(self, page: dict[str, Any]) -> None:
+        self.records += page["records"]
+        self.offset = page["next_offset"]
+        self.complete = bool(page["up_to_date"])
+
+
+def submission_path(base: str, submission_id: str) -> str:
+    return f"{base}/submissions/{quote(submission_id, safe='')}"
+
+
+class BaseClient(Generic[HTTP]):
+    """What both clients share: the server's URL, the httpx2 client, the server-wide calls."""
+
+    _http_class: type[HTTP]  # which httpx2 client the shell does its I/O with
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+        """``url`` of the server; ``token`` if it wants one; ``timeout`` for a plain request."""
+        self.url = url.rstrip("/")
+        self._http: HTTP = self._http_class(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+            timeout=httpx2.Timeout(timeout, connect=CONNECT_S),
+        )
+
+    def _health_call(self) -> Call[dict[str, Any]]:
+        return Call(Request("GET", "/healthz"), as_is)
+
+    def _admin_submissions_call(self, conversation: str | None) -> Call[dict[str, Any]]:
+        params = {"conversation": conversation} if conversation else None
+        return Call(Request("GET", "/admin/submissions", params=params), as_is)
+
+
+class BaseConversation(Generic[HTTP]):
+    """What both conversation shells share: the conversation's name and the calls about it."""
+
+    def __init__(self, client: BaseClient[HTTP], agent: str, id: str) -> None:
+        self._client: BaseClient[HTTP] = client
+        self._http: HTTP = client._http
+        self.agent, self.id = agent, id
+        self.conversation_id = f"{agent}/{id}"
+        self._base = f"/agents/{quote(agent, safe='')}/{quote(id, safe='')}"
+
+    def _send_call(self, text: str, idempotency_key: str | None) -> Call[Receipt]:
+        body: dict[str, Any] = {"message": text}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        return Call(Request("POST", self._base, json=body), receipt_from)
+
+    def _signal_call(
+        self, type: str, body: str, attributes: dict[str, Any] | None, key: str | None
+    ) -> Call[Receipt]:
+        signal = {"type": type, "body": body, "attributes": attributes or {}}
+        payload: dict[str, Any] = {"signal": signal}
+        if key is not None:
+            payload["idempotency_key"] = key
+        return Call(Request("POST", self._base, json=payload), receipt_from)
+
+    def _submission_call(self, submission_id: str, wait: float | None) -> Call[dict[str, Any]]:
+        params = {"wait": wait} if wait else None
+        timeout = httpx2.Timeout((wait or 0) + WAIT_SLACK_S, connect=CONNECT_S)
+        path = submission_path(self._base, submission_id)
+        return Call(Request("GET", path, params=params, timeout=timeout), as_is)
+
+    def _snapshot_call(self) -> Call[dict[str, Any]]:
+        return Call(Request("GET", self._base), as_is)
+
+    def _abort_call(self) -> Call[AbortResult]:
+        return Call(Request("POST", f"{self._base}/abort"), abort_result_from)
+
+    def _reading(self, receipt: Receipt | str, timeout: float | None) -> Reading:
+        """A read of ``receipt``'s settlement, from the offset it was admitted at."""
+        if not isinstance(receipt, Receipt):
+            return Reading(self._base, str(receipt), -1, timeout)
+        if receipt.conversation_id != self.conversation_id:
+            raise ValueError(
+                f"the receipt belongs to {receipt.conversation_id}, not {self.conversation_id}"
+            )
+        return Reading(self._base, receipt.submission_id, receipt.offset, timeout)
+
+    def _tail(self, offset: int) -> Tail:
+        return Tail(self._base, offset)
+
+    def _history(self, offset: int) -> History:
+        return History(self._base, offset)

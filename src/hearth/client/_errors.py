@@ -1,0 +1,92 @@
+"""The errors the client SDK raises for the server's answers, and which of them are worth a retry.
+
+An error answer carries an envelope ``{"error": {"type", "message", "details"}}`` (docs/http.md);
+types ``hearth.errors`` knows come back as those classes, the rest as ``HTTPError`` and its kin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+
+from hearth.errors import (
+    ConversationNotFound,
+    HearthError,
+    IdempotencyConflict,
+    InvalidId,
+    ShuttingDown,
+    SubmissionNotFound,
+    UnknownAgent,
+)
+
+__all__ = [
+    "HTTPError",
+    "ServerUnavailable",
+    "Unauthorized",
+    "check",
+    "error_from",
+    "is_transient",
+]
+
+
+class HTTPError(HearthError):
+    """The server answered an error that has no more specific class; carries the envelope."""
+
+    def __init__(self, status: int, type: str, message: str, details: Any = None) -> None:
+        super().__init__(f"{status} {type}: {message}")
+        self.status = status
+        self.type = type
+        self.message = message
+        self.details = details
+
+
+class Unauthorized(HTTPError):
+    """The server wants a bearer token (``token=``, ``HEARTH_TOKEN``), or another one."""
+
+
+class ServerUnavailable(HTTPError):
+    """The server failed (5xx) or could not be reached."""
+
+
+_BY_TYPE: dict[str, type[HearthError]] = {
+    "unknown_agent": UnknownAgent,
+    "conversation_not_found": ConversationNotFound,
+    "submission_not_found": SubmissionNotFound,
+    "invalid_id": InvalidId,
+    "idempotency_conflict": IdempotencyConflict,
+    "shutting_down": ShuttingDown,
+}
+
+
+def error_from(response: httpx2.Response) -> HearthError:
+    """The typed error for an error answer (``hearth.errors`` where one fits)."""
+    try:
+        envelope = response.json()["error"]
+        kind, message = str(envelope["type"]), str(envelope["message"])
+        details = envelope.get("details")
+    except Exception:
+        kind, message, details = "http_error", response.reason_phrase or "error", None
+    known = _BY_TYPE.get(kind)
+    if known is not None:
+        exc = known(message)
+        exc.status = response.status_code  # type: ignore[attr-defined]
+        return exc
+    if response.status_code == 401:
+        return Unauthorized(401, kind, message, details)
+    if response.status_code >= 500:
+        return ServerUnavailable(response.status_code, kind, message, details)
+    return HTTPError(response.status_code, kind, message, details)
+
+
+def check(response: httpx2.Response) -> dict[str, Any]:
+    """The JSON object of a successful answer; the typed error of any other."""
+    if response.status_code >= 400:
+        raise error_from(response)
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying after a pause: the server is away, restarting or shutting down."""
+    return isinstance(exc, httpx2.TransportError | ShuttingDown | ServerUnavailable)

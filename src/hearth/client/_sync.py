@@ -1,0 +1,173 @@
+"""The blocking client: ``hearth.Client`` and its ``Conversation``, I/O over ``httpx2.Client``.
+
+What to send and what to make of the answers lives in ``_core``; this shell sends, reads, sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Generator, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import httpx2
+
+from hearth.client._core import BaseClient, BaseConversation, Call, Reading, T, Tail
+from hearth.client._errors import check, error_from
+from hearth.receipts import AbortResult, Receipt, Reply
+from hearth.sse import iter_sse
+
+__all__ = ["Client", "Conversation"]
+
+
+class Client(BaseClient[httpx2.Client]):
+    """A blocking client. ``with hearth.Client(url) as client: ...`` closes its connections."""
+
+    _http_class = httpx2.Client
+
+    def conversation(self, agent: str, id: str) -> Conversation:
+        return Conversation(self, agent, id)
+
+    def health(self) -> dict[str, Any]:
+        return _do(self._http, self._health_call())
+
+    def admin_submissions(self, conversation: str | None = None) -> dict[str, Any]:
+        """Submissions by status, leases and stuck work (what ``hearth inspect`` shows)."""
+        return _do(self._http, self._admin_submissions_call(conversation))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Conversation(BaseConversation[httpx2.Client]):
+    """One conversation on the server: ``client.conversation(agent, id)``."""
+
+    def send(self, text: str, idempotency_key: str | None = None) -> Receipt:
+        """Admit a message; returns once it is durable."""
+        return _do(self._http, self._send_call(text, idempotency_key))
+
+    def signal(
+        self,
+        type: str,
+        body: str = "",
+        attributes: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """Admit a signal (a system note the model sees)."""
+        return _do(self._http, self._signal_call(type, body, attributes, idempotency_key))
+
+    def submission(self, submission_id: str, wait: float | None = None) -> dict[str, Any]:
+        """The submission's status; with ``wait``, long-polls up to that long for its outcome."""
+        return _do(self._http, self._submission_call(submission_id, wait))
+
+    def read(self, receipt: Receipt | str, timeout: float | None = None) -> Reply:
+        """Wait for the submission's settlement and return its reply.
+
+        Raises ``SubmissionFailed``/``SubmissionAborted`` for the other outcomes and
+        ``TimeoutError`` once ``timeout`` seconds have passed.
+        """
+        reading = self._reading(receipt, timeout)
+        while True:
+            try:
+                reply = _do(self._http, reading.status_call()) or self._follow(reading)
+                if reply is not None:
+                    return reply
+            except Exception as exc:
+                reading.raise_unless_transient(exc)
+            time.sleep(reading.pause())
+
+    def _follow(self, reading: Reading) -> Reply | None:
+        with contextlib.closing(self._records(reading)) as records:
+            for record in records:
+                reply = reading.reply_from_record(record)
+                if reply is not None:
+                    return reply
+        return None
+
+    def stream(self, offset: int = -1) -> Iterator[dict[str, Any]]:
+        """Every record after ``offset``, live, forever; reconnects from the last one seen."""
+        tail = self._tail(offset)
+        while True:
+            try:
+                with contextlib.closing(self._records(tail)) as records:
+                    yield from records
+            except Exception as exc:
+                tail.raise_unless_transient(exc)
+            time.sleep(tail.pause())
+
+    def _records(self, tail: Tail) -> Generator[dict[str, Any], None, None]:
+        """One SSE connection: the records after the tail's offset, until it ends."""
+        with self._http.stream(**tail.stream_request().arguments()) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise error_from(response)
+            with _cut_off_at(tail.deadline, response):
+                for event in iter_sse(response.iter_lines()):
+                    record = tail.record(event)
+                    if record is not None:
+                        yield record
+
+    def history(self, offset: int = -1) -> list[dict[str, Any]]:
+        """All records after ``offset`` up to now (JSON pages; does not wait)."""
+        pages = self._history(offset)
+        while not pages.complete:
+            _do(self._http, pages.next_page())
+        return pages.records
+
+    def snapshot(self) -> dict[str, Any]:
+        return _do(self._http, self._snapshot_call())
+
+    def abort(self) -> AbortResult:
+        return _do(self._http, self._abort_call())
+
+
+def _do(http: httpx2.Client, call: Call[T]) -> T:
+    return call.decode(check(http.request(**call.request.arguments())))
+
+
+def _cut_off_at(deadline: float | None, response: httpx2.Response) -> AbstractContextManager[Any]:
+    """While in it, the response's connection is shut down at ``deadline`` (if there is one)."""
+    stream = response.extensions.get("network_stream")
+    sock = None if stream is None else stream.get_extra_info("socket")
+    if deadline is None or not isinstance(sock, socket.socket):
+        return contextlib.nullcontext()
+    return _Cutoff(sock, deadline)
+
+
+class _Cutoff:
+    """Shuts a socket down at a deadline, unless left before it.
+
+    A blocking read waits for the next line however long the server takes, and every heartbeat
+    restarts its own timeout: only shutting the socket down ends it on time.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._armed = True
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._cut)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Cutoff:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._armed = False  # the connection may go back to the pool: never cut it now
+        self._timer.cancel()
+
+    def _cut(self) -> None:
+        with self._lock:
+            if self._armed:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
