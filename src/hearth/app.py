@@ -55,6 +55,7 @@ class App:
         workers: int | None = None,
         max_body: int | None = None,
         shutdown_s: float | None = None,
+        pg_pool: int | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for agent in agents:
@@ -74,6 +75,7 @@ class App:
             workers=workers,
             max_body=max_body,
             shutdown_s=shutdown_s,
+            pg_pool=pg_pool,
         )
         self.settings = Settings.resolve(**self._given)
         self.providers = ProviderRegistry(providers, builtins=_builtin_providers)
@@ -89,7 +91,7 @@ class App:
     @asynccontextmanager
     async def run(self) -> AsyncIterator[Runtime]:
         """Open the store and start the coordinator; stop gracefully on exit."""
-        store = open_store(self.settings.db)
+        store = open_store(self.settings.db, pg_pool=self.settings.pg_pool)
         await store.open()
         env = Env(store=store, agents=self.agents, providers=self.providers, metrics=self.metrics)
         runtime = Runtime(env, self.settings)
