@@ -307,12 +307,11 @@ def migrate(db: str | None) -> None:
 
     On PostgreSQL, many processes may run this at once: the schema is created once.
     """
+    from hearth.app import open_database
     from hearth.config import shown_db
-    from hearth.store import open_store
 
     async def run() -> str:
-        store = open_store(db, pg_pool=1)
-        await store.open()
+        store = await open_database(db, pg_pool=1)
         await store.close()
         # A PostgreSQL store names its schema and server; a SQLite file is its own schema.
         schema, where = getattr(store, "schema", None), getattr(store, "where", None)

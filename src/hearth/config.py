@@ -58,10 +58,10 @@ class Settings:
             raise ConfigurationError("max_body must be at least 1 byte")
         if self.heartbeat_s >= self.lease_s:
             raise ConfigurationError("heartbeat_s must be shorter than lease_s")
-        _check_server_url(self.db)
+        check_db_url(self.db)
 
 
-def _check_server_url(db: str | None) -> None:
+def check_db_url(db: str | None) -> None:
     """A PostgreSQL URL that cannot even be parsed is a configuration error now, not a failed
     connection later."""
     scheme = (db or "").partition("://")[0].strip().lower()
