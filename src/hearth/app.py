@@ -11,14 +11,14 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from hearth.agent import Agent
-from hearth.config import Settings
-from hearth.errors import ConfigurationError
+from hearth.config import Settings, check_db_url, shown_db
+from hearth.errors import ConfigurationError, HearthError, StoreError
 from hearth.providers.base import ModelProvider
 from hearth.providers.registry import ProviderRegistry
 from hearth.runtime.env import Env
 from hearth.runtime.metrics import Metrics
 from hearth.runtime.runtime import Runtime
-from hearth.store import open_store
+from hearth.store import Store, open_store
 
 if TYPE_CHECKING:
     from hearth.server import HearthASGI
@@ -55,6 +55,7 @@ class App:
         workers: int | None = None,
         max_body: int | None = None,
         shutdown_s: float | None = None,
+        pg_pool: int | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for agent in agents:
@@ -74,6 +75,7 @@ class App:
             workers=workers,
             max_body=max_body,
             shutdown_s=shutdown_s,
+            pg_pool=pg_pool,
         )
         self.settings = Settings.resolve(**self._given)
         self.providers = ProviderRegistry(providers, builtins=_builtin_providers)
@@ -89,8 +91,7 @@ class App:
     @asynccontextmanager
     async def run(self) -> AsyncIterator[Runtime]:
         """Open the store and start the coordinator; stop gracefully on exit."""
-        store = open_store(self.settings.db)
-        await store.open()
+        store = await open_database(self.settings.db, pg_pool=self.settings.pg_pool)
         env = Env(store=store, agents=self.agents, providers=self.providers, metrics=self.metrics)
         runtime = Runtime(env, self.settings)
         try:
@@ -116,6 +117,25 @@ class App:
         from hearth.server import build_asgi
 
         return build_asgi(self, sse_heartbeat_s=sse_heartbeat_s)
+
+
+async def open_database(db: str | None, *, pg_pool: int = 10) -> Store:
+    """Open the store ``db`` names, creating or checking its schema.
+
+    A failure the store did not type (a driver's error, such as a role that may not create the
+    schema) becomes one ``StoreError`` line, so ``hearth serve`` and ``hearth migrate`` print it
+    without a traceback.
+    """
+    check_db_url(db)
+    store = open_store(db, pg_pool=pg_pool)
+    try:
+        await store.open()
+    except (HearthError, OSError):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreError(f"cannot open the database {shown_db(db)}: {first}") from exc
+    return store
 
 
 def load_app(ref: str, app_dir: str | None = ".") -> App:

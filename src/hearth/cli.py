@@ -107,6 +107,7 @@ def main() -> None:
 @click.option("--scan-s", type=float, help="Expired-lease scan period (HEARTH_SCAN_S).")
 @click.option("--max-body", type=int, help="Largest request body in bytes (HEARTH_MAX_BODY).")
 @click.option("--shutdown-s", type=float, help="Longest graceful exit (HEARTH_SHUTDOWN_S).")
+@click.option("--pg-pool", type=int, help="PostgreSQL connections per process (HEARTH_PG_POOL).")
 @click.option("--reload", is_flag=True, help="Restart when code changes (development).")
 @click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's log level.")
@@ -125,6 +126,7 @@ def serve(
     Runs until SIGTERM or Ctrl-C, then shuts down gracefully within HEARTH_SHUTDOWN_S.
     """
     from hearth.app import load_app
+    from hearth.config import shown_db
     from hearth.server.serve import serve as run_server
 
     app = load_app(app_ref, app_dir)
@@ -135,7 +137,7 @@ def serve(
         return
 
     def ready(url: str) -> None:
-        db = settings.db or "./hearth.db"
+        db = shown_db(settings.db)
         agents = ", ".join(sorted(app.agents))
         click.echo(f"hearth: serving {url} (agents: {agents}; db: {db})", nl=True)
         sys.stdout.flush()
@@ -301,17 +303,25 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
 @click.option("--db", envvar="HEARTH_DB", default=None, help="Database URL (HEARTH_DB).")
 @friendly
 def migrate(db: str | None) -> None:
-    """Create the database schema, or check that it is current."""
-    from hearth.store import open_store
+    """Create the database schema, or check that it is current.
 
-    async def run() -> None:
-        store = open_store(db)
-        await store.open()
+    On PostgreSQL, many processes may run this at once: the schema is created once.
+    """
+    from hearth.app import open_database
+    from hearth.config import shown_db
+
+    async def run() -> str:
+        store = await open_database(db, pg_pool=1)
         await store.close()
+        # A PostgreSQL store names its schema and server; a SQLite file is its own schema.
+        schema, where = getattr(store, "schema", None), getattr(store, "where", None)
+        if schema and where:
+            return f"the schema {schema!r} in {where}"
+        return f"the schema of {shown_db(db)}"
 
-    with err.status(f"migrating {db or './hearth.db'}…"):
-        asyncio.run(run())
-    click.echo(f"hearth: the schema of {db or './hearth.db'} is current")
+    with err.status(f"migrating {shown_db(db)}…"):
+        what = asyncio.run(run())
+    click.echo(f"hearth: {what} is current")
 
 
 # --- demo ------------------------------------------------------------------------------------

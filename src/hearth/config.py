@@ -4,9 +4,11 @@ environment (``HEARTH_*``), which wins over the default."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from hearth.errors import ConfigurationError
 
@@ -23,6 +25,7 @@ class Settings:
     workers: int = 64
     max_body: int = 1024 * 1024
     shutdown_s: float = 30.0
+    pg_pool: int = 10  # connections per process to a PostgreSQL store
 
     @classmethod
     def resolve(cls, env: dict[str, str] | None = None, **given: Any) -> Settings:
@@ -49,10 +52,30 @@ class Settings:
                 raise ConfigurationError(f"{name} must be positive")
         if self.workers < 1:
             raise ConfigurationError("workers must be at least 1")
+        if self.pg_pool < 1:
+            raise ConfigurationError("pg_pool must be at least 1 connection")
         if self.max_body < 1:
             raise ConfigurationError("max_body must be at least 1 byte")
         if self.heartbeat_s >= self.lease_s:
             raise ConfigurationError("heartbeat_s must be shorter than lease_s")
+        check_db_url(self.db)
+
+
+def check_db_url(db: str | None) -> None:
+    """A PostgreSQL URL that cannot even be parsed is a configuration error now, not a failed
+    connection later."""
+    scheme = (db or "").partition("://")[0].strip().lower()
+    if scheme not in ("postgresql", "postgres"):
+        return
+    assert db is not None
+    try:
+        parts = urlsplit(db.strip())
+        parts.port  # noqa: B018 -- parsing it is the check
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"the database URL {shown_db(db)!r} is malformed ({exc}); write it as"
+            " postgresql://user:password@host:port/dbname?schema=NAME"
+        ) from None
 
 
 def _convert(name: str, value: Any, kind: Any, *, source: str) -> Any:
@@ -68,3 +91,22 @@ def _convert(name: str, value: Any, kind: Any, *, source: str) -> Any:
         return conv(value)
     except (TypeError, ValueError):
         raise ConfigurationError(f"{source}: {value!r} is not a valid {name}") from None
+
+
+def shown_db(db: str | None) -> str:
+    """The database URL as messages show it: the default spelled out, any password masked."""
+    if db is None:
+        return "./hearth.db"
+    try:
+        parts = urlsplit(db)
+        password = parts.password
+    except ValueError:  # malformed: mask whatever sits between user: and @
+        return _USERINFO.sub(r"\1:***@", db)
+    if password is None:
+        return db
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/]*):[^@]*@")

@@ -689,8 +689,8 @@ async def test_after_a_compaction_the_context_is_rebuilt_from_the_records_it_kee
     stores: list[CountingStore] = []
     real_open_store = hearth.app.open_store
 
-    def counting_open_store(url: str | None) -> Any:
-        stores.append(CountingStore(real_open_store(url)))
+    def counting_open_store(url: str | None, **options: Any) -> Any:
+        stores.append(CountingStore(real_open_store(url, **options)))
         return stores[-1]
 
     monkeypatch.setattr(hearth.app, "open_store", counting_open_store)

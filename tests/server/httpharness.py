@@ -103,7 +103,8 @@ def child_env(**extra: str) -> dict[str, str]:
 class ServerProcess:
     """``python -m hearth serve serverapp:app`` on one database and one port, restartable.
 
-    ``db`` is a SQLite file, or a database URL with ``log`` naming the server's log file."""
+    ``db`` is a SQLite file (its log goes next to it) or a database URL (give ``log``).
+    """
 
     def __init__(
         self,
@@ -116,14 +117,18 @@ class ServerProcess:
         log: Path | None = None,
     ) -> None:
         self.db = db
-        self.db_url = db if isinstance(db, str) else f"sqlite:///{db}"
+        self.db_url = f"sqlite:///{db}" if isinstance(db, Path) else db
         self.app = app
         self.port = port or free_port()
         self.env = child_env(**(env or {}))
         self.args = args
         self.proc: subprocess.Popen[str] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log or Path(db).parent / "server.log"
+        if log is None:
+            assert isinstance(db, Path), "give a log file with a database URL"
+            log = db.parent / "server.log"
+        self.log = log
+        self.ready_line = ""
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         with self.log.open("a") as log:
@@ -157,6 +162,7 @@ class ServerProcess:
             if line is None:
                 break
             if "serving http" in line:
+                self.ready_line = line.strip()
                 return self
         self.kill()
         raise RuntimeError(f"hearth serve did not start:\n{self.log.read_text()[-3000:]}")

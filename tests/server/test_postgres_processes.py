@@ -130,8 +130,10 @@ def test_a_frozen_owner_writes_nothing_after_a_peer_took_its_work_over(fleet: Fl
     # Woken past its lease, the frozen process learns it lost the claim (its heartbeat, or its
     # late tool result refused) and stops the attempt.
     wait_until(
-        lambda: "lost the lease" in frozen.log.read_text()
-        or "taken over by another owner" in frozen.log.read_text(),
+        lambda: (
+            "lost the lease" in frozen.log.read_text()
+            or "taken over by another owner" in frozen.log.read_text()
+        ),
         15,
     )
     time.sleep(4.5)  # past the tool's own end: any late write it might still try
@@ -153,6 +155,8 @@ def test_a_peer_settles_the_work_of_a_killed_owner_without_rerunning_its_calls(
     sid = post(a, "jobs", "c2", "both now").json()["submission_id"]
     fleet.wait_ran("charge-start")
     pid = fleet.wait_ran("step-one")[3]
+    # Kill once step one's record is on disk: before that, running it again would be right.
+    wait_until(lambda: any(isinstance(r, ToolStepSettled) for r in fleet.records("jobs/c2")), 10)
     killed = fleet.owner_of(pid)
     peer = b if killed is a else a
     killed.kill()

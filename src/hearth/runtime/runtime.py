@@ -16,6 +16,7 @@ from hearth.errors import (
     HearthError,
     InvalidInput,
     ShuttingDown,
+    StoreUnavailable,
     SubmissionNotFound,
     UnknownAgent,
 )
@@ -31,6 +32,9 @@ from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.env import Env
 from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission, all_submissions
+
+HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
+_PROBE_ID = "s_healthz-probe"  # never a real id: the read finds nothing, cheaply
 
 
 class Runtime:
@@ -228,6 +232,16 @@ class Runtime:
                 f"no submission {submission_id!r} in conversation {conversation_id}"
             )
         return sub
+
+    async def check_store(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
+        """Raise ``StoreUnavailable`` unless the store answers a real read within ``timeout``
+        seconds (what ``/healthz`` asks). ``store.now()`` is no probe: it may be cached."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.store.get_submission(_PROBE_ID)
+        except TimeoutError:
+            where = getattr(self.store, "where", "the database")  # PostgreSQL names its server
+            raise StoreUnavailable(f"{where} did not answer within {timeout:g} s") from None
 
     @property
     def owner(self) -> str:

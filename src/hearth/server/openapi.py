@@ -23,7 +23,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "idempotency key reused with another payload",
         413: "body over HEARTH_MAX_BODY",
         415: "Content-Type is not JSON",
-        503: "shutting down",
+        503: "shutting down, or the database is unreachable (Retry-After)",
     }
     return {str(s): _json(_ref("Error"), words[s]) for s in statuses}
 
@@ -205,9 +205,14 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/healthz": {
             "get": {
-                "summary": "Liveness (no token needed)",
+                "summary": "Health: serving, and the database answers (no token needed)",
                 "security": [],
-                "responses": {"200": {"description": "alive"}},
+                "responses": {
+                    "200": {"description": "healthy"},
+                    "503": _json(
+                        _ref("Error"), "shutting down, or the database does not answer (why)"
+                    ),
+                },
             }
         },
         "/metrics": {

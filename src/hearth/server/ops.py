@@ -18,9 +18,12 @@ _QUEUED_TOO_LONG_S = 60.0
 
 
 async def healthz(server: ServerContext, request: Request) -> Response:
-    await server.runtime()
+    """200 while this process can serve; 503 with the reason while shutting down or while its
+    database does not answer (a load balancer then sends the traffic elsewhere)."""
+    rt = await server.runtime()
     if server.shutting_down:
         raise ApiError(503, "shutting_down", "the server is shutting down")
+    await rt.check_store()
     return JSONResponse({"status": "ok"})
 
 

@@ -1,0 +1,294 @@
+"""``hearth serve`` and ``hearth migrate`` on PostgreSQL, as real processes on the test cluster:
+bad input and faults at start-up are one line and a non-zero exit; while the database is down,
+admission and ``/healthz`` answer 503 and both recover without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pgcluster import Cluster, free_port, new_schema
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+
+import httpx2
+from httpharness import ServerProcess, child_env, wait_until
+
+ADMISSION_BOUND_S = 2.0  # the contract: 503 within 2 s, never a hang
+SLACK_S = 1.0
+
+
+def hearth(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``python -m hearth ARGS`` to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "hearth", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=timeout,
+    )
+
+
+def serve_fails(db: str) -> str:
+    """Start ``hearth serve`` on ``db``, expect it to exit non-zero, return its one line."""
+    done = hearth("serve", "serverapp:app", "--db", db, "--port", str(free_port()))
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert lines[0].startswith("hearth: "), output
+    return lines[0]
+
+
+@pytest.fixture
+def served(pg_cluster: Cluster, tmp_path: Path) -> Iterator[ServerProcess]:
+    """``hearth serve`` on a fresh schema of the test cluster."""
+    server = ServerProcess(pg_cluster.url(), log=tmp_path / "server.log").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def post(server: ServerProcess, conversation: str, message: str) -> httpx2.Response:
+    return httpx2.post(
+        f"{server.url}/agents/echo/{conversation}", json={"message": message}, timeout=10.0
+    )
+
+
+def reply_of(server: ServerProcess, conversation: str, submission_id: str) -> str | None:
+    answer = httpx2.get(
+        f"{server.url}/agents/echo/{conversation}/submissions/{submission_id}",
+        params={"wait": "10"},
+        timeout=20.0,
+    ).json()
+    return answer["reply"] if answer["status"] == "settled" else None
+
+
+# --- serving --------------------------------------------------------------------------------
+
+
+def test_serve_on_a_postgres_url_admits_and_replies(served: ServerProcess) -> None:
+    admitted = post(served, "c-1", "hello")
+    assert admitted.status_code == 202
+    assert reply_of(served, "c-1", admitted.json()["submission_id"]) == "echo: hello"
+
+
+def test_two_servers_on_one_database_need_no_sticky_routing(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    url = pg_cluster.url()
+    first = ServerProcess(url, log=tmp_path / "first.log").start()
+    second = ServerProcess(url, log=tmp_path / "second.log").start()
+    try:
+        admitted = post(first, "c-1", "hello")
+        assert admitted.status_code == 202
+        assert reply_of(second, "c-1", admitted.json()["submission_id"]) == "echo: hello"
+        again = post(second, "c-1", "again")
+        assert reply_of(first, "c-1", again.json()["submission_id"]) == "echo: again"
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_the_ready_line_names_the_database_without_its_password(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    pg_cluster.sql(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'sesame'")
+    url = f"postgresql://{role}:sesame@127.0.0.1:{pg_cluster.port}/postgres?schema={new_schema()}"
+    server = ServerProcess(url, log=tmp_path / "server.log").start()
+    try:
+        assert f"db: postgresql://{role}:***@127.0.0.1:{pg_cluster.port}/postgres" in (
+            server.ready_line
+        )
+        assert "sesame" not in server.ready_line + server.log.read_text()
+    finally:
+        server.kill()
+
+
+def test_hearth_pg_pool_caps_the_connections_of_one_process(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    name = f"hearth-{uuid.uuid4().hex[:8]}"  # libpq names every connection of the process so
+    server = ServerProcess(
+        pg_cluster.url(),
+        env={"HEARTH_PG_POOL": "3", "PGAPPNAME": name},
+        log=tmp_path / "server.log",
+    ).start()
+
+    def connections() -> int:
+        query = f"SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'"
+        return int(pg_cluster.sql(query))
+
+    async def burst() -> None:
+        async with httpx2.AsyncClient(base_url=server.url, timeout=20.0) as http:
+            posts = [http.post(f"/agents/echo/c-{n}", json={"message": "hi"}) for n in range(60)]
+            answers = await asyncio.gather(*posts)
+        assert {a.status_code for a in answers} == {202}
+
+    try:
+        asyncio.run(burst())
+        # The pool grew to its cap under the burst, and no further: 3, plus the listener.
+        wait_until(lambda: connections() == 3 + 1, timeout=10)
+        asyncio.run(burst())
+        assert connections() == 3 + 1
+    finally:
+        server.kill()
+
+
+# --- migrate --------------------------------------------------------------------------------
+
+
+def test_migrate_creates_the_schema_and_names_it(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    done = hearth("migrate", "--db", pg_cluster.url(schema))
+    assert done.returncode == 0, done.stderr
+    assert f"the schema '{schema}' in PostgreSQL at 127.0.0.1:{pg_cluster.port}/postgres" in (
+        done.stdout
+    )
+    assert "is current" in done.stdout
+    found = f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'"
+    assert pg_cluster.sql(found) == "1"
+    again = hearth("migrate", "--db", pg_cluster.url(schema))
+    assert again.returncode == 0 and "is current" in again.stdout
+
+
+def test_migrate_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    assert hearth("migrate", "--db", pg_cluster.url(schema)).returncode == 0
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
+    done = hearth("migrate", "--db", pg_cluster.url(schema))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "schema version 7" in done.stderr and "knows version 1" in done.stderr
+
+
+# --- start-up faults: one line and a non-zero exit ------------------------------------------
+
+
+def test_a_malformed_url_is_one_line(pg_cluster: Cluster) -> None:
+    line = serve_fails(f"postgresql://postgres@127.0.0.1:{pg_cluster.port}x/postgres")
+    assert "malformed" in line and "postgresql://user:password@host:port/dbname" in line
+
+
+def test_an_unreachable_server_is_one_line() -> None:
+    port = free_port()
+    line = serve_fails(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    assert f"cannot connect to PostgreSQL at 127.0.0.1:{port}/postgres" in line
+
+
+def test_a_wrong_password_is_one_line_that_hides_it(pg_cluster: Cluster) -> None:
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    pg_cluster.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'right-one'")
+    require_password(pg_cluster, role)
+    url = f"postgresql://{role}:wrong-one@127.0.0.1:{pg_cluster.port}/postgres"
+    line = serve_fails(url)
+    assert "password authentication failed" in line
+    assert "wrong-one" not in line
+
+
+def test_an_unknown_role_is_one_line(pg_cluster: Cluster) -> None:
+    line = serve_fails(f"postgresql://nobody_here@127.0.0.1:{pg_cluster.port}/postgres")
+    assert 'role "nobody_here" does not exist' in line
+
+
+def test_a_missing_database_is_one_line(pg_cluster: Cluster) -> None:
+    line = serve_fails(f"postgresql://postgres@127.0.0.1:{pg_cluster.port}/no_such_db")
+    assert 'database "no_such_db" does not exist' in line
+
+
+def test_a_role_that_may_not_create_the_schema_is_one_line(pg_cluster: Cluster) -> None:
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    pg_cluster.sql(f"CREATE ROLE {role} LOGIN")  # no CREATE on the database
+    line = serve_fails(f"postgresql://{role}@127.0.0.1:{pg_cluster.port}/postgres")
+    assert "permission denied for database postgres" in line
+
+
+def test_migrate_reports_a_malformed_url_as_one_line() -> None:
+    done = hearth("migrate", "--db", "postgresql://app:secret@[::1/hearth")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "malformed" in done.stderr and "secret" not in done.stderr
+
+
+def test_serve_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    assert hearth("migrate", "--db", pg_cluster.url(schema)).returncode == 0
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
+    line = serve_fails(pg_cluster.url(schema))
+    assert "schema version 7" in line and "this hearth knows version 1" in line
+
+
+def require_password(cluster: Cluster, role: str) -> None:
+    """Make ``role`` log in over TCP with a password (the test cluster trusts everyone else)."""
+    hba = Path(cluster.data) / "pg_hba.conf"
+    rule = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+    hba.write_text(rule + hba.read_text())
+    cluster.sql("SELECT pg_reload_conf()")
+    wait_until(lambda: _password_refused(cluster, role), timeout=10, step=0.1)
+
+
+def _password_refused(cluster: Cluster, role: str) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(
+            f"postgresql://{role}:not-it@127.0.0.1:{cluster.port}/postgres", connect_timeout=2
+        ).close()
+    except psycopg.OperationalError as exc:
+        return "password" in str(exc)
+    return False
+
+
+# --- the database goes away while serving ---------------------------------------------------
+
+
+@pytest.fixture
+def outage(pg_cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, to stop; started again afterwards whatever happens (other tests share it)."""
+    try:
+        yield pg_cluster
+    finally:
+        try:
+            pg_cluster.start()
+        except RuntimeError:
+            pass  # it was running already
+
+
+def test_admission_answers_503_with_retry_after_within_2_s_while_the_database_is_down(
+    served: ServerProcess, outage: Cluster
+) -> None:
+    assert post(served, "c-1", "before").status_code == 202
+    outage.stop()
+    for n in range(3):  # every attempt, not just the first
+        started = time.monotonic()
+        answer = post(served, "c-1", f"during {n}")
+        took = time.monotonic() - started
+        assert answer.status_code == 503
+        assert answer.headers["Retry-After"]
+        assert answer.json()["error"]["type"] == "unavailable"
+        assert took < ADMISSION_BOUND_S + SLACK_S
+
+
+def test_healthz_names_the_outage_and_both_recover_without_a_restart(
+    served: ServerProcess, outage: Cluster
+) -> None:
+    assert httpx2.get(f"{served.url}/healthz").status_code == 200
+    outage.stop()
+    down = httpx2.get(f"{served.url}/healthz", timeout=10.0)
+    assert down.status_code == 503
+    assert down.headers["Retry-After"]
+    message = down.json()["error"]["message"]
+    assert f"PostgreSQL at 127.0.0.1:{outage.port}/postgres" in message
+    outage.start()
+    wait_until(lambda: httpx2.get(f"{served.url}/healthz").status_code == 200, timeout=60)
+    assert served.proc is not None and served.proc.poll() is None  # the same process
+    admitted = post(served, "c-1", "after")
+    assert admitted.status_code == 202
+    assert reply_of(served, "c-1", admitted.json()["submission_id"]) == "echo: after"

@@ -1,0 +1,59 @@
+"""Settings: App argument over ``hearth serve`` option over ``HEARTH_*`` over the default; bad
+values and malformed database URLs are configuration errors; messages never show a password."""
+
+from __future__ import annotations
+
+import pytest
+import serverapp
+
+import hearth
+from hearth.config import Settings, shown_db
+from hearth.errors import ConfigurationError
+
+
+def test_hearth_pg_pool_defaults_to_10_and_comes_from_the_environment() -> None:
+    assert Settings.resolve(env={}).pg_pool == 10
+    assert Settings.resolve(env={"HEARTH_PG_POOL": "4"}).pg_pool == 4
+
+
+def test_an_app_argument_beats_the_serve_option_which_beats_hearth_pg_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HEARTH_PG_POOL", "4")
+    app = hearth.App(serverapp.AGENTS, providers=serverapp.MODELS)
+    app.configure(pg_pool=6)
+    assert app.settings.pg_pool == 6
+    pinned = hearth.App(serverapp.AGENTS, providers=serverapp.MODELS, pg_pool=2)
+    pinned.configure(pg_pool=6)
+    assert pinned.settings.pg_pool == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_a_bad_hearth_pg_pool_is_a_configuration_error(value: str) -> None:
+    with pytest.raises(ConfigurationError, match="pg_pool"):
+        Settings.resolve(env={"HEARTH_PG_POOL": value})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:pw@db.internal:54x32/app",
+        "postgres://u:pw@[::1/app",
+        "postgresql://u:pw@db.internal:99999/app",
+    ],
+)
+def test_a_malformed_postgres_url_is_a_configuration_error_without_the_password(
+    url: str,
+) -> None:
+    with pytest.raises(ConfigurationError, match="malformed") as caught:
+        Settings.resolve(env={"HEARTH_DB": url})
+    assert "pw" not in str(caught.value)
+
+
+def test_a_shown_database_url_masks_only_the_password() -> None:
+    assert shown_db(None) == "./hearth.db"
+    assert shown_db("sqlite:///x.db") == "sqlite:///x.db"
+    assert shown_db("postgresql://app@db:5432/h?schema=s") == "postgresql://app@db:5432/h?schema=s"
+    assert shown_db("postgresql://app:s3cret@db:5432/h?schema=s") == (
+        "postgresql://app:***@db:5432/h?schema=s"
+    )
