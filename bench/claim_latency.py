@@ -18,6 +18,11 @@ an insert). ``--fill admit`` goes through ``store.admit`` instead (200 at a time
     .venv/bin/python bench/claim_latency.py --quick               # 100 vs 10,000, 50 claims
     .venv/bin/python bench/claim_latency.py                       # 100 vs 100,000, 200 claims
     .venv/bin/python bench/claim_latency.py --stores postgres --pg postgresql://u@host:5432/db
+
+``--behind-running K`` measures the other shape of a queue: the N queued submissions wait in K
+conversations whose first submission is running (claimed by another owner with a live lease), so
+nothing is runnable and each timed claim returns nothing (as every coordinator's claim does
+when it is woken by an admission into a busy conversation).
 """
 
 from __future__ import annotations
@@ -50,11 +55,14 @@ def new(i: int, prefix: str = "q") -> NewSubmission:
     return NewSubmission(f"bench/{prefix}{i}", "bench", "message", {"message": f"m{i}"})
 
 
-def rows(size: int) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]]:
-    """The rows ``admit`` writes for ``size`` first submissions in new conversations."""
+def rows(
+    size: int, heads: int = 0
+) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]]:
+    """The rows ``admit`` writes for ``size`` submissions: each the first of a new conversation,
+    or (``heads`` > 0) each a later one in conversation ``i mod heads``, which exist already."""
     now = time.time()
     for i in range(size):
-        sub = new(i)
+        sub = new(i % heads if heads else i, prefix="h" if heads else "q")
         created = rules.conversation_created(sub)
         body, digest = created.encode(0)
         yield (
@@ -77,19 +85,20 @@ def rows(size: int) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], tuple[An
         )
 
 
-def fill_sqlite(path: Path, size: int) -> None:
+def fill_sqlite(path: Path, size: int, heads: int) -> None:
     conn = sqlite3.connect(path)
     try:
         with conn:
-            table = list(rows(size))
-            conn.executemany(
-                f"INSERT INTO conversations ({CONVERSATIONS}) VALUES (?, ?, ?, ?, ?)",
-                [r[0] for r in table],
-            )
-            conn.executemany(
-                f"INSERT INTO records ({RECORDS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [r[1] for r in table],
-            )
+            table = list(rows(size, heads))
+            if not heads:
+                conn.executemany(
+                    f"INSERT INTO conversations ({CONVERSATIONS}) VALUES (?, ?, ?, ?, ?)",
+                    [r[0] for r in table],
+                )
+                conn.executemany(
+                    f"INSERT INTO records ({RECORDS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [r[1] for r in table],
+                )
             conn.executemany(
                 f"INSERT INTO submissions ({SUBMISSIONS}) VALUES ({', '.join('?' * 12)})",
                 [r[2] for r in table],
@@ -98,12 +107,14 @@ def fill_sqlite(path: Path, size: int) -> None:
         conn.close()
 
 
-def fill_postgres(server: _pg.Server, schema: str, size: int, analyze: bool) -> None:
+def fill_postgres(server: _pg.Server, schema: str, size: int, heads: int, analyze: bool) -> None:
     with server.connect(options=f"-c search_path={schema}") as conn, conn.transaction():
-        table = list(rows(size))
+        table = list(rows(size, heads))
         for index, (name, columns) in enumerate(
             [("conversations", CONVERSATIONS), ("records", RECORDS), ("submissions", SUBMISSIONS)]
         ):
+            if heads and index < 2:
+                continue
             with conn.cursor().copy(f"COPY {name} ({columns}) FROM STDIN") as copy:
                 for r in table:
                     copy.write_row(r[index])
@@ -112,22 +123,36 @@ def fill_postgres(server: _pg.Server, schema: str, size: int, analyze: bool) -> 
             conn.execute("ANALYZE")
 
 
-async def fill_admit(store: Store, size: int) -> None:
+async def fill_admit(store: Store, size: int, heads: int) -> None:
     for start in range(0, size, 200):
-        await asyncio.gather(*(store.admit(new(i)) for i in range(start, min(size, start + 200))))
+        await asyncio.gather(
+            *(
+                store.admit(new(i % heads, "h") if heads else new(i))
+                for i in range(start, min(size, start + 200))
+            )
+        )
+
+
+async def running_heads(store: Store, heads: int) -> None:
+    """``heads`` conversations whose first submission runs under another owner's live lease."""
+    for i in range(heads):
+        await store.admit(new(i, prefix="h"))
+    claimed = await store.claim("other-host:boot:1:1", 3600.0, heads)
+    assert len(claimed) == heads
 
 
 async def open_filled(
     kind: str, size: int, args: argparse.Namespace, tmp: Path, server: _pg.Server | None
 ) -> Store:
-    fill = args.fill
+    fill, heads = args.fill, args.behind_running
     if kind == "sqlite":
         path = tmp / f"claims-{size}.db"
         store: Store = open_store(f"sqlite:///{path}")
         if fill == "sql":
             await store.open()  # creates the schema
+            await running_heads(store, heads)
             await store.close()
-            fill_sqlite(path, size)
+            fill_sqlite(path, size, heads)
             store = open_store(f"sqlite:///{path}")
         await store.open()
     else:
@@ -136,12 +161,28 @@ async def open_filled(
         store = open_store(url)
         await store.open()
         if fill == "sql":
-            await asyncio.to_thread(fill_postgres, server, server.schemas[-1], size, args.analyze)
+            await running_heads(store, heads)
+            schema = server.schemas[-1]
+            await asyncio.to_thread(fill_postgres, server, schema, size, heads, args.analyze)
     if fill == "admit":
-        await fill_admit(store, size)
+        await running_heads(store, heads)
+        await fill_admit(store, size, heads)
     queued = await store.list_submissions(statuses=["queued"], limit=size + 1)
     assert len(queued) == size, (len(queued), size)
     return store
+
+
+async def measure_blocked(store: Store, claims: int, warmup: int) -> list[float]:
+    """Claims that find nothing: every queued submission waits behind a running one."""
+    samples: list[float] = []
+    for i in range(warmup + claims):
+        t0 = time.perf_counter()
+        got = await store.claim(OWNER, 30.0, 1)
+        elapsed = time.perf_counter() - t0
+        assert got == [], got
+        if i >= warmup:
+            samples.append(elapsed)
+    return samples
 
 
 async def measure(store: Store, claims: int, warmup: int) -> list[float]:
@@ -178,7 +219,8 @@ async def main(args: argparse.Namespace) -> None:
                 store = await open_filled(kind, size, args, Path(d), server)
                 filled = time.perf_counter() - t0
                 try:
-                    results[kind, size] = await measure(store, args.claims, args.warmup)
+                    how = measure_blocked if args.behind_running else measure
+                    results[kind, size] = await how(store, args.claims, args.warmup)
                 finally:
                     await store.close()
                 med = statistics.median(results[kind, size]) * 1000
@@ -221,6 +263,14 @@ if __name__ == "__main__":
         dest="analyze",
         action="store_false",
         help="PostgreSQL: do not ANALYZE after the bulk fill (the planner's estimates stay stale)",
+    )
+    parser.add_argument(
+        "--behind-running",
+        type=int,
+        default=0,
+        metavar="K",
+        help="put the N queued submissions in K conversations whose first submission is running"
+        " (another owner's live lease), and time claims that find nothing runnable",
     )
     parser.add_argument("--quick", action="store_true", help="100 vs 10,000 queued, 50 claims")
     _pg.add_argument(parser)
