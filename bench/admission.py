@@ -7,16 +7,22 @@ costs little next to the server (both share the machine). Prints the rate, p50 a
 
     .venv/bin/python bench/admission.py                  # 64 clients, 20,000 POSTs
     .venv/bin/python bench/admission.py --with-work      # the admitted messages also run
+    .venv/bin/python bench/admission.py --postgres --processes 2   # 2 servers, one PostgreSQL DB
 
 By default the agent's model never answers, so each conversation's first message stays running
 and every later one queues behind it: the figures are admission alone. With ``--with-work`` the
 model answers at once and the same process runs every admitted submission to its settlement.
+
+With ``--postgres`` the database is a fresh schema on a throwaway PostgreSQL cluster with default
+durability (or on the server ``--pg URL`` names), and ``--processes N`` starts N ``hearth serve``
+processes on it; client ``i`` talks to process ``i mod N`` (what a load balancer would do).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -26,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _pg
 
 import hearth
 from hearth.testing import ScriptedModel, reply, stall
@@ -52,7 +60,7 @@ app = hearth.App(
 )
 
 
-def start_server(db: Path, log: Path) -> tuple[subprocess.Popen[str], str, int]:
+def start_server(db: str, log: Path) -> tuple[subprocess.Popen[str], str, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTH_")}
     here = str(Path(__file__).resolve().parent)
     proc = subprocess.Popen(
@@ -65,7 +73,7 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen[str], str, int]:
             "--app-dir",
             here,
             "--db",
-            f"sqlite:///{db}",
+            db,
             "--port",
             "0",
         ],
@@ -117,22 +125,30 @@ async def client(
 
 
 async def measure(
-    host: str, port: int, agent: str, clients: int, total: int, limit_s: float
+    servers: list[tuple[str, int]], agent: str, clients: int, total: int, limit_s: float
 ) -> None:
     warm: list[float] = []
     warmup = time.monotonic() + 5
-    await asyncio.gather(*(client(-i, host, port, agent, 400, warmup, warm, []) for i in range(4)))
+    await asyncio.gather(
+        *(client(-i, *servers[i % len(servers)], agent, 400, warmup, warm, []) for i in range(1, 5))
+    )
     latencies: list[float] = []
     errors: list[str] = []
     started = time.perf_counter()
     deadline = time.monotonic() + limit_s
     await asyncio.gather(
-        *(client(i, host, port, agent, total, deadline, latencies, errors) for i in range(clients))
+        *(
+            client(i, *servers[i % len(servers)], agent, total, deadline, latencies, errors)
+            for i in range(clients)
+        )
     )
     elapsed = time.perf_counter() - started
     latencies.sort()
     p = lambda q: latencies[min(int(q * len(latencies)), len(latencies) - 1)] * 1000  # noqa: E731
-    print(f"admissions: {len(latencies)} in {elapsed:.2f} s by {clients} clients ({agent})")
+    print(
+        f"admissions: {len(latencies)} in {elapsed:.2f} s by {clients} clients ({agent})"
+        f" on {len(servers)} server process(es)"
+    )
     print(f"rate: {len(latencies) / elapsed:,.0f}/s")
     print(
         f"latency: p50 {p(0.50):.1f} ms, p99 {p(0.99):.1f} ms, max {latencies[-1] * 1000:.1f} ms,"
@@ -148,16 +164,36 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="stop after this many")
     parser.add_argument("--seconds", type=float, default=30.0, help="or after this long")
     parser.add_argument("--with-work", action="store_true", help="run what is admitted too")
+    parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
+    parser.add_argument("--processes", type=int, default=1, help="servers (PostgreSQL only)")
+    _pg.add_argument(parser)
     args = parser.parse_args()
+    if args.pg:
+        args.postgres = True
+    if args.processes > 1 and not args.postgres:
+        parser.error("several processes share a database on PostgreSQL only (--postgres)")
     folder = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
-    proc, host, port = start_server(folder / "hearth.db", folder / "server.log")
-    try:
-        agent = "instant" if args.with_work else "queued"
-        asyncio.run(measure(host, port, agent, args.clients, args.requests, args.seconds))
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    print(f"database: {folder / 'hearth.db'} (SQLite, synchronous=FULL)")
+    with contextlib.ExitStack() as stack:
+        if args.postgres:
+            server = stack.enter_context(_pg.server(args.pg))
+            db = server.url()
+            where = f"PostgreSQL ({server.settings()})"
+        else:
+            db = f"sqlite:///{folder / 'hearth.db'}"
+            where = f"{folder / 'hearth.db'} (SQLite, synchronous=FULL)"
+        procs = []
+        try:
+            for i in range(args.processes):
+                procs.append(start_server(db, folder / f"server{i}.log"))
+            agent = "instant" if args.with_work else "queued"
+            servers = [(host, port) for _, host, port in procs]
+            asyncio.run(measure(servers, agent, args.clients, args.requests, args.seconds))
+        finally:
+            for proc, _, _ in procs:
+                proc.terminate()
+            for proc, _, _ in procs:
+                proc.wait(30)
+        print(f"database: {where}")
 
 
 if __name__ == "__main__":
