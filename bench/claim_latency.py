@@ -47,7 +47,7 @@ CONVERSATIONS = "conversation_id, agent, parent, last_offset, created_at"
 RECORDS = 'conversation_id, "offset", id, type, submission_id, body, digest'
 SUBMISSIONS = (
     "id, conversation_id, kind, payload, idempotency_key, payload_digest, admitted_offset,"
-    " status, attempt, max_attempts, timeout, accepted_at"
+    " status, attempt, max_attempts, timeout, accepted_at, is_head"
 )
 
 
@@ -81,6 +81,7 @@ def rows(
                 sub.max_attempts,
                 sub.timeout,
                 now + i * 1e-6,
+                not heads,  # the first of its conversation is its head; later ones wait
             ),
         )
 
@@ -100,7 +101,7 @@ def fill_sqlite(path: Path, size: int, heads: int) -> None:
                     [r[1] for r in table],
                 )
             conn.executemany(
-                f"INSERT INTO submissions ({SUBMISSIONS}) VALUES ({', '.join('?' * 12)})",
+                f"INSERT INTO submissions ({SUBMISSIONS}) VALUES ({', '.join('?' * 13)})",
                 [r[2] for r in table],
             )
     finally:

@@ -422,6 +422,33 @@ async def test_claim_takes_the_next_submission_once_the_first_settles(store: Sto
     assert [c.id for c in await store.claim("owner-1", 30.0, 10)] == [second.id]
 
 
+async def test_after_a_host_settles_the_next_queued_message_past_its_joined_ones_is_claimed(
+    store: Store,
+) -> None:
+    host = await running(store, CONV)
+    guest = await admitted(store, CONV)
+    later = await admitted(store, CONV)
+    assert await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    assert await store.claim("owner-2", 30.0, 10) == []  # nothing behind a running host
+    await store.settle(host.fence, settlement(host), outcome="completed", error=None, reply="")
+    assert [c.id for c in await store.claim("owner-2", 30.0, 10)] == [later.id]
+
+
+async def test_many_waiting_messages_of_busy_conversations_leave_others_claimable(
+    store: Store,
+) -> None:
+    busy = [await running(store, f"support/busy-{n}") for n in range(3)]
+    for n in range(30):
+        await admitted(store, f"support/busy-{n % 3}")
+    idle = await admitted(store, "support/idle")
+    assert [c.id for c in await store.claim("owner-2", 30.0, 10)] == [idle.id]
+    await store.settle(
+        busy[1].fence, settlement(busy[1]), outcome="completed", error=None, reply=""
+    )
+    [next_one] = await store.claim("owner-2", 30.0, 10)
+    assert next_one.conversation_id == "support/busy-1"
+
+
 async def test_claim_skips_excluded_conversations(store: Store) -> None:
     await admitted(store, CONV)
     b1 = await admitted(store, OTHER)

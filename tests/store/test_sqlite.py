@@ -17,6 +17,7 @@ import hearth.store
 from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, StoreError
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, SQLiteStore, Store, open_store
+from hearth.store.rules import settlement
 
 pytestmark = pytest.mark.anyio
 
@@ -147,14 +148,49 @@ async def test_the_same_store_object_can_be_reopened(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_a_schema_1_file_is_migrated_with_the_heads_of_its_conversations(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        first = (await store.admit(new("support/c-1"))).submission
+        [running] = await store.claim("owner-1", 30.0, 10)
+        waiting = (await store.admit(new("support/c-1"))).submission
+        other = (await store.admit(new("support/c-2"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 1 left it: no heads
+        conn.execute("DROP INDEX submissions_heads")
+        conn.execute("ALTER TABLE submissions DROP COLUMN is_head")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.close()
+    store = await opened(path)
+    try:
+        assert running.id == first.id
+        assert [s.id for s in await store.claim("owner-2", 30.0, 10)] == [other.id]
+        await store.settle(
+            running.fence,
+            settlement(first.id, "completed", None, ""),
+            outcome="completed",
+            error=None,
+            reply="",
+        )
+        assert [s.id for s in await store.claim("owner-2", 30.0, 10)] == [waiting.id]
+    finally:
+        await store.close()
+
+
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "hearth.db"
     store = await opened(path)
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.close()
-    with pytest.raises(SchemaTooNew, match=r"newer hearth \(schema 2\); upgrade hearth"):
+    with pytest.raises(
+        SchemaTooNew, match=r"newer hearth \(schema 3; this hearth knows schema 2\)"
+    ):
         await opened(path)
 
 

@@ -35,20 +35,16 @@ Outbox = list[Event]
 # The injected clock when a test gives one, else the database server's clock.
 NOW = "COALESCE(%(now)s::float8, extract(epoch FROM clock_timestamp()))"
 
+# Only heads are looked at (one per conversation: its oldest queued or running submission), so a
+# claim costs the same however many submissions wait behind them. A head locked by another
+# claimer is skipped; once locked, its conditions are checked again on its newest version.
 CLAIM = f"""
 WITH picked AS (
-    SELECT s.seq FROM submissions AS s
-    WHERE s.status IN ('queued', 'running')
-      AND (s.status = 'queued' OR COALESCE(s.lease_expires_at, 0) <= {NOW})
-      AND NOT (s.conversation_id = ANY(%(excluded)s::text[]))
-      AND s.seq = (
-          SELECT min(t.seq) FROM submissions AS t
-          WHERE t.conversation_id = s.conversation_id AND t.status IN ('queued', 'running'))
-      AND NOT EXISTS (
-          SELECT 1 FROM submissions AS r
-          WHERE r.conversation_id = s.conversation_id AND r.status = 'running'
-            AND r.seq <> s.seq)
-    ORDER BY s.seq
+    SELECT seq FROM submissions
+    WHERE is_head
+      AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= {NOW}))
+      AND NOT (conversation_id = ANY(%(excluded)s::text[]))
+    ORDER BY seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
 UPDATE submissions AS u SET
@@ -61,6 +57,12 @@ UPDATE submissions AS u SET
     deadline = COALESCE(u.deadline, {NOW} + u.timeout)
 FROM picked WHERE u.seq = picked.seq
 RETURNING u.*
+"""
+
+# After a head settles, the next queued submission of its conversation is the head.
+NEXT_HEAD = """
+UPDATE submissions SET is_head = true WHERE seq = (
+    SELECT min(seq) FROM submissions WHERE conversation_id = %(c)s AND status = 'queued')
 """
 
 
@@ -191,9 +193,11 @@ async def admit(
     row = await fetchone(
         conn,
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
-        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at)"
-        " VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s, %(offset)s,"
-        f" 'queued', 0, %(max)s, %(timeout)s, {NOW}) RETURNING *",
+        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
+        " is_head) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s,"
+        f" %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
+        "SELECT 1 FROM submissions WHERE conversation_id = %(c)s"
+        " AND status IN ('queued', 'running'))) RETURNING *",
         {
             "id": submission_id,
             "c": conversation_id,
@@ -234,10 +238,11 @@ async def settle(
     }
     await conn.execute(
         "UPDATE submissions SET status = %(settled)s, outcome = %(outcome)s, error = %(error)s,"
-        f" reply = %(reply)s, settled_at = {NOW}, lease_owner = NULL, lease_expires_at = NULL"
-        " WHERE id = %(id)s".encode(),
+        f" reply = %(reply)s, settled_at = {NOW}, lease_owner = NULL, lease_expires_at = NULL,"
+        " is_head = false WHERE id = %(id)s".encode(),
         values,
     )
+    await conn.execute(NEXT_HEAD.encode(), {"c": conversation_id})
     outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id))
     joined = await fetchall(
         conn,

@@ -68,12 +68,12 @@ CREATE TABLE IF NOT EXISTS submissions (
     started_at double precision,
     settled_at double precision,
     joined_to text,
+    is_head boolean NOT NULL DEFAULT false,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
     ON submissions (conversation_id, status, seq);
-CREATE INDEX IF NOT EXISTS submissions_unsettled ON submissions (seq)
-    WHERE status IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS submissions_heads ON submissions (seq) WHERE is_head;
 CREATE INDEX IF NOT EXISTS submissions_by_owner ON submissions (lease_owner)
     WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS submissions_by_claim ON submissions (claim_token)

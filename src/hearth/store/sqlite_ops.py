@@ -27,6 +27,8 @@ from hearth.store.rows import (
 from hearth.store.rows import SETTLED as SETTLED_STATUS
 from hearth.store.sqlite_writer import Outbox
 
+# Only heads are looked at (one per conversation: its oldest queued or running submission), so a
+# claim costs the same however many submissions wait behind them.
 CLAIM = """
 UPDATE submissions SET
     status = 'running',
@@ -36,20 +38,19 @@ UPDATE submissions SET
     started_at = COALESCE(started_at, :now),
     deadline = COALESCE(deadline, :now + timeout)
 WHERE seq IN (
-    SELECT s.seq FROM submissions AS s
-    WHERE s.status IN ('queued', 'running')
-      AND (s.status = 'queued' OR COALESCE(s.lease_expires_at, 0) <= :now)
-      AND s.conversation_id NOT IN (SELECT value FROM json_each(:excluded))
-      AND s.seq = (
-          SELECT MIN(t.seq) FROM submissions AS t
-          WHERE t.conversation_id = s.conversation_id AND t.status IN ('queued', 'running'))
-      AND NOT EXISTS (
-          SELECT 1 FROM submissions AS r
-          WHERE r.conversation_id = s.conversation_id AND r.status = 'running'
-            AND r.seq <> s.seq)
-    ORDER BY s.seq
+    SELECT seq FROM submissions INDEXED BY submissions_heads
+    WHERE is_head = 1
+      AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= :now))
+      AND conversation_id NOT IN (SELECT value FROM json_each(:excluded))
+    ORDER BY seq
     LIMIT :limit)
 RETURNING *
+"""
+
+# After a head settles, the next queued submission of its conversation is the head.
+NEXT_HEAD = """
+UPDATE submissions SET is_head = 1 WHERE seq = (
+    SELECT MIN(seq) FROM submissions WHERE conversation_id = ? AND status = 'queued')
 """
 
 
@@ -138,10 +139,14 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             rules.check_idempotent(new, row["payload_digest"])
             return Admission(submission(row), row["admitted_offset"], True)
     offset = last_offset(conn, conversation_id)
+    busy = conn.execute(
+        "SELECT 1 FROM submissions WHERE conversation_id = ? AND status IN (?, ?) LIMIT 1",
+        (conversation_id, QUEUED, RUNNING),
+    ).fetchone()
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
-        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) RETURNING *",
+        " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
+        " is_head) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?) RETURNING *",
         (
             rules.new_submission_id(),
             conversation_id,
@@ -154,6 +159,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             new.max_attempts,
             new.timeout,
             now,
+            0 if busy else 1,
         ),
     ).fetchone()
     admitted = submission(row)
@@ -176,9 +182,10 @@ def settle(
     error_json = rules.to_json_or_none(error)
     conn.execute(
         "UPDATE submissions SET status = ?, outcome = ?, error = ?, reply = ?,"
-        " settled_at = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
+        " settled_at = ?, lease_owner = NULL, lease_expires_at = NULL, is_head = 0 WHERE id = ?",
         (SETTLED_STATUS, outcome, error_json, reply, now, fence.submission_id),
     )
+    conn.execute(NEXT_HEAD, (conversation_id,))
     outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id))
     joined = conn.execute(
         "SELECT id FROM submissions WHERE joined_to = ? AND status = ?"

@@ -7,7 +7,7 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: submissions.is_head marks each conversation's claimable head
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -61,11 +61,13 @@ CREATE TABLE IF NOT EXISTS submissions (
     started_at REAL,
     settled_at REAL,
     joined_to TEXT,
+    is_head INTEGER NOT NULL DEFAULT 0,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
     ON submissions (conversation_id, status, seq);
 CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions (status);
+CREATE INDEX IF NOT EXISTS submissions_heads ON submissions (seq) WHERE is_head = 1;
 CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
     WHERE joined_to IS NOT NULL;
 """
@@ -101,6 +103,15 @@ def connect(path: str, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
+def _add_heads(conn: sqlite3.Connection) -> None:
+    """Schema 1 → 2: mark the oldest queued or running submission of each conversation."""
+    conn.execute("ALTER TABLE submissions ADD COLUMN is_head INTEGER NOT NULL DEFAULT 0")
+    conn.execute(
+        "UPDATE submissions SET is_head = 1 WHERE seq IN (SELECT MIN(seq) FROM submissions"
+        " WHERE status IN ('queued', 'running') GROUP BY conversation_id)"
+    )
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -113,8 +124,11 @@ def migrate(conn: sqlite3.Connection) -> None:
             found = int(row[0]) if row is not None else SCHEMA_VERSION
             if found > SCHEMA_VERSION:
                 raise SchemaTooNew(
-                    f"the database was created by a newer hearth (schema {found}); upgrade hearth"
+                    f"the database was created by a newer hearth (schema {found}; this hearth"
+                    f" knows schema {SCHEMA_VERSION}); upgrade hearth"
                 )
+            if found < 2:
+                _add_heads(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
