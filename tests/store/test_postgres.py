@@ -69,6 +69,26 @@ def test_a_bad_schema_name_is_a_configuration_error(url: str) -> None:
         open_store(url)
 
 
+@pytest.mark.parametrize("url", ["postgresql://u:secret@db:notaport/app", "postgresql://[::1/app"])
+def test_a_malformed_postgres_url_is_a_configuration_error_without_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="bad PostgreSQL URL") as caught:
+        open_store(url)
+    assert "secret" not in str(caught.value)
+
+
+async def test_a_connection_string_the_driver_rejects_is_a_configuration_error(
+    pg_cluster: Cluster,
+) -> None:
+    store = PostgresStore(f"{pg_cluster.conninfo}?sslmod=require")  # a misspelt option
+    with pytest.raises(ConfigurationError, match="bad PostgreSQL URL"):
+        await store.open()
+
+
+async def test_ping_answers_while_the_server_is_up(pg_cluster: Cluster) -> None:
+    async with opened(pg_cluster.conninfo, new_schema()) as store:
+        await store.ping(2.0)
+
+
 def test_without_the_extra_a_postgres_url_names_the_install_command() -> None:
     script = (
         "import sys\n"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hearth.config import Settings
-from hearth.errors import FencedOut
+from hearth.errors import FencedOut, StoreUnavailable
 from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
@@ -111,6 +111,9 @@ class Coordinator:
             self._wake.clear()
             try:
                 await self._claim_some()
+            except StoreUnavailable as exc:
+                log.warning("cannot claim work: %s; retrying", exc)
+                await asyncio.sleep(0.5)
             except Exception:
                 log.exception("claiming failed; retrying")
                 await asyncio.sleep(0.5)
@@ -144,6 +147,9 @@ class Coordinator:
                 continue
             try:
                 held = set(await self.store.renew_all(self.owner, self.settings.lease_s))
+            except StoreUnavailable as exc:
+                log.warning("cannot renew the leases of %s: %s", self.owner, exc)
+                continue
             except Exception:
                 log.exception("renewing the leases of %s failed", self.owner)
                 continue
@@ -193,6 +199,10 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 await self.store.release(sub.fence, self.owner)
             raise
+        except StoreUnavailable as exc:  # expected while the database is away: one line
+            log.warning("attempt %d of %s stopped: %s; releasing it", sub.attempt, sub.id, exc)
+            with contextlib.suppress(Exception):
+                await self.store.release(sub.fence, self.owner)
         except Exception:
             log.exception("attempt %d of %s failed; releasing it for a retry", sub.attempt, sub.id)
             with contextlib.suppress(Exception):

@@ -76,7 +76,11 @@ def _postgres(url: str, pool_size: int) -> Store:
         raise ConfigurationError(
             "PostgreSQL URLs need the PostgreSQL extra: pip install 'hearth[postgres]'"
         ) from None
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises for a port that is not a number
+    except ValueError as exc:
+        raise ConfigurationError(f"bad PostgreSQL URL {_masked(url)}: {exc}") from None
     options = parse_qsl(parts.query, keep_blank_values=True)
     schemas = [value for key, value in options if key == "schema"]
     if len(schemas) > 1 or (schemas and not schemas[0]):
@@ -87,10 +91,14 @@ def _postgres(url: str, pool_size: int) -> Store:
 
 
 def _masked(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url.split("://", 1)[0] + "://…"
+    if password is None:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
 
 

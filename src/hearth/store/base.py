@@ -46,6 +46,10 @@ class Store(Protocol):
     async def close(self) -> None:
         """Finish what is in flight and let go of the database. Idempotent."""
 
+    async def ping(self, timeout: float) -> None:
+        """Ask the database a trivial question; ``StoreUnavailable`` naming the cause when it
+        gives no answer within ``timeout`` seconds (what ``/healthz`` reports)."""
+
     async def now(self) -> float:
         """The store's clock (unix seconds): leases, deadlines and stamps are computed from it,
         so that every process sharing the database agrees on them. Injectable in tests."""

@@ -48,6 +48,7 @@ Resolve = Callable[[ops.Conn], Awaitable[T | None]]
 SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 ADMIT_WAIT_S = 1.5  # admission gives up within two seconds, so HTTP answers 503 quickly
 READ_RETRY_S = 10.0
+RECONNECT_S = 3.0
 CONNECT_TIMEOUT_S = 5
 _SKEW_TTL_S = 30.0
 
@@ -105,10 +106,19 @@ class PostgresStore:
             conn = await psycopg.AsyncConnection.connect(
                 self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             )
+        except psycopg.ProgrammingError as exc:  # the connection string itself is wrong
+            raise ConfigurationError(f"bad PostgreSQL URL: {_first_line(exc)}") from None
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot connect to {self.where}: {_first_line(exc)}") from None
         try:
             await migrate(conn, self.schema)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise StoreError(
+                f"{self.where}: {_first_line(exc)}; grant CREATE on the database to this role, or"
+                f" create the schema {self.schema!r} owned by it"
+            ) from None
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where}: the migration failed: {_first_line(exc)}") from None
         finally:
             await conn.close()
         pool: AsyncConnectionPool[ops.Conn] = AsyncConnectionPool(
@@ -118,6 +128,9 @@ class PostgresStore:
             kwargs={**self._kwargs, "autocommit": True, "row_factory": dict_row},
             open=False,
             timeout=ADMIT_WAIT_S,
+            # Give up a background reconnection soon: the pool then regrows when a caller
+            # waits, instead of after an exponential backoff as long as the outage was.
+            reconnect_timeout=RECONNECT_S,
             name="hearth",
         )
         await pool.open()
@@ -138,6 +151,19 @@ class PostgresStore:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+    async def ping(self, timeout: float) -> None:
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailable("the PostgreSQL store is not open")
+        try:
+            async with asyncio.timeout(timeout):
+                async with pool.connection(timeout=timeout) as conn:
+                    await conn.execute("SELECT 1")
+        except TimeoutError:
+            raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise StoreUnavailable(f"{self.where} is unreachable: {_first_line(exc)}") from None
 
     async def now(self) -> float:
         if self.clock is not None:

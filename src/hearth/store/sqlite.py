@@ -16,13 +16,14 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from hearth.errors import ConfigurationError
+from hearth.errors import ConfigurationError, StoreUnavailable
 from hearth.records import Record, loads
 from hearth.store import sqlite_ops as ops
 from hearth.store.base import LIST_LIMIT
@@ -81,6 +82,15 @@ class SQLiteStore:
 
     async def now(self) -> float:
         return self.clock()
+
+    async def ping(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"the SQLite file {self.path} gave no answer within {timeout:g} s"
+            ) from None
 
     def pause_writer(self) -> None:
         """Test hook: the writer thread takes no new group until ``resume_writer``."""
