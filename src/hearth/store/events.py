@@ -69,6 +69,21 @@ class StoreEvents:
         for listener in list(self._listeners):
             listener(event)
 
+    def publish_all(self, events: list[Event]) -> None:
+        """Deliver what one commit (or one group of commits) changed: one ``appended`` per
+        conversation at its last offset, then the rest in order, so a woken waiter finds the
+        records it was woken for."""
+        appended: dict[str, int] = {}
+        for event in events:
+            if event.kind == APPENDED:
+                last = appended.get(event.conversation_id, -1)
+                appended[event.conversation_id] = max(event.offset, last)
+        for conversation_id, offset in appended.items():
+            self.publish(Event(APPENDED, conversation_id, offset))
+        for event in events:
+            if event.kind != APPENDED:
+                self.publish(event)
+
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` for every event from now on; returns the function that stops it."""
         self._listeners.append(listener)

@@ -28,27 +28,40 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
-from hearth.errors import ConfigurationError, HearthError, StoreError, StoreUnavailable
+from hearth.errors import ConfigurationError, StoreError, StoreUnavailable
 from hearth.records import Record, loads
 from hearth.store import postgres_ops as ops
+from hearth.store import postgres_readback as readback
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT
-from hearth.store.events import APPENDED, Event, StoreEvents
-from hearth.store.postgres_listen import Listener, encode
+from hearth.store.events import Event, StoreEvents
+from hearth.store.postgres_listen import Listener
 from hearth.store.postgres_schema import migrate
-from hearth.store.rows import RUNNING, Admission, ConversationInfo, Fence, NewSubmission, Submission
+from hearth.store.postgres_tx import (
+    ADMIT_WAIT_S,
+    Resolve,
+    Transactions,
+    Work,
+    describe,
+    first_line,
+    open_pool,
+)
+from hearth.store.rows import (
+    RUNNING,
+    Admission,
+    ConversationInfo,
+    Fence,
+    NewSubmission,
+    Submission,
+    conversation_from_row,
+    submission_from_row,
+)
 
 T = TypeVar("T")
-Work = Callable[[ops.Conn, ops.Outbox], Awaitable[T]]
-Resolve = Callable[[ops.Conn], Awaitable[T | None]]
 
 SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-ADMIT_WAIT_S = 1.5  # admission gives up within two seconds, so HTTP answers 503 quickly
-READ_RETRY_S = 10.0
-RECONNECT_S = 3.0
 CONNECT_TIMEOUT_S = 5
 _SKEW_TTL_S = 30.0
 
@@ -72,6 +85,7 @@ class PostgresStore:
         if pool_size < 1:
             raise ConfigurationError("the PostgreSQL pool needs at least 1 connection")
         self.conninfo = conninfo
+        self.where = describe(conninfo)  # the server and database, without credentials
         self.schema = schema
         self.pool_size = pool_size
         self.write_retry_s = write_retry_s
@@ -83,58 +97,38 @@ class PostgresStore:
             "options": f"-c search_path={schema}",
             "connect_timeout": CONNECT_TIMEOUT_S,
         }
-        self._pool: AsyncConnectionPool[ops.Conn] | None = None
+        self._transactions: Transactions | None = None
         self._listener: Listener | None = None
         self._skew: tuple[float, float] | None = None  # (database - local seconds, measured at)
-
-    @property
-    def where(self) -> str:
-        """The server and database, without credentials, for messages."""
-        try:
-            info = psycopg.conninfo.conninfo_to_dict(self.conninfo)
-        except psycopg.ProgrammingError:
-            return "PostgreSQL"
-        host = info.get("host") or "localhost"
-        return f"PostgreSQL at {host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def open(self) -> None:
         """Connect, create or check the schema (under an advisory lock), start the listener."""
-        if self._pool is not None:
+        if self._transactions is not None:
             return
         try:
             conn = await psycopg.AsyncConnection.connect(
                 self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             )
         except psycopg.ProgrammingError as exc:  # the connection string itself is wrong
-            raise ConfigurationError(f"bad PostgreSQL URL: {_first_line(exc)}") from None
+            raise ConfigurationError(f"bad PostgreSQL URL: {first_line(exc)}") from None
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self.where}: {_first_line(exc)}") from None
+            raise StoreUnavailable(f"cannot connect to {self.where}: {first_line(exc)}") from None
         try:
             await migrate(conn, self.schema)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise StoreError(
-                f"{self.where}: {_first_line(exc)}; grant CREATE on the database to this role, or"
+                f"{self.where}: {first_line(exc)}; grant CREATE on the database to this role, or"
                 f" create the schema {self.schema!r} owned by it"
             ) from None
         except psycopg.Error as exc:
-            raise StoreError(f"{self.where}: the migration failed: {_first_line(exc)}") from None
+            raise StoreError(f"{self.where}: the migration failed: {first_line(exc)}") from None
         finally:
             await conn.close()
-        pool: AsyncConnectionPool[ops.Conn] = AsyncConnectionPool(
-            self.conninfo,
-            min_size=1,
-            max_size=self.pool_size,
-            kwargs={**self._kwargs, "autocommit": True, "row_factory": dict_row},
-            open=False,
-            timeout=ADMIT_WAIT_S,
-            # Give up a background reconnection soon: the pool then regrows when a caller
-            # waits, instead of after an exponential backoff as long as the outage was.
-            reconnect_timeout=RECONNECT_S,
-            name="hearth",
+        pool = await open_pool(self.conninfo, self._kwargs, self.pool_size)
+        self._transactions = Transactions(
+            pool, where=self.where, channel=self.channel, sender=self._sender, events=self.events
         )
-        await pool.open()
-        self._pool = pool
         self._listener = Listener(
             self.conninfo, self._kwargs, self.channel, self._sender, self.events, self._missed
         )
@@ -148,14 +142,12 @@ class PostgresStore:
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.stop()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        transactions, self._transactions = self._transactions, None
+        if transactions is not None:
+            await transactions.pool.close()
 
     async def ping(self, timeout: float) -> None:
-        pool = self._pool
-        if pool is None:
-            raise StoreUnavailable("the PostgreSQL store is not open")
+        pool = self._tx().pool
         try:
             async with asyncio.timeout(timeout):
                 async with pool.connection(timeout=timeout) as conn:
@@ -163,7 +155,7 @@ class PostgresStore:
         except TimeoutError:
             raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
         except (psycopg.Error, PoolTimeout) as exc:
-            raise StoreUnavailable(f"{self.where} is unreachable: {_first_line(exc)}") from None
+            raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
 
     async def now(self) -> float:
         if self.clock is not None:
@@ -194,93 +186,19 @@ class PostgresStore:
     def _now(self) -> float | None:
         return None if self.clock is None else self.clock()
 
-    async def _read(self, work: Callable[[ops.Conn], Awaitable[T]]) -> T:
-        async def run(conn: ops.Conn, _: ops.Outbox) -> T:
-            return await work(conn)
+    def _tx(self) -> Transactions:
+        if self._transactions is None:
+            raise StoreUnavailable("the PostgreSQL store is not open")
+        return self._transactions
 
-        return await self._run(run, budget_s=READ_RETRY_S, transaction=False)
+    async def _read(self, work: Callable[[ops.Conn], Awaitable[T]]) -> T:
+        return await self._tx().read(work)
 
     async def _write(
         self, work: Work[T], *, resolve: Resolve[T] | None = None, budget_s: float | None = None
     ) -> T:
         budget = self.write_retry_s if budget_s is None else budget_s
-        return await self._run(work, budget_s=budget, resolve=resolve)
-
-    async def _run(
-        self,
-        work: Work[T],
-        *,
-        budget_s: float,
-        transaction: bool = True,
-        resolve: Resolve[T] | None = None,
-    ) -> T:
-        pool = self._pool
-        if pool is None:
-            raise StoreUnavailable("the PostgreSQL store is not open")
-        end = time.monotonic() + budget_s
-        delay, uncertain = 0.05, False
-        while True:
-            outbox: ops.Outbox = []
-            try:
-                wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
-                async with pool.connection(timeout=wait) as conn:
-                    if uncertain and resolve is not None:
-                        found = await resolve(conn)
-                        if found is not None:
-                            return found
-                    if not transaction:
-                        return await work(conn, outbox)
-                    async with conn.transaction():
-                        result = await work(conn, outbox)
-                        if outbox:
-                            await self._notify(conn, outbox)
-                self._publish(outbox)
-                return result
-            except (HearthError, psycopg.IntegrityError):
-                # After a lost COMMIT whose transaction finished late, the retry is refused (the
-                # fence moved on, the id exists): what was written is the answer.
-                found = await self._resolve_late(resolve) if uncertain else None
-                if found is None:
-                    raise
-                return found
-            except (psycopg.OperationalError, PoolTimeout) as exc:
-                uncertain = uncertain or transaction  # its COMMIT may have gone through
-                if time.monotonic() + delay >= end or self._pool is None:
-                    raise StoreUnavailable(
-                        f"{self.where} is unreachable: {_first_line(exc)}"
-                    ) from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except psycopg.Error as exc:
-                raise StoreError(f"{self.where} refused the operation: {_first_line(exc)}") from exc
-
-    async def _resolve_late(self, resolve: Resolve[T] | None) -> T | None:
-        if resolve is None or self._pool is None:
-            return None
-        try:
-            async with self._pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                return await resolve(conn)
-        except (psycopg.Error, PoolTimeout):
-            return None
-
-    async def _notify(self, conn: ops.Conn, outbox: ops.Outbox) -> None:
-        await conn.execute(
-            "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)s::text[]) AS p",
-            {"ch": self.channel, "ps": [encode(e, self._sender) for e in outbox]},
-        )
-
-    def _publish(self, outbox: ops.Outbox) -> None:
-        appended: dict[str, int] = {}
-        for event in outbox:
-            if event.kind == APPENDED:
-                appended[event.conversation_id] = max(
-                    event.offset, appended.get(event.conversation_id, -1)
-                )
-        for conversation_id, offset in appended.items():
-            self.events.publish(Event(APPENDED, conversation_id, offset))
-        for event in outbox:
-            if event.kind != APPENDED:
-                self.events.publish(event)
+        return await self._tx().write(work, budget_s=budget, resolve=resolve)
 
     # --- the stream -----------------------------------------------------------------------------
     async def append(
@@ -293,10 +211,9 @@ class PostgresStore:
                 await ops.check_fence(conn, fence)
             return await ops.append(conn, conversation_id, batch, outbox, self._now())
 
-        async def resolve(conn: ops.Conn) -> list[int] | None:
-            return await _appended_offsets(conn, conversation_id, batch)
-
-        return await self._write(work, resolve=resolve)
+        return await self._write(
+            work, resolve=lambda conn: readback.appended_offsets(conn, conversation_id, batch)
+        )
 
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
@@ -330,7 +247,7 @@ class PostgresStore:
                 {"c": conversation_id},
             )
         )
-        return None if row is None else ops.conversation(row)
+        return None if row is None else conversation_from_row(row)
 
     async def get_state(self, conversation_id: str) -> dict[str, Any]:
         rows = await self._read(
@@ -346,19 +263,9 @@ class PostgresStore:
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
 
-        async def resolve(conn: ops.Conn) -> Admission | None:
-            row = await ops.fetchone(
-                conn, "SELECT * FROM submissions WHERE id = %(id)s", {"id": sid}
-            )
-            return (
-                None
-                if row is None
-                else Admission(ops.submission(row), row["admitted_offset"], False)
-            )
-
         return await self._write(
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
-            resolve=resolve,
+            resolve=lambda conn: readback.admission(conn, sid),
             budget_s=ADMIT_WAIT_S,
         )
 
@@ -368,7 +275,7 @@ class PostgresStore:
                 conn, "SELECT * FROM submissions WHERE id = %(id)s", {"id": submission_id}
             )
         )
-        return None if row is None else ops.submission(row)
+        return None if row is None else submission_from_row(row)
 
     async def list_submissions(
         self,
@@ -393,7 +300,7 @@ class PostgresStore:
                 },
             )
         )
-        return [ops.submission(row) for row in rows]
+        return [submission_from_row(row) for row in rows]
 
     async def claim(
         self,
@@ -415,18 +322,9 @@ class PostgresStore:
 
         async def work(conn: ops.Conn, _: ops.Outbox) -> list[Submission]:
             rows = await ops.fetchall(conn, ops.CLAIM, params)
-            return sorted((ops.submission(row) for row in rows), key=lambda s: s.seq)
+            return sorted((submission_from_row(row) for row in rows), key=lambda s: s.seq)
 
-        async def resolve(conn: ops.Conn) -> list[Submission] | None:
-            rows = await ops.fetchall(
-                conn,
-                "SELECT * FROM submissions WHERE claim_token = %(t)s AND status = %(r)s"
-                " ORDER BY seq",
-                {"t": token, "r": RUNNING},
-            )
-            return [ops.submission(row) for row in rows] or None
-
-        return await self._write(work, resolve=resolve)
+        return await self._write(work, resolve=lambda conn: readback.claimed(conn, token))
 
     async def renew_all(self, owner: str, lease_s: float) -> list[Fence]:
         rows = await self._write(
@@ -475,63 +373,15 @@ class PostgresStore:
         batch = [*records_before, record]
         result = (outcome, error, reply)
 
-        async def resolve(conn: ops.Conn) -> int | None:
-            offsets = await _appended_offsets(conn, None, [record], fence.submission_id)
-            return None if offsets is None else offsets[-1]
-
         return await self._write(
             lambda conn, outbox: ops.settle(conn, fence, batch, result, outbox, self._now()),
-            resolve=resolve,
+            resolve=lambda conn: readback.settlement(conn, fence, record),
         )
 
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
         batch = list(records)
 
-        async def resolve(conn: ops.Conn) -> bool | None:
-            row = await ops.fetchone(
-                conn,
-                "SELECT 1 AS ok FROM submissions WHERE id = %(id)s AND joined_to = %(h)s",
-                {"id": submission_id, "h": host.submission_id},
-            )
-            return None if row is None else True
-
         return await self._write(
             lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self._now()),
-            resolve=resolve,
+            resolve=lambda conn: readback.joined(conn, submission_id, host),
         )
-
-
-async def _appended_offsets(
-    conn: ops.Conn,
-    conversation_id: str | None,
-    records: list[Record],
-    submission_id: str | None = None,
-) -> list[int] | None:
-    """The offsets of ``records`` when every one of them is stored with the same content (an
-    earlier try committed), else None. Without ``conversation_id``, the submission's is used."""
-    if conversation_id is None:
-        row = await ops.fetchone(
-            conn, "SELECT conversation_id FROM submissions WHERE id = %(id)s", {"id": submission_id}
-        )
-        if row is None:
-            return None
-        conversation_id = row["conversation_id"]
-    rows = await ops.fetchall(
-        conn,
-        'SELECT id, "offset", digest FROM records'
-        " WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
-        {"c": conversation_id, "ids": [r.id for r in records]},
-    )
-    stored = {row["id"]: (int(row["offset"]), row["digest"]) for row in rows}
-    offsets = []
-    for record in records:
-        found = stored.get(record.id)
-        if found is None or found[1] != record.content_digest():
-            return None
-        offsets.append(found[0])
-    return offsets
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -8,7 +8,6 @@ what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
@@ -22,10 +21,9 @@ from hearth.store.rows import (
     QUEUED,
     RUNNING,
     Admission,
-    ConversationInfo,
     Fence,
     NewSubmission,
-    Submission,
+    submission_from_row,
 )
 from hearth.store.rows import SETTLED as SETTLED_STATUS
 
@@ -188,7 +186,7 @@ async def admit(
         )
         if row is not None:
             rules.check_idempotent(new, row["payload_digest"])
-            return Admission(submission(row), int(row["admitted_offset"]), True)
+            return Admission(submission_from_row(row), int(row["admitted_offset"]), True)
     offset = await last_offset(conn, conversation_id)
     row = await fetchone(
         conn,
@@ -213,7 +211,7 @@ async def admit(
     )
     assert row is not None
     outbox.append(Event(ADMITTED, conversation_id, offset, submission_id))
-    return Admission(submission(row), offset, False)
+    return Admission(submission_from_row(row), offset, False)
 
 
 async def settle(
@@ -336,40 +334,3 @@ async def last_offset(conn: Conn, conversation_id: str) -> int:
         {"c": conversation_id},
     )
     return -1 if row is None else int(row["last_offset"])
-
-
-def submission(row: dict[str, Any]) -> Submission:
-    return Submission(
-        id=row["id"],
-        conversation_id=row["conversation_id"],
-        kind=row["kind"],
-        payload=json.loads(row["payload"]),
-        idempotency_key=row["idempotency_key"],
-        status=row["status"],
-        outcome=row["outcome"],
-        error=None if row["error"] is None else json.loads(row["error"]),
-        reply=row["reply"],
-        attempt=int(row["attempt"]),
-        max_attempts=int(row["max_attempts"]),
-        timeout=float(row["timeout"]),
-        deadline=row["deadline"],
-        lease_owner=row["lease_owner"],
-        lease_expires_at=row["lease_expires_at"],
-        abort_requested_at=row["abort_requested_at"],
-        accepted_at=float(row["accepted_at"]),
-        started_at=row["started_at"],
-        settled_at=row["settled_at"],
-        seq=int(row["seq"]),
-        joined_to=row["joined_to"],
-    )
-
-
-def conversation(row: dict[str, Any]) -> ConversationInfo:
-    parent = row["parent"]
-    return ConversationInfo(
-        conversation_id=row["conversation_id"],
-        agent=row["agent"],
-        last_offset=int(row["last_offset"]),
-        parent=None if parent is None else json.loads(parent),
-        extra={"created_at": row["created_at"]},
-    )

@@ -5,8 +5,9 @@ Plain frozen dataclasses, shared by every store and by the runtime above them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -109,3 +110,52 @@ class ConversationInfo:
     last_offset: int
     parent: dict[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Row(Protocol):
+    """A database row read by column name (``sqlite3.Row``, a psycopg dict row)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def submission_from_row(row: Row) -> Submission:
+    """The ``Submission`` a ``submissions`` row holds (JSON columns decoded)."""
+    return Submission(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        kind=row["kind"],
+        payload=json.loads(row["payload"]),
+        idempotency_key=row["idempotency_key"],
+        status=row["status"],
+        outcome=row["outcome"],
+        error=None if row["error"] is None else json.loads(row["error"]),
+        reply=row["reply"],
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max_attempts"]),
+        timeout=float(row["timeout"]),
+        deadline=_real(row["deadline"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=_real(row["lease_expires_at"]),
+        abort_requested_at=_real(row["abort_requested_at"]),
+        accepted_at=float(row["accepted_at"]),
+        started_at=_real(row["started_at"]),
+        settled_at=_real(row["settled_at"]),
+        seq=int(row["seq"]),
+        joined_to=row["joined_to"],
+    )
+
+
+def conversation_from_row(row: Row) -> ConversationInfo:
+    """The ``ConversationInfo`` a ``conversations`` row holds."""
+    parent = row["parent"]
+    return ConversationInfo(
+        conversation_id=row["conversation_id"],
+        agent=row["agent"],
+        last_offset=int(row["last_offset"]),
+        parent=None if parent is None else json.loads(parent),
+        extra={"created_at": row["created_at"]},
+    )
+
+
+def _real(value: float | None) -> float | None:
+    return None if value is None else float(value)

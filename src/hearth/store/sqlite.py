@@ -28,7 +28,16 @@ from hearth.records import Record, loads
 from hearth.store import sqlite_ops as ops
 from hearth.store.base import LIST_LIMIT
 from hearth.store.events import StoreEvents
-from hearth.store.rows import RUNNING, Admission, ConversationInfo, Fence, NewSubmission, Submission
+from hearth.store.rows import (
+    RUNNING,
+    Admission,
+    ConversationInfo,
+    Fence,
+    NewSubmission,
+    Submission,
+    conversation_from_row,
+    submission_from_row,
+)
 from hearth.store.sqlite_schema import connect
 from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
 
@@ -151,7 +160,7 @@ class SQLiteStore:
             row = conn.execute(
                 "SELECT * FROM conversations WHERE conversation_id = ?", (conversation_id,)
             ).fetchone()
-            return None if row is None else ops.conversation(row)
+            return None if row is None else conversation_from_row(row)
 
         return await self._read(work)
 
@@ -171,7 +180,7 @@ class SQLiteStore:
     async def get_submission(self, submission_id: str) -> Submission | None:
         def work(conn: sqlite3.Connection) -> Submission | None:
             row = ops.submission_row(conn, submission_id)
-            return None if row is None else ops.submission(row)
+            return None if row is None else submission_from_row(row)
 
         return await self._read(work)
 
@@ -194,7 +203,7 @@ class SQLiteStore:
         sql = f"SELECT * FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
 
         def work(conn: sqlite3.Connection) -> list[Submission]:
-            return [ops.submission(row) for row in conn.execute(sql, [*args, max(limit, 0)])]
+            return [submission_from_row(row) for row in conn.execute(sql, [*args, max(limit, 0)])]
 
         return await self._read(work)
 
@@ -218,7 +227,7 @@ class SQLiteStore:
                 "excluded": excluded,
             }
             rows = conn.execute(ops.CLAIM, params).fetchall()
-            return sorted((ops.submission(row) for row in rows), key=lambda s: s.seq)
+            return sorted((submission_from_row(row) for row in rows), key=lambda s: s.seq)
 
         return await self._write(work)
 

@@ -19,10 +19,9 @@ from hearth.store.rows import (
     QUEUED,
     RUNNING,
     Admission,
-    ConversationInfo,
     Fence,
     NewSubmission,
-    Submission,
+    submission_from_row,
 )
 from hearth.store.rows import SETTLED as SETTLED_STATUS
 from hearth.store.sqlite_writer import Outbox
@@ -137,7 +136,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
         ).fetchone()
         if row is not None:
             rules.check_idempotent(new, row["payload_digest"])
-            return Admission(submission(row), row["admitted_offset"], True)
+            return Admission(submission_from_row(row), row["admitted_offset"], True)
     offset = last_offset(conn, conversation_id)
     busy = conn.execute(
         "SELECT 1 FROM submissions WHERE conversation_id = ? AND status IN (?, ?) LIMIT 1",
@@ -162,7 +161,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             0 if busy else 1,
         ),
     ).fetchone()
-    admitted = submission(row)
+    admitted = submission_from_row(row)
     outbox.append(Event(ADMITTED, conversation_id, offset, admitted.id))
     return Admission(admitted, offset, False)
 
@@ -280,44 +279,3 @@ def submission_row(conn: sqlite3.Connection, submission_id: str) -> sqlite3.Row 
         "SELECT * FROM submissions WHERE id = ?", (submission_id,)
     ).fetchone()
     return row
-
-
-def submission(row: sqlite3.Row) -> Submission:
-    return Submission(
-        id=row["id"],
-        conversation_id=row["conversation_id"],
-        kind=row["kind"],
-        payload=json.loads(row["payload"]),
-        idempotency_key=row["idempotency_key"],
-        status=row["status"],
-        outcome=row["outcome"],
-        error=None if row["error"] is None else json.loads(row["error"]),
-        reply=row["reply"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        timeout=float(row["timeout"]),
-        deadline=_real(row["deadline"]),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=_real(row["lease_expires_at"]),
-        abort_requested_at=_real(row["abort_requested_at"]),
-        accepted_at=float(row["accepted_at"]),
-        started_at=_real(row["started_at"]),
-        settled_at=_real(row["settled_at"]),
-        seq=row["seq"],
-        joined_to=row["joined_to"],
-    )
-
-
-def conversation(row: sqlite3.Row) -> ConversationInfo:
-    parent = row["parent"]
-    return ConversationInfo(
-        conversation_id=row["conversation_id"],
-        agent=row["agent"],
-        last_offset=row["last_offset"],
-        parent=None if parent is None else json.loads(parent),
-        extra={"created_at": row["created_at"]},
-    )
-
-
-def _real(value: float | None) -> float | None:
-    return None if value is None else float(value)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from hearth.errors import StoreError
-from hearth.store.events import APPENDED, Event, StoreEvents
+from hearth.store.events import Event, StoreEvents
 
 MAX_GROUP = 1024  # bounds how long one group holds the futures it has already run
 
@@ -203,25 +203,16 @@ class GroupCommitWriter:
             _post(loop, self._deliver, ops)
 
     def _deliver(self, ops: list[_Op]) -> None:
-        appended: dict[str, int] = {}  # one wake-up per conversation, at its last offset
-        others: list[Event] = []
+        committed: Outbox = []
         for op in ops:
-            for event in op.outbox:
-                if event.kind == APPENDED:
-                    last = appended.get(event.conversation_id, -1)
-                    appended[event.conversation_id] = max(event.offset, last)
-                else:
-                    others.append(event)
+            committed += op.outbox
             if op.future.done():  # the caller was cancelled; the work stands anyway
                 continue
             if op.error is not None:
                 op.future.set_exception(op.error)
             else:
                 op.future.set_result(op.result)
-        for conversation_id, offset in appended.items():
-            self.events.publish(Event(APPENDED, conversation_id, offset))
-        for event in others:  # after the appends: a woken waiter finds the records
-            self.events.publish(event)
+        self.events.publish_all(committed)
 
 
 def _as_store_error(exc: Exception) -> Exception:

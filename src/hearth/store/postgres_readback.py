@@ -1,0 +1,76 @@
+"""Reading back a write whose COMMIT reply was lost: what it would have left, if it committed.
+
+Each function returns the write's result when its traces are stored (so the write committed and
+must not be repeated), else None (so it did not, and may be tried again).
+"""
+
+from __future__ import annotations
+
+from hearth.records import Record
+from hearth.store.postgres_ops import Conn, fetchall, fetchone
+from hearth.store.rows import RUNNING, Admission, Fence, Submission, submission_from_row
+
+
+async def admission(conn: Conn, submission_id: str) -> Admission | None:
+    """The submission row an admission wrote under the id it chose beforehand."""
+    row = await fetchone(conn, "SELECT * FROM submissions WHERE id = %(id)s", {"id": submission_id})
+    if row is None:
+        return None
+    return Admission(submission_from_row(row), int(row["admitted_offset"]), False)
+
+
+async def claimed(conn: Conn, token: str) -> list[Submission] | None:
+    """The submissions a claim took, by the token it stamped on them."""
+    rows = await fetchall(
+        conn,
+        "SELECT * FROM submissions WHERE claim_token = %(t)s AND status = %(r)s ORDER BY seq",
+        {"t": token, "r": RUNNING},
+    )
+    return [submission_from_row(row) for row in rows] or None
+
+
+async def settlement(conn: Conn, fence: Fence, record: Record) -> int | None:
+    """The offset of a settlement record, when it is stored (the settlement committed)."""
+    offsets = await appended_offsets(conn, None, [record], fence.submission_id)
+    return None if offsets is None else offsets[-1]
+
+
+async def joined(conn: Conn, submission_id: str, host: Fence) -> bool | None:
+    """True when the submission is joined to ``host`` (the join committed)."""
+    row = await fetchone(
+        conn,
+        "SELECT 1 AS ok FROM submissions WHERE id = %(id)s AND joined_to = %(h)s",
+        {"id": submission_id, "h": host.submission_id},
+    )
+    return None if row is None else True
+
+
+async def appended_offsets(
+    conn: Conn,
+    conversation_id: str | None,
+    records: list[Record],
+    submission_id: str | None = None,
+) -> list[int] | None:
+    """The offsets of ``records`` when every one of them is stored with the same content (an
+    earlier try committed), else None. Without ``conversation_id``, the submission's is used."""
+    if conversation_id is None:
+        row = await fetchone(
+            conn, "SELECT conversation_id FROM submissions WHERE id = %(id)s", {"id": submission_id}
+        )
+        if row is None:
+            return None
+        conversation_id = row["conversation_id"]
+    rows = await fetchall(
+        conn,
+        'SELECT id, "offset", digest FROM records'
+        " WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
+        {"c": conversation_id, "ids": [r.id for r in records]},
+    )
+    stored = {row["id"]: (int(row["offset"]), row["digest"]) for row in rows}
+    offsets = []
+    for record in records:
+        found = stored.get(record.id)
+        if found is None or found[1] != record.content_digest():
+            return None
+        offsets.append(found[0])
+    return offsets
