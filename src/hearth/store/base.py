@@ -13,8 +13,9 @@ after it committed.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from hearth.records import Record
 from hearth.store.events import StoreEvents, StreamNotifier
@@ -32,30 +33,38 @@ from hearth.store.rows import (
 )
 
 LIST_LIMIT = 100  # the default page of ``list_submissions``
+Result = tuple[str, dict[str, Any] | None, str | None]  # a settlement's outcome, error, reply
 
 
-@runtime_checkable
-class Store(Protocol):
-    """Durable records and submissions. All methods are coroutines."""
+class Store(ABC):
+    """Durable records and submissions. All methods are coroutines.
+
+    A store implements every abstract method; ``settle`` is written once, here, over the
+    store's ``settle_batch``."""
 
     events: StoreEvents
 
+    @abstractmethod
     async def open(self) -> None:
         """Create or check the schema. Raises ``SchemaTooNew`` for a newer database."""
 
+    @abstractmethod
     async def close(self) -> None:
         """Finish what is in flight and let go of the database. Idempotent."""
 
+    @abstractmethod
     async def ping(self, timeout: float) -> None:
         """Ask the database a trivial question; ``StoreUnavailable`` naming the cause when it
         gives no answer within ``timeout`` seconds (what ``/healthz`` reports)."""
 
+    @abstractmethod
     async def now(self) -> float:
         """The store's clock (unix seconds): leases, deadlines and stamps are computed from it,
         so that every process sharing the database agrees on them. Injectable in tests."""
         ...
 
     # --- the stream -------------------------------------------------------------------------
+    @abstractmethod
     async def append(
         self,
         conversation_id: str,
@@ -76,6 +85,7 @@ class Store(Protocol):
         """
         ...
 
+    @abstractmethod
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
     ) -> list[Record]:
@@ -83,19 +93,23 @@ class Store(Protocol):
         offset. An unknown conversation reads empty."""
         ...
 
+    @abstractmethod
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
         """The record of that type with the highest offset, or None."""
         ...
 
+    @abstractmethod
     async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
         """The conversation's agent, parent and last offset; None before its first admission."""
         ...
 
+    @abstractmethod
     async def get_state(self, conversation_id: str) -> dict[str, Any]:
         """The committed persistent state of the conversation (name → JSON value)."""
         ...
 
     # --- submissions ------------------------------------------------------------------------
+    @abstractmethod
     async def admit(self, new: NewSubmission) -> Admission:
         """Write the submission row ``queued`` (creating the conversation and its
         ``conversation_created`` record first if needed). Atomic: the caller may acknowledge
@@ -105,10 +119,12 @@ class Store(Protocol):
         """
         ...
 
+    @abstractmethod
     async def get_submission(self, submission_id: str) -> Submission | None:
         """The submission row, or None."""
         ...
 
+    @abstractmethod
     async def list_submissions(
         self,
         conversation_id: str | None = None,
@@ -121,6 +137,7 @@ class Store(Protocol):
         after the cursor ``after`` (the ``seq`` of the last row of the previous page)."""
         ...
 
+    @abstractmethod
     async def claim(
         self,
         owner: str,
@@ -141,26 +158,31 @@ class Store(Protocol):
         """
         ...
 
+    @abstractmethod
     async def renew_all(self, owner: str, lease_s: float) -> list[Fence]:
         """Extend to ``now() + lease_s`` every lease ``owner`` holds on a running submission, in
         one transaction; return the fences still held (a claim missing from them was lost)."""
         ...
 
+    @abstractmethod
     async def release(self, fence: Fence, owner: str) -> bool:
         """Give the lease up without settling (graceful shutdown, a failed attempt), so the next
         owner takes over at once; False when ``owner`` no longer held that claim. Publishes
         ``released``."""
         ...
 
+    @abstractmethod
     async def expire_owners(self, owners: Sequence[str]) -> int:
         """Expire every lease held by these (dead) owners; return how many. Publishes
         ``released`` for each."""
         ...
 
+    @abstractmethod
     async def lease_owners(self) -> list[str]:
         """Distinct owners of running submissions."""
         ...
 
+    @abstractmethod
     async def request_abort(self, conversation_id: str) -> list[str]:
         """Stamp an abort intent (keeping an earlier stamp) on every queued or running
         submission of the conversation; return their ids in admission order. Atomic. Publishes
@@ -183,8 +205,14 @@ class Store(Protocol):
         ``submission_settled`` record (``rules.settlement``). Returns the offset of the
         settlement record. Publishes ``appended`` and ``settled`` for each.
         """
-        ...
+        return await self.settle_batch(fence, [*records_before, record], (outcome, error, reply))
 
+    @abstractmethod
+    async def settle_batch(self, fence: Fence, batch: list[Record], result: Result) -> int:
+        """``settle`` as a store does it: ``batch`` ends with the settlement record, ``result``
+        is ``(outcome, error, reply)``."""
+
+    @abstractmethod
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
         """Mark a queued submission of the host's conversation ``joined`` to the running
         ``host`` and append ``records`` (its ``user_message``), atomic and fenced by the host;

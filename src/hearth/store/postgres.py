@@ -35,7 +35,7 @@ from hearth.records import Record, loads
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
 from hearth.store import rules
-from hearth.store.base import LIST_LIMIT
+from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import Event, StoreEvents
 from hearth.store.postgres_listen import Listener
 from hearth.store.postgres_schema import migrate
@@ -66,7 +66,7 @@ CONNECT_TIMEOUT_S = 5
 _SKEW_TTL_S = 30.0
 
 
-class PostgresStore:
+class PostgresStore(Store):
     """The ``Store`` on one PostgreSQL database, all tables in ``schema``."""
 
     def __init__(
@@ -360,22 +360,10 @@ class PostgresStore:
             lambda conn, outbox: ops.request_abort(conn, conversation_id, outbox, self._now())
         )
 
-    async def settle(
-        self,
-        fence: Fence,
-        record: Record,
-        *,
-        outcome: str,
-        error: dict[str, Any] | None,
-        reply: str | None,
-        records_before: Sequence[Record] = (),
-    ) -> int:
-        batch = [*records_before, record]
-        result = (outcome, error, reply)
-
+    async def settle_batch(self, fence: Fence, batch: list[Record], result: Result) -> int:
         return await self._write(
             lambda conn, outbox: ops.settle(conn, fence, batch, result, outbox, self._now()),
-            resolve=lambda conn: readback.settlement(conn, fence, record),
+            resolve=lambda conn: readback.settlement(conn, fence, batch[-1]),
         )
 
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from hearth.errors import ConfigurationError, StoreUnavailable
 from hearth.records import Record, loads
 from hearth.store import sqlite_ops as ops
-from hearth.store.base import LIST_LIMIT
+from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import StoreEvents
 from hearth.store.rows import (
     RUNNING,
@@ -46,7 +46,7 @@ T = TypeVar("T")
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-class SQLiteStore:
+class SQLiteStore(Store):
     """The ``Store`` on one SQLite file (``":memory:"`` for a private in-memory database).
 
     ``clock`` is the store's clock (``time.time`` unless a test injects another). ``commits`` and
@@ -267,18 +267,7 @@ class SQLiteStore:
             lambda conn, outbox: ops.request_abort(conn, conversation_id, outbox, self.clock())
         )
 
-    async def settle(
-        self,
-        fence: Fence,
-        record: Record,
-        *,
-        outcome: str,
-        error: dict[str, Any] | None,
-        reply: str | None,
-        records_before: Sequence[Record] = (),
-    ) -> int:
-        batch = [*records_before, record]
-        result = (outcome, error, reply)
+    async def settle_batch(self, fence: Fence, batch: list[Record], result: Result) -> int:
         return await self._write(
             lambda conn, outbox: ops.settle(conn, fence, batch, result, outbox, self.clock())
         )
