@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -394,3 +395,12 @@ def test_open_store_maps_urls_to_sqlite_files(url: str | None, path: str, synchr
 def test_open_store_refuses_other_urls(url: str) -> None:
     with pytest.raises(ConfigurationError):
         open_store(url)
+
+
+def test_the_sqlite_clock_does_not_follow_a_wall_clock_jump(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = SQLiteStore(":memory:")
+    before = store.clock()
+    monkeypatch.setattr(time, "time", lambda: before + 3600.0)  # the wall clock jumps an hour
+    assert 0 <= store.clock() - before < 1.0

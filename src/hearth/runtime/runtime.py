@@ -236,6 +236,10 @@ class Runtime:
         ``timeout`` seconds (what ``/healthz`` asks)."""
         await self.store.ping(timeout)
 
+    async def now(self) -> float:
+        """The store's clock, which leases and deadlines are stamped with."""
+        return await self.store.now()
+
     @property
     def owner(self) -> str:
         """The owner id on the leases this runtime takes."""

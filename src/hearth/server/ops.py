@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 from starlette.requests import Request
@@ -46,7 +45,7 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     rt = await server.runtime()
     conversation = request.query_params.get("conversation") or None
     subs = await rt.submissions(conversation)
-    now = time.time()
+    now = await rt.now()  # the clock the leases were stamped with
     unsettled = [s for s in subs if s.outcome is None]
     settled = [s for s in subs if s.outcome is not None]
     settled.sort(key=lambda s: s.settled_at or 0.0, reverse=True)

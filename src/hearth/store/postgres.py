@@ -99,7 +99,9 @@ class PostgresStore(Store):
         }
         self._transactions: Transactions | None = None
         self._listener: Listener | None = None
-        self._skew: tuple[float, float] | None = None  # (database - local seconds, measured at)
+        # (database clock - local monotonic clock, measured at): the database's clock between
+        # two readings, advanced by the monotonic clock, so a local wall-clock jump moves nothing
+        self._skew: tuple[float, float] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -160,14 +162,14 @@ class PostgresStore(Store):
     async def now(self) -> float:
         if self.clock is not None:
             return self.clock()
-        local = time.time()
+        local = time.monotonic()
         if self._skew is None or local - self._skew[1] > _SKEW_TTL_S:
             row = await self._read(
                 lambda conn: ops.fetchone(
                     conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS t", {}
                 )
             )
-            after = time.time()
+            after = time.monotonic()
             assert row is not None
             self._skew = (float(row["t"]) - (local + after) / 2, after)
             local = after

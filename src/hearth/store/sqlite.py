@@ -46,16 +46,24 @@ T = TypeVar("T")
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
+def steady_clock() -> Callable[[], float]:
+    """Unix seconds that follow the monotonic clock from now on, not later wall-clock jumps."""
+    wall, steady = time.time(), time.monotonic()
+    return lambda: wall + (time.monotonic() - steady)
+
+
 class SQLiteStore(Store):
     """The ``Store`` on one SQLite file (``":memory:"`` for a private in-memory database).
 
-    ``clock`` is the store's clock (``time.time`` unless a test injects another). ``commits`` and
+    ``clock`` is the store's clock: unix seconds read once and then advanced by the monotonic
+    clock, so a jump of the wall clock while the process runs moves no lease and no deadline
+    (a test may inject another). ``commits`` and
     ``ops`` count committed transactions and executed operations, so the effect of group commit
     can be observed.
     """
 
     def __init__(
-        self, path: str, *, synchronous: str = "FULL", clock: Callable[[], float] = time.time
+        self, path: str, *, synchronous: str = "FULL", clock: Callable[[], float] | None = None
     ) -> None:
         mode = synchronous.upper()
         if mode not in _SYNC_MODES:
@@ -64,7 +72,7 @@ class SQLiteStore(Store):
             )
         self.path = path
         self.synchronous = mode
-        self.clock = clock
+        self.clock = clock or steady_clock()
         self.events = StoreEvents()
         self._writer = GroupCommitWriter(lambda: connect(path, mode), self.events)
 
