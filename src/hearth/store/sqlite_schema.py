@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -94,13 +95,26 @@ def connect(path: str, synchronous: str) -> sqlite3.Connection:
                 f"another process owns the SQLite file {path}; a SQLite store belongs to one"
                 " process (use PostgreSQL for many processes)"
             ) from None
-        raise StoreError(f"cannot open the SQLite file {path}: {exc}") from None
+        raise StoreError(f"cannot open the SQLite file {path}: {_why(path, exc)}") from None
     except BaseException as exc:
         conn.close()
         if isinstance(exc, sqlite3.Error):
             raise StoreError(f"cannot open the SQLite file {path}: {exc}") from None
         raise
     return conn
+
+
+def _why(path: str, exc: Exception) -> str:
+    """The cause to show: a place hearth may not write to says so, not "disk I/O error"."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if path != ":memory:" and not (
+        os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+    ):
+        return (
+            f"{exc}: the file or its folder is read-only (hearth writes the file and its -wal"
+            " beside it); use a writable place"
+        )
+    return str(exc)
 
 
 def _add_heads(conn: sqlite3.Connection) -> None:

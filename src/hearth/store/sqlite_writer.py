@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hearth.errors import StoreError
+from hearth.errors import StoreError, StoreUnavailable
 from hearth.store.events import Event, StoreEvents
 
 MAX_GROUP = 1024  # bounds how long one group holds the futures it has already run
@@ -193,7 +193,7 @@ class GroupCommitWriter:
                 except sqlite3.Error:
                     pass
             for op in group:
-                op.error = StoreError(f"the SQLite transaction failed and was rolled back: {exc}")
+                op.error = _failure(exc, "the SQLite transaction failed and was rolled back")
                 op.outbox.clear()
         self.ops += len(group)
         by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
@@ -217,8 +217,15 @@ class GroupCommitWriter:
 
 def _as_store_error(exc: Exception) -> Exception:
     if isinstance(exc, sqlite3.Error):
-        return StoreError(f"SQLite error: {exc}")
+        return _failure(exc, "SQLite error")
     return exc
+
+
+def _failure(exc: sqlite3.Error, what: str) -> StoreError:
+    """A full disk is a pause, not a bug: ``StoreUnavailable`` (HTTP 503) saying what to do."""
+    if getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc):
+        return StoreUnavailable(f"{what}: the disk is full; free space and hearth goes on")
+    return StoreError(f"{what}: {exc}")
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:

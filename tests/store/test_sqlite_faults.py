@@ -1,0 +1,144 @@
+"""The SQLite store when the disk fails it: full, or read-only. A small tmpfs mount stands in
+for the disk (root mounts it; in CI a missing mount is a failure, elsewhere a skip)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import hearth
+from hearth.errors import StoreError, StoreUnavailable
+from hearth.records import ToolStepSettled
+from hearth.store import open_store
+from hearth.testing import ScriptedModel, call, calls, reply
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Disk:
+    """A tmpfs of ``size`` mounted on a fresh folder."""
+
+    def __init__(self, size: str) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="hearth-disk-"))
+        self._mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(self.path))
+
+    def _mount(self, *args: str) -> None:
+        done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip() or "mount failed")
+
+    def fill(self) -> None:
+        """Write a filler file until the disk is full."""
+        with open(self.path / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+
+    def free(self) -> None:
+        (self.path / "filler").unlink()
+
+    def read_only(self) -> None:
+        self._mount("-o", "remount,ro", str(self.path))
+
+    def remove(self) -> None:
+        subprocess.run(["umount", str(self.path)], capture_output=True, check=False)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@pytest.fixture
+def disk() -> Iterator[Disk]:
+    try:
+        made = Disk("4m")
+    except (RuntimeError, OSError) as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"cannot mount a tmpfs for the disk-fault tests: {exc}")
+        pytest.skip(f"cannot mount a tmpfs (needs root): {exc}")
+    try:
+        yield made
+    finally:
+        made.remove()
+
+
+@hearth.tool(durable=True)
+async def job(ctx: hearth.ToolContext) -> str:
+    """Three steps, a moment apart."""
+    assert ctx.step is not None
+    for name in ("one", "two", "three"):
+        await ctx.step.do(name, lambda step=name: step)
+        await asyncio.sleep(0.4)
+    return "done"
+
+
+def worker_app(db: Path) -> hearth.App:
+    def worker(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/worker")
+        ctx.use_tool(job)
+        return ""
+
+    model = ScriptedModel("worker", [calls(call("job")), reply("all done")], repeat_last=False)
+    echo = ScriptedModel("echo", [reply("still here")], repeat_last=True)
+
+    def talker(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/echo")
+        return ""
+
+    return hearth.App(
+        [hearth.Agent(worker, name="worker"), hearth.Agent(talker, name="talker")],
+        db=f"sqlite:///{db}",
+        providers=[model, echo],
+        lease_s=2,
+        heartbeat_s=0.5,
+        scan_s=0.5,
+    )
+
+
+async def test_a_full_disk_pauses_admission_and_work_and_both_resume_when_space_returns(
+    disk: Disk,
+) -> None:
+    async with worker_app(disk.path / "h.db").run() as rt:
+        receipt = await rt.dispatch("worker", "c1", "go")
+        for _ in range(100):
+            records = await rt.history("worker", "c1")
+            if any(isinstance(r, ToolStepSettled) for r in records):
+                break
+            await asyncio.sleep(0.05)
+        disk.fill()
+        with pytest.raises(StoreUnavailable, match="disk is full"):
+            await rt.dispatch("talker", "t1", "hello")
+        await asyncio.sleep(1.5)  # the running job meets the full disk at its next step
+        assert (await rt.submission(receipt.submission_id)).outcome is None  # not settled wrongly
+        disk.free()
+        reply_ = await rt.read(receipt, timeout=30)
+        assert reply_.text == "all done"
+        steps = Counter(
+            r.step for r in await rt.history("worker", "c1") if isinstance(r, ToolStepSettled)
+        )
+        assert steps == {"one": 1, "two": 1, "three": 1}
+        after = await rt.dispatch("talker", "t1", "hello")
+        assert (await rt.read(after, timeout=10)).text == "still here"
+
+
+async def test_a_database_on_a_read_only_disk_is_one_clear_error_at_start(disk: Disk) -> None:
+    store = open_store(f"sqlite:///{disk.path / 'h.db'}")
+    await store.open()
+    await store.close()
+    disk.read_only()
+    again = open_store(f"sqlite:///{disk.path / 'h.db'}")
+    with pytest.raises(StoreError, match=r"cannot open the SQLite file .*read-only"):
+        await again.open()
