@@ -27,31 +27,11 @@ import time
 from pathlib import Path
 
 import _pg
+from end_to_end import script, worker  # the same workload
 
 import hearth
-from hearth.providers.base import ModelRequest, ToolResult
 from hearth.store import NewSubmission, open_store
-from hearth.testing import ScriptedModel, Step, call, calls, reply
-
-
-@hearth.tool
-async def lookup(key: str) -> str:
-    """Look a key up."""
-    return key.upper()
-
-
-@hearth.agent
-def worker(ctx: hearth.AgentContext) -> str:
-    ctx.use_model("scripted/bench")
-    ctx.use_tool(lookup)
-    return ""
-
-
-def script(request: ModelRequest) -> Step:
-    if isinstance(request.messages[-1], ToolResult):
-        return reply("done")
-    return calls(call("lookup", key="k"))
-
+from hearth.testing import ScriptedModel
 
 # --- the child: one hearth process ---------------------------------------------------------------
 
