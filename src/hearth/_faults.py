@@ -1,9 +1,13 @@
 """Named crash points for fault-injection tests.
 
-``HEARTH_CRASH_AT`` names one point (``after:<record type>``, ``before:<record type>``,
-``tool:<name>``, ``step:<name>``, ``hook:<name>``), optionally ``#N`` for its N-th occurrence in
-this process (default 1). When the running code reaches it, the process SIGKILLs itself: no
-``finally`` runs, no buffer is flushed — the same as a power cut for everything above the disk.
+``HEARTH_CRASH_AT`` names one point, optionally ``#N`` for its N-th occurrence in this process
+(default 1). When the running code reaches it, the process SIGKILLs itself: no ``finally`` runs, no
+buffer is flushed — the same as a power cut for everything above the disk. ``a>b`` chains points:
+the kill comes at ``b`` once ``a`` was reached (``after:store.admit>store:commit-begin#2`` is the
+second commit after the first admission). The names, and where each one sits, are listed in
+``hearth.testing.points`` (``KILL_POINTS``).
+
+A point that is not the armed one costs one comparison: call sites stay on hot paths.
 """
 
 from __future__ import annotations
@@ -11,30 +15,41 @@ from __future__ import annotations
 import os
 import signal
 
+_stages: list[tuple[str, int]] = []  # the points still to reach, with their occurrence
 _target: str | None = None
 _nth = 1
 _seen = 0
-_loaded = False
 
 
-def _load() -> None:
-    global _target, _nth, _loaded
-    _loaded = True
-    spec = os.environ.get("HEARTH_CRASH_AT", "").strip()
-    if not spec:
-        return
-    name, _, count = spec.partition("#")
-    _target = name
-    _nth = int(count) if count else 1
+def configure(spec: str | None) -> None:
+    """Arm ``spec`` (``name``, ``name#N``, ``a>b#N``), or disarm with None or ``""``."""
+    global _stages
+    _stages = []
+    for part in (spec or "").split(">"):
+        name, _, count = part.strip().partition("#")
+        if name:
+            _stages.append((name, int(count) if count else 1))
+    _next_stage()
+
+
+def _next_stage() -> None:
+    global _target, _nth, _seen
+    _seen = 0
+    _target, _nth = _stages.pop(0) if _stages else (None, 1)
 
 
 def reached(point: str) -> None:
-    """Kill this process if ``point`` is the configured crash point (its N-th occurrence)."""
+    """Kill this process if ``point`` is the armed crash point (its N-th occurrence)."""
     global _seen
-    if not _loaded:
-        _load()
-    if _target is None or point != _target:
+    if point != _target:
         return
     _seen += 1
-    if _seen >= _nth:
+    if _seen < _nth:
+        return
+    if _stages:
+        _next_stage()
+    else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+configure(os.environ.get("HEARTH_CRASH_AT"))

@@ -46,6 +46,7 @@ class Steps:
             value = json.loads(json.dumps(value))
         except (TypeError, ValueError) as exc:
             raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
+        _faults.reached(f"step-done:{name}")
         await self._record(name, value)
         self._recorded[name] = value
         return value

@@ -72,10 +72,12 @@ class ToolBatch:
             else:
                 jobs.append(self._run_call(call, verdict, buffer))
         if jobs:
+            _faults.reached("batch:start")
             results = await asyncio.gather(*jobs, return_exceptions=True)
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
+        _faults.reached("batch:commit")
         writes: list[Record] = [
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
             for name, value in buffer.writes.items()
@@ -87,6 +89,9 @@ class ToolBatch:
     ) -> None:
         started = time.monotonic()
         outcome = await self._call_outcome(call, verdict, buffer, started)
+        # The body ran (or failed); its outcome is not recorded yet: the window a kill here
+        # exposes is the one where an ordinary call must be marked interrupted, never re-run.
+        _faults.reached(f"tool-done:{call.name}")
         await self.journal.append(outcome)
 
     async def _call_outcome(
@@ -98,7 +103,8 @@ class ToolBatch:
         if verdict is CallPlan.RESUME_CHILD or (
             verdict is CallPlan.RUN and call.name == TASK_TOOL and self.rendered.subagents
         ):
-            return await run_child_task(self.scope, call, self.rendered)
+            resume = verdict is CallPlan.RESUME_CHILD
+            return await run_child_task(self.scope, call, self.rendered, resume=resume)
         tool = self.rendered.tools.get(call.name)
         if tool is None:
             return error_outcome(

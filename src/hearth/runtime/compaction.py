@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
+from hearth import _faults
 from hearth.errors import ProviderError
 from hearth.providers.base import (
     Message,
@@ -62,6 +63,7 @@ async def compact(scope: AttemptScope, provider: ModelProvider, model: str) -> b
         return False  # nothing the model has seen lies before the input (only bookkeeping)
     summary = previous.summary if previous is not None else None
     whole = ModelRequest(model=model, system="", messages=tuple(messages), summary=summary)
+    _faults.reached("compaction:start")
     text = await _summarise(
         provider,
         model,
@@ -70,6 +72,7 @@ async def compact(scope: AttemptScope, provider: ModelProvider, model: str) -> b
         budget=input_budget(provider.context_window(model)),
         conversation_id=scope.conversation_id,
     )
+    _faults.reached("compaction:end")
     await scope.journal.append(
         Compaction(
             id=f"{scope.sub.id}:compaction:{first_kept}:{scope.sub.attempt}",

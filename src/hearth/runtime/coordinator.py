@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hearth import _faults
 from hearth.config import Settings
 from hearth.errors import FencedOut, StoreUnavailable
 from hearth.runtime.env import Env
@@ -102,7 +103,9 @@ class Coordinator:
         owners = await self.store.lease_owners()
         dead = [o for o in owners if o != self.owner and is_dead_local(o)]
         if dead:
+            _faults.reached("before:store.expire_owners")
             n = await self.store.expire_owners(dead)
+            _faults.reached("after:store.expire_owners")
             log.info("took over %d submissions of %d dead local owner(s)", n, len(dead))
 
     async def _claim_loop(self) -> None:
@@ -129,9 +132,11 @@ class Coordinator:
         if capacity <= 0 or self._stopping:
             return
         busy = [c.sub.conversation_id for c in self._claims.values()]
+        _faults.reached("before:store.claim")
         subs = await self.store.claim(
             self.owner, self.settings.lease_s, capacity, exclude_conversations=busy
         )
+        _faults.reached("after:store.claim")
         for sub in subs:
             claim = _Claim(sub)
             self._claims[sub.id] = claim
@@ -146,7 +151,9 @@ class Coordinator:
             if not claims:
                 continue
             try:
+                _faults.reached("before:store.renew_all")
                 held = set(await self.store.renew_all(self.owner, self.settings.lease_s))
+                _faults.reached("after:store.renew_all")
             except StoreUnavailable as exc:
                 log.warning("cannot renew the leases of %s: %s", self.owner, exc)
                 continue
@@ -190,7 +197,9 @@ class Coordinator:
                 # The same claim concludes: the classifier now sees the intent or the deadline.
                 await Attempt(self.env, sub).run()
             elif claim.reason == "shutdown":
+                _faults.reached("before:store.release")
                 await self.store.release(sub.fence, self.owner)
+                _faults.reached("after:store.release")
         except FencedOut:
             log.info("submission %s was taken over by another owner", sub.id)
         except asyncio.CancelledError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from hearth import _faults
 from hearth.records import AssistantTextDelta
 from hearth.runtime.journal import Journal
 
@@ -55,6 +56,7 @@ class DeltaWriter:
             chunk, self._pending = "".join(self._pending), []
             seq, self._seq = self._seq, self._seq + 1
             self._last_flush = time.monotonic()
+            _faults.reached("delta:flush")
             await self.journal.append(
                 AssistantTextDelta(
                     id=f"{self.message_id}:d{seq}", message_id=self.message_id, seq=seq, delta=chunk

@@ -96,6 +96,7 @@ async def run_seam(
                 ) from exc
     finally:
         current_unit.reset(token)
+    _faults.reached(f"hook-done:{hook}")
     records: list[Record] = [
         StateWrite(id=f"{key}:{hook}:state:{name}", name=name, value=value)
         for name, value in buffer.writes.items()

@@ -42,7 +42,9 @@ class Journal:
         types = [r.type for r in stamped]
         for t in types:
             _faults.reached(f"before:{t}")
+        _faults.reached("before:store.append")
         offsets = await self.store.append(self.conversation_id, stamped, fence=self.fence)
+        _faults.reached("after:store.append")
         for t in types:
             _faults.reached(f"after:{t}")
         first = self.last_offset + 1
@@ -67,9 +69,11 @@ class Journal:
         before = self.stamp(records_before)
         for r in [*before, record]:
             _faults.reached(f"before:{r.type}")
+        _faults.reached("before:store.settle")
         offset = await self.store.settle(
             self.fence, record, outcome=outcome, error=error, reply=reply, records_before=before
         )
+        _faults.reached("after:store.settle")
         for r in [*before, record]:
             _faults.reached(f"after:{r.type}")
         return offset

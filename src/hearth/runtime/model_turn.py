@@ -10,6 +10,7 @@ import contextlib
 import uuid
 from typing import Any
 
+from hearth import _faults
 from hearth.agent import Rendered
 from hearth.errors import ProviderError
 from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
@@ -73,8 +74,10 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
     usage: dict[str, int] | None = None
     error: dict[str, Any] | None = None
     try:
+        _faults.reached("model:start")
         async with contextlib.aclosing(provider.stream(request)) as events:
             async for event in events:
+                _faults.reached("model:chunk")
                 if isinstance(event, TextDelta):
                     if event.text:
                         await ensure_started()
@@ -97,6 +100,7 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
         calls, stop_reason, usage, error = [], "error", None, exc.to_json()
     finally:
         writer.abandon()
+    _faults.reached("model:end")
     await writer.close()
     await ensure_started()
     await scope.journal.append(

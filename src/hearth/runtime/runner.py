@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from hearth import _faults
 from hearth.agent import Agent, Rendered
 from hearth.errors import ConfigurationError, FencedOut, ProviderError
 from hearth.records import Compaction, Record, ToolOutcome
@@ -189,6 +190,7 @@ class Attempt:
         agent = self.agent
         assert agent is not None
         state = await self.store.get_state(self.conversation_id)
+        _faults.reached("render")
         try:
             return agent.render(self.id, state)
         except ConfigurationError:

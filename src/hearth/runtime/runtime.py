@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from hearth import _faults
 from hearth.agent import Agent
 from hearth.config import Settings
 from hearth.errors import (
@@ -97,6 +98,7 @@ class Runtime:
             )
         if self.shutting_down:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
+        _faults.reached("before:store.admit")
         admission = await self.store.admit(
             NewSubmission(
                 conversation_id=f"{agent}/{id}",
@@ -108,6 +110,7 @@ class Runtime:
                 timeout=float(declared.durability.timeout),
             )
         )
+        _faults.reached("after:store.admit")
         if not admission.deduplicated:
             self.env.metrics.admitted += 1
         sub = admission.submission
@@ -160,7 +163,9 @@ class Runtime:
         conversation_id = f"{agent}/{id}"
         if await self.store.get_conversation(conversation_id) is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        _faults.reached("before:store.request_abort")
         ids = await self.store.request_abort(conversation_id)  # its owner hears of it
+        _faults.reached("after:store.request_abort")
         return AbortResult(aborted=bool(ids), submission_ids=ids)
 
     async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:

@@ -54,8 +54,11 @@ class SubmissionPolicy:
                 break  # order is kept: nothing joins past one that cannot
             record = _message_input(sub)
             _faults.reached("before:user_message")
+            _faults.reached("before:store.join")
             if not await scope.store.join(self.sub.fence, sub.id, scope.journal.stamp([record])):
+                _faults.reached("after:store.join")
                 break
+            _faults.reached("after:store.join")
             _faults.reached("after:user_message")
             joined = True
         return joined

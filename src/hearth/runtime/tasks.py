@@ -12,6 +12,7 @@ import hashlib
 import re
 from typing import Any
 
+from hearth import _faults
 from hearth.agent import Rendered
 from hearth.providers.base import ToolSpec
 from hearth.records import (
@@ -60,9 +61,9 @@ def task_tool_spec(rendered: Rendered) -> ToolSpec:
 
 
 async def run_child_task(
-    parent: AttemptScope, call: AssistantToolCall, rendered: Rendered
+    parent: AttemptScope, call: AssistantToolCall, rendered: Rendered, *, resume: bool = False
 ) -> ToolOutcome:
-    """Run (or, after a crash, resume) the child conversation of one ``task`` call."""
+    """Run (or, after a crash, ``resume``) the child conversation of one ``task`` call."""
     args: dict[str, Any] = call.arguments if isinstance(call.arguments, dict) else {}
     name, prompt = args.get("agent"), args.get("prompt")
     sub = rendered.subagents.get(name) if isinstance(name, str) else None
@@ -90,11 +91,17 @@ async def run_child_task(
         parent={"conversation_id": parent.conversation_id, "tool_call_id": call.tool_call_id},
     )
     # The child's records carry the parent's claim, so the parent's journal stamps them.
+    _faults.reached(f"before:{created.type}")
+    _faults.reached("before:store.append")
     await parent.store.append(
         child_conversation, parent.journal.stamp([created]), fence=parent.sub.fence
     )
+    _faults.reached("after:store.append")
+    _faults.reached(f"after:{created.type}")
     child = ChildPolicy(parent, sub.agent, child_conversation, prompt)
+    _faults.reached("child:resume" if resume else "child:start")
     await parent.run_child(child)
+    _faults.reached("child:end")
     end = child.settlement
     outcome, reply, error = (end.outcome, end.reply, end.error) if end else ("failed", None, None)
     if outcome == "completed":

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hearth import _faults
 from hearth.errors import StoreError, StoreUnavailable
 from hearth.store.events import Event, StoreEvents
 
@@ -184,8 +185,10 @@ class GroupCommitWriter:
                 if op.write and savepoints:
                     conn.execute("RELEASE op")
             if writes:
+                _faults.reached("store:commit-begin")  # the group ran; nothing is committed yet
                 conn.execute("COMMIT")
                 self.commits += 1
+                _faults.reached("store:commit-done")  # committed; no caller has heard of it
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 try:

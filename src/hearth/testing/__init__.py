@@ -9,6 +9,7 @@ Example::
 """
 
 from hearth.testing.crash import ChildRun, CrashHarness
+from hearth.testing.points import KILL_POINT_PATTERNS, KILL_POINTS, STORE_WRITES
 from hearth.testing.scripted import (
     CallsStep,
     ErrorStep,
@@ -30,6 +31,9 @@ from hearth.testing.scripted import (
 )
 
 __all__ = [
+    "KILL_POINTS",
+    "KILL_POINT_PATTERNS",
+    "STORE_WRITES",
     "CallsStep",
     "ChildRun",
     "CrashHarness",

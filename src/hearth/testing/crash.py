@@ -9,9 +9,11 @@ Example (in a test)::
     records = harness.history("support/c-1")
 
 Crash points: ``before:<record type>`` / ``after:<record type>`` (around the append of a batch
-holding that type), ``tool:<name>`` (a tool call starts), ``step:<name>`` (a ``step.do`` is about to
-run its function), ``hook:<name>`` (an event hook starts). ``#N`` picks the N-th time the point is
-reached in that process, e.g. ``after:assistant_text_delta#2``.
+holding that type), ``before:store.<method>`` / ``after:store.<method>`` (around each store write),
+``tool:<name>`` (a tool call starts), ``tool-done:<name>`` (its body returned, its outcome is not
+recorded), ``step:<name>`` (a ``step.do`` is about to run its function), ``hook:<name>`` (an event
+hook starts), and more: ``hearth.testing.KILL_POINTS`` lists them all. ``#N`` picks the N-th time
+the point is reached in that process, e.g. ``after:assistant_text_delta#2``.
 """
 
 from __future__ import annotations

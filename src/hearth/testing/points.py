@@ -1,0 +1,103 @@
+"""Every named kill point: where a crash test may SIGKILL the process (``HEARTH_CRASH_AT``).
+
+The scheme:
+
+- ``before:store.<method>`` / ``after:store.<method>`` — right around each store write
+  (``STORE_WRITES``): ``before`` once nothing of the call has run, ``after`` once it committed
+  and returned (not reached when the write raised).
+- ``before:<record type>`` / ``after:<record type>`` — around the append (or settlement) of a
+  batch holding a record of that type, outside the ``store.append`` points. So a state write, a
+  step record, a hook seam, a child link or a compaction each has its own pair.
+- ``store:commit-begin`` / ``store:commit-done`` — inside the SQLite writer thread: the group's
+  statements ran but COMMIT has not; COMMIT returned but no caller has heard of it.
+- runner seams (``RUNNER_SEAMS``): ``model:start|chunk|end``, ``render``, ``batch:start|commit``,
+  ``child:start|resume|end``, ``delta:flush``, ``compaction:start|end``, and per hook
+  ``hook:<hook>`` (before each callback) and ``hook-done:<hook>`` (its callbacks ran, its seam
+  is not committed).
+- per tool and step name (``KILL_POINT_PATTERNS``): ``tool:<name>`` before a tool body,
+  ``tool-done:<name>`` after it returned or raised and before its outcome is appended,
+  ``step:<name>`` before a ``step.do`` function, ``step-done:<name>`` after it and before its
+  record. The built-in ``task`` tool has ``tool-done:task`` (its "body" is the child).
+
+``KILL_POINTS`` maps each concrete name to where it sits. ``#N`` after a name picks its N-th
+occurrence in the process. Example::
+
+    from hearth.testing import KILL_POINTS
+    for point in KILL_POINTS:
+        harness.run(dispatch=[...], crash_at=point)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from hearth.records import RECORD_TYPES
+
+# The Store methods that write, each bracketed by its ``before:/after:store.<method>`` points.
+STORE_WRITES: tuple[str, ...] = (
+    "admit",
+    "append",
+    "claim",
+    "renew_all",
+    "release",
+    "expire_owners",
+    "request_abort",
+    "settle",
+    "join",
+)
+
+RUNNER_SEAMS: Mapping[str, str] = MappingProxyType(
+    {
+        "model:start": "a model turn's request is built; the provider stream is not opened",
+        "model:chunk": "an event of the model stream arrived, before it is handled",
+        "model:end": "the stream ended; remaining text and the completion are not written",
+        "render": "the agent function is about to render from the committed state",
+        "batch:start": "a tool batch's calls are about to run",
+        "batch:commit": "every call of a batch has its outcome; the batch is not committed",
+        "child:start": "a task's child conversation is created; its loop is about to run",
+        "child:resume": "a dead attempt's child conversation is about to be resumed",
+        "child:end": "a child's loop ended; the parent's outcome for the task is not written",
+        "delta:flush": "buffered text deltas are about to be appended",
+        "compaction:start": "a compaction's summary is about to be asked for",
+        "compaction:end": "the summary arrived; the compaction record is not written",
+        "store:commit-begin": "SQLite writer: the group's statements ran, COMMIT has not",
+        "store:commit-done": "SQLite writer: COMMIT returned, no caller has heard of it",
+        "tool-done:task": "a task's child ended; its tool outcome is not appended",
+    }
+    | {
+        f"hook:{hook}": f"an {hook} callback is about to run"
+        for hook in ("on_agent_start", "on_agent_finish")
+    }
+    | {
+        f"hook-done:{hook}": f"the {hook} callbacks ran; their seam is not committed"
+        for hook in ("on_agent_start", "on_agent_finish")
+    }
+)
+
+# Names that depend on the app: substitute a tool's or a step's name.
+KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
+    {
+        "tool:<name>": "a tool call is about to run its body",
+        "tool-done:<name>": "the tool body returned or raised; its outcome is not appended",
+        "step:<name>": "a step.do is about to run its function",
+        "step-done:<name>": "the step's function returned; its record is not appended",
+    }
+)
+
+
+def _concrete() -> dict[str, str]:
+    points: dict[str, str] = {}
+    for method in STORE_WRITES:
+        points[f"before:store.{method}"] = f"Store.{method} is about to be called"
+        points[f"after:store.{method}"] = f"Store.{method} committed and returned"
+    for record_type in RECORD_TYPES:
+        points[f"before:{record_type}"] = f"a batch holding a {record_type} is about to be written"
+        points[f"after:{record_type}"] = f"a batch holding a {record_type} was written"
+    points.update(RUNNER_SEAMS)
+    return points
+
+
+KILL_POINTS: Mapping[str, str] = MappingProxyType(_concrete())
+
+__all__ = ["KILL_POINTS", "KILL_POINT_PATTERNS", "RUNNER_SEAMS", "STORE_WRITES"]
