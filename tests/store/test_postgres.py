@@ -325,3 +325,15 @@ async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster:
             assert [s.id for s in listed] == [admission.submission.id]
     finally:
         await proxy.stop()
+
+
+async def test_a_transaction_frozen_mid_way_gives_its_locks_up_after_a_while(
+    pg_cluster: Cluster,
+) -> None:
+    from hearth.store.postgres_ops import fetchone
+
+    async with opened(pg_cluster.conninfo, new_schema()) as store:
+        row = await store._read(  # the setting every connection of the pool runs with
+            lambda conn: fetchone(conn, "SHOW idle_in_transaction_session_timeout", {})
+        )
+        assert row == {"idle_in_transaction_session_timeout": "10s"}

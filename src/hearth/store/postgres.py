@@ -63,6 +63,7 @@ T = TypeVar("T")
 
 SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
+IDLE_IN_TRANSACTION_MS = 10_000
 _SKEW_TTL_S = 30.0
 
 
@@ -94,7 +95,11 @@ class PostgresStore(Store):
         self.channel = "hearth_" + hashlib.sha256(schema.encode()).hexdigest()[:24]
         self._sender = uuid.uuid4().hex
         self._kwargs: dict[str, Any] = {
-            "options": f"-c search_path={schema}",
+            # A process frozen inside a transaction (SIGSTOP, a stalled VM) would hold its row
+            # locks, and so block the peer that takes its work over, for as long as it is
+            # frozen: the server ends such a transaction after a while instead.
+            "options": f"-c search_path={schema}"
+            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             "connect_timeout": CONNECT_TIMEOUT_S,
         }
         self._transactions: Transactions | None = None
