@@ -1,4 +1,5 @@
-"""Each test kills a real process with SIGKILL at a named point and restarts on the same file."""
+"""Each test kills a real process with SIGKILL at a named point and restarts on the same file.
+After each test, its lab's database and tool log pass the invariant checker (``conftest.labs``)."""
 
 from __future__ import annotations
 
