@@ -152,6 +152,16 @@ def stateful(ctx: hearth.AgentContext) -> str:
     return f"count={count}"
 
 
+@hearth.agent(durability=hearth.Durability(max_attempts=2, timeout=600))
+def buggy(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/buggy")
+    return "You trip over a bug."
+
+
+def bug(request: ModelRequest) -> Step:
+    raise RuntimeError("a bug the runtime did not expect")
+
+
 def fragile_script(request: ModelRequest) -> Step:
     if last_user_text(request) == "hello again":
         return reply("hello, all is well")
@@ -184,9 +194,10 @@ models = [
     ScriptedModel("fragile", fragile_script),
     ScriptedModel("hurried", [calls(call("slow")), stall()], repeat_last=True),
     ScriptedModel("stateful", stateful_script),
+    ScriptedModel("buggy", bug),
 ]
 
 app = hearth.App(
-    [streamer, toolie, durable, parallel, finisher, fragile, hurried, stateful],
+    [streamer, toolie, durable, parallel, finisher, fragile, hurried, stateful, buggy],
     providers=models,
 )

@@ -228,3 +228,10 @@ def test_a_restarted_process_takes_over_a_dead_local_owner_without_waiting_for_t
     assert lab.harness.run(env=slow_leases, timeout=20).ok
     (done,) = settled(lab.harness.history("toolie/c1"))
     assert done.outcome == "completed"
+
+
+def test_an_unexpected_exception_in_an_attempt_fails_the_run_instead_of_passing_as_a_retry(
+    lab: Lab,
+) -> None:
+    with pytest.raises(RuntimeError, match="a bug the runtime did not expect"):
+        lab.harness.run(dispatch=[("buggy", "c1", "hi")])

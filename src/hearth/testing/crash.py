@@ -16,6 +16,8 @@ reached in that process, e.g. ``after:assistant_text_delta#2``.
 Each child sees ``HEARTH_CRASH_RUN`` (0, 1, …: which run of this harness it is), so that a tool
 can log which process ran it; after each run the harness notes which outcomes and steps are on
 disk, and ``assert_invariants(tool_runs)`` checks the database (``hearth.testing.invariants``).
+A run whose log shows an unexpected exception in an attempt raises ``RuntimeError``: the
+coordinator would release such work for a retry, which must not hide a bug.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.records import Record
+from hearth.runtime.coordinator import UNEXPECTED
 from hearth.store import open_store
 from hearth.store.base import Submission, all_submissions
 from hearth.testing.invariants import (
@@ -132,6 +135,8 @@ class CrashHarness:
         result = ChildRun(proc.returncode, receipts, proc.stdout, proc.stderr)
         if not result.ok and not result.killed:
             raise RuntimeError(f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+        if UNEXPECTED in proc.stderr:  # a bug must not pass as a retry
+            raise RuntimeError(f"the child's runtime raised:\n{proc.stderr[-4000:]}")
         for key in asyncio.run(self._with_store(recorded_keys)):
             self.on_disk_after.setdefault(key, self.runs)
         self.runs += 1
