@@ -3,6 +3,7 @@ file; a clean run reports nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sqlite3
@@ -14,14 +15,18 @@ from typing import Any
 import pytest
 
 import hearth
+from hearth.errors import FencedOut
 from hearth.records import (
     Record,
     Signal,
     StateWrite,
     SubmissionSettled,
+    UserMessage,
     record_from_json,
 )
 from hearth.store import open_store
+from hearth.store.base import NewSubmission
+from hearth.store.rules import settlement
 from hearth.testing import ScriptedModel, call, calls, reply
 from hearth.testing import invariants as inv
 from hearth.testing.invariants import ToolLog, ToolRun, check_invariants
@@ -197,6 +202,31 @@ async def test_a_settled_submission_with_a_batch_left_open_is_caught(db: Path) -
     plant(db, Signal(**envelope, signal_type="note"), offset=commit["offset"])
     # the batch's state write has lost its commit too
     assert await rules(db) == {inv.BATCH_CLOSED, inv.STATE_IN_BATCH}
+
+
+async def test_a_zombie_attempt_leaves_nothing_for_the_checker_to_find(tmp_path: Path) -> None:
+    """Attempt 1 lost its claim but lives on: its writes are fenced out, so the stream shows no
+    stale attempt (without the store's fencing, the checker reports one)."""
+    store = open_store(str(tmp_path / "z.db"))
+    await store.open()
+    try:
+        await store.admit(NewSubmission(CONV, "shop", "message", {"text": "hi"}))
+        (first,) = await store.claim("owner-1", 30, 1)
+        sid = first.id
+        user = UserMessage(id=f"{sid}:input", message_id=sid, content="hi")
+        await store.append(CONV, [user.stamped(sid, 1)], fence=first.fence)
+        await store.expire_owners(["owner-1"])
+        (second,) = await store.claim("owner-2", 30, 1)
+        resumed = Signal(id="resumed", signal_type="note").stamped(sid, 2)
+        await store.append(CONV, [resumed], fence=second.fence)
+        done = settlement(sid, "completed", None, "ok").stamped(sid, 2)
+        await store.settle(second.fence, done, outcome="completed", error=None, reply="ok")
+        with contextlib.suppress(FencedOut):  # the zombie goes on writing, and is refused
+            zombie = Signal(id="zombie", signal_type="note").stamped(sid, 1)
+            await store.append(CONV, [zombie], fence=first.fence)
+        assert await check_invariants(store) == []
+    finally:
+        await store.close()
 
 
 # --- the tools' own log -----------------------------------------------------------------------
