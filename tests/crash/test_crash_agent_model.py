@@ -17,7 +17,6 @@ from hearth.records import (
     StateWrite,
     SubmissionSettled,
     ToolOutcome,
-    ToolResultsCommitted,
     UserMessage,
 )
 from hearth.testing import CrashHarness
@@ -129,9 +128,7 @@ def test_several_interrupted_children_in_one_batch_all_resume_before_it_commits(
     assert lab.harness.run().ok
     parent = lab.harness.history("lead/p")
     assert len(children(lab, "lead/p")) == 2
-    outcomes = of(parent, ToolOutcome)
-    (commit,) = of(parent, ToolResultsCommitted)
-    assert len(outcomes) == 2 and all(o.offset < commit.offset for o in outcomes)
+    # one outcome per task before the one commit: the invariant checker, after the test
     (done,) = of(parent, SubmissionSettled)
     assert done.outcome == "completed"
 
