@@ -7,16 +7,11 @@ import asyncio
 import os
 from typing import Any
 
+from crashlab import ran
+
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stall, stream
-
-
-def ran(what: str) -> None:
-    path = os.environ.get("HEARTH_TEST_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(what + "\n")
 
 
 def last_user_text(request: ModelRequest) -> str:
@@ -45,24 +40,24 @@ def results_summary(request: ModelRequest) -> str:
 
 
 @hearth.tool
-async def charge(amount: int) -> dict[str, Any]:
+async def charge(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Charge the customer."""
-    ran("charge")
+    ran("charge", ctx)
     await asyncio.sleep(0.05)
     return {"charged": amount}
 
 
 @hearth.tool
-async def fast() -> str:
+async def fast(ctx: hearth.ToolContext) -> str:
     """A quick lookup."""
-    ran("fast")
+    ran("fast", ctx)
     return "fast done"
 
 
 @hearth.tool
-async def slow() -> str:
+async def slow(ctx: hearth.ToolContext) -> str:
     """A slow lookup."""
-    ran("slow")
+    ran("slow", ctx)
     await asyncio.sleep(float(os.environ.get("SLOW_S", "5")))
     return "slow done"
 
@@ -71,10 +66,10 @@ async def slow() -> str:
 async def provision(customer: str, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Create a tenant in two steps."""
     assert ctx.step is not None
-    ran("provision-start")
+    ran("provision-start", ctx)
 
     async def expensive() -> int:
-        ran("step-expensive")
+        ran("step-expensive", ctx)
         await asyncio.sleep(0.05)
         return 123123123
 
@@ -82,7 +77,7 @@ async def provision(customer: str, ctx: hearth.ToolContext) -> dict[str, Any]:
     await asyncio.sleep(float(os.environ.get("BETWEEN_S", "0.2")))
 
     def save() -> str:
-        ran("step-save")
+        ran("step-save", ctx)
         return "ok"
 
     saved = await ctx.step.do("save", save)
@@ -146,15 +141,25 @@ def stateful(ctx: hearth.AgentContext) -> str:
     count, set_count = ctx.use_state("count", 0)
 
     @hearth.tool
-    async def bump() -> str:
+    async def bump(ctx: hearth.ToolContext) -> str:
         """Count something in persistent state."""
-        ran("bump")
+        ran("bump", ctx)
         set_count(count + 1)
         return "bumped"
 
     ctx.use_tool(bump)
     ctx.use_tool(slow)
     return f"count={count}"
+
+
+@hearth.agent(durability=hearth.Durability(max_attempts=2, timeout=600))
+def buggy(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/buggy")
+    return "You trip over a bug."
+
+
+def bug(request: ModelRequest) -> Step:
+    raise RuntimeError("a bug the runtime did not expect")
 
 
 def fragile_script(request: ModelRequest) -> Step:
@@ -189,9 +194,10 @@ models = [
     ScriptedModel("fragile", fragile_script),
     ScriptedModel("hurried", [calls(call("slow")), stall()], repeat_last=True),
     ScriptedModel("stateful", stateful_script),
+    ScriptedModel("buggy", bug),
 ]
 
 app = hearth.App(
-    [streamer, toolie, durable, parallel, finisher, fragile, hurried, stateful],
+    [streamer, toolie, durable, parallel, finisher, fragile, hurried, stateful, buggy],
     providers=models,
 )

@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 
+from crashlab import ran
+
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply
-
-
-def ran(what: str) -> None:
-    with open(os.environ["HEARTH_TEST_LOG"], "a") as f:
-        f.write(what + "\n")
 
 
 def prompt_of(request: ModelRequest) -> str:
@@ -25,9 +22,9 @@ def results(request: ModelRequest) -> list[ToolResult]:
 
 
 @hearth.tool
-async def search(query: str) -> str:
+async def search(query: str, ctx: hearth.ToolContext) -> str:
     """Search the web."""
-    ran(f"search:{query}")
+    ran(f"search:{query}", ctx)
     await asyncio.sleep(0.3)
     return f"results for {query}"
 

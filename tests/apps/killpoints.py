@@ -4,7 +4,8 @@ and a real-process app whose model answers with one large batch of tool calls.""
 from __future__ import annotations
 
 import asyncio
-import os
+
+from crashlab import ran
 
 import hearth
 from hearth.agent import MAX_CONTINUATIONS
@@ -14,13 +15,6 @@ from hearth.runtime.hooks import AgentFinish, AgentStart
 from hearth.testing import ScriptedModel, Step, call, calls, overflow, reply, stream
 
 FANOUT = 40  # tool calls in the one large completion batch
-
-
-def ran(what: str) -> None:
-    path = os.environ.get("HEARTH_TEST_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(what + "\n")
 
 
 def last_user_text(request: ModelRequest) -> str:
@@ -44,9 +38,9 @@ def answered(request: ModelRequest) -> bool:
 
 
 @hearth.tool
-async def lookup(n: int) -> str:
+async def lookup(n: int, ctx: hearth.ToolContext) -> str:
     """Look one thing up."""
-    ran(f"lookup-{n}")
+    ran(f"lookup-{n}", ctx)
     return f"found {n}"
 
 

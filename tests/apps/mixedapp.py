@@ -1,21 +1,15 @@
 """One agent whose model picks a behaviour from the message text, for randomised crash tests.
-Every tool and step run is logged as ``kind|conversation|tool_call_id|run`` to $HEARTH_TEST_LOG,
-where ``run`` ($HEARTH_TEST_RUN) numbers the process runs of one test."""
+Every tool and step run is logged with ``crashlab.ran`` to $HEARTH_TEST_LOG."""
 
 from __future__ import annotations
 
 import asyncio
-import os
+
+from crashlab import ran, trace_points
 
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
-
-
-def ran(what: str, ctx: hearth.ToolContext) -> None:
-    with open(os.environ["HEARTH_TEST_LOG"], "a") as f:
-        run = os.environ.get("HEARTH_TEST_RUN", "0")
-        f.write(f"{what}|{ctx.conversation_id}|{ctx.tool_call_id}|{run}\n")
 
 
 @hearth.tool
@@ -37,6 +31,7 @@ async def slow(ctx: hearth.ToolContext) -> str:
 async def provision(customer: str, ctx: hearth.ToolContext) -> dict[str, int]:
     """Two steps."""
     assert ctx.step is not None
+    ran("provision-start", ctx)
 
     def one() -> int:
         ran("step-one", ctx)
@@ -71,9 +66,7 @@ def mixed(ctx: hearth.AgentContext) -> str:
 
     @ctx.on_agent_start
     def count_start(event: hearth.AgentStart) -> None:
-        with open(os.environ["HEARTH_TEST_LOG"], "a") as f:
-            run = os.environ.get("HEARTH_TEST_RUN", "0")
-            f.write(f"hook|{event.conversation_id}|{event.submission_id}|{run}\n")
+        ran("hook", conversation=event.conversation_id)
         set_starts(starts + 1)
 
     return "You do a bit of everything."
@@ -94,6 +87,7 @@ def script(request: ModelRequest) -> Step:
     return reply("plain")
 
 
+trace_points()
 app = hearth.App(
     [mixed, helper], providers=[ScriptedModel("mixed", script), ScriptedModel("helper", script)]
 )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -8,15 +8,28 @@ from crashlab import Lab
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Lab:
-    return Lab(tmp_path)
+def labs(tmp_path: Path) -> Iterator[list[Lab]]:
+    """Every lab a test makes; after the test, each passes the invariant checker."""
+    made: list[Lab] = []
+    yield made
+    for lab in made:
+        lab.assert_invariants()
 
 
 @pytest.fixture
-def make_lab(tmp_path: Path) -> Callable[[str], Lab]:
-    return lambda app: Lab(tmp_path, app)
+def make_lab(tmp_path: Path, labs: list[Lab]) -> Callable[[str], Lab]:
+    def make(app: str) -> Lab:
+        labs.append(Lab(tmp_path, app))
+        return labs[-1]
+
+    return make
 
 
 @pytest.fixture
-def lab_delegating(tmp_path: Path) -> Lab:
-    return Lab(tmp_path, "delegating:app")
+def lab(make_lab: Callable[[str], Lab]) -> Lab:
+    return make_lab("crashapp:app")
+
+
+@pytest.fixture
+def lab_delegating(make_lab: Callable[[str], Lab]) -> Lab:
+    return make_lab("delegating:app")

@@ -25,6 +25,8 @@ from hearth.store.base import Submission
 from hearth.store.events import ABORT, APPENDED, Event
 
 log = logging.getLogger("hearth.coordinator")
+# Marks the log line of an exception the runtime did not expect from an attempt (a bug).
+UNEXPECTED = "hearth: unexpected exception in an attempt"
 
 
 @dataclass
@@ -213,7 +215,14 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 await self.store.release(sub.fence, self.owner)
         except Exception:
-            log.exception("attempt %d of %s failed; releasing it for a retry", sub.attempt, sub.id)
+            # Not fenced out, not the store away, not cancelled: a bug in the runtime. It still
+            # releases the work, but says so loudly (crash harnesses fail a run that logs it).
+            log.exception(
+                "%s: attempt %d of %s raised; releasing it for a retry",
+                UNEXPECTED,
+                sub.attempt,
+                sub.id,
+            )
             with contextlib.suppress(Exception):
                 await self.store.release(sub.fence, self.owner)
         finally:

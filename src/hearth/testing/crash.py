@@ -14,6 +14,12 @@ holding that type), ``before:store.<method>`` / ``after:store.<method>`` (around
 recorded), ``step:<name>`` (a ``step.do`` is about to run its function), ``hook:<name>`` (an event
 hook starts), and more: ``hearth.testing.KILL_POINTS`` lists them all. ``#N`` picks the N-th time
 the point is reached in that process, e.g. ``after:assistant_text_delta#2``.
+
+Each child sees ``HEARTH_CRASH_RUN`` (0, 1, …: which run of this harness it is), so that a tool
+can log which process ran it; after each run the harness notes which outcomes and steps are on
+disk, and ``assert_invariants(tool_runs)`` checks the database (``hearth.testing.invariants``).
+A run whose log shows an unexpected exception in an attempt raises ``RuntimeError``: the
+coordinator would release such work for a retry, which must not hide a bug.
 """
 
 from __future__ import annotations
@@ -29,8 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.records import Record
+from hearth.runtime.coordinator import UNEXPECTED
 from hearth.store import open_store
 from hearth.store.base import Submission, all_submissions
+from hearth.testing.invariants import (
+    InvariantsBroken,
+    Key,
+    ToolLog,
+    ToolRun,
+    Violation,
+    check_invariants,
+    recorded_keys,
+)
 
 
 @dataclass
@@ -68,12 +84,16 @@ class CrashHarness:
         self.cwd = str(cwd) if cwd is not None else None
         self.env = dict(env or {})
         self.pythonpath = [str(p) for p in pythonpath]
+        self.runs = 0  # children started so far
+        self.kills = 0  # children that died at their crash point
+        self.on_disk_after: dict[Key, int] = {}  # outcome/step → the run after which it was stored
 
     def _environ(self, crash_at: str | None, extra: dict[str, str] | None) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("HEARTH_CRASH_AT", None)
         env.update(self.env)
         env.update(extra or {})
+        env["HEARTH_CRASH_RUN"] = str(self.runs)
         if crash_at:
             env["HEARTH_CRASH_AT"] = crash_at
         paths = [*self.pythonpath, env.get("PYTHONPATH", "")]
@@ -117,6 +137,12 @@ class CrashHarness:
         result = ChildRun(proc.returncode, receipts, proc.stdout, proc.stderr)
         if not result.ok and not result.killed:
             raise RuntimeError(f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+        if UNEXPECTED in proc.stderr:  # a bug must not pass as a retry
+            raise RuntimeError(f"the child's runtime raised:\n{proc.stderr[-4000:]}")
+        for key in asyncio.run(self._with_store(recorded_keys)):
+            self.on_disk_after.setdefault(key, self.runs)
+        self.runs += 1
+        self.kills += result.killed
         return result
 
     def run_until_settled(self, *, max_runs: int = 20, timeout: float = 60.0) -> int:
@@ -139,6 +165,18 @@ class CrashHarness:
 
     def state(self, conversation_id: str) -> dict[str, Any]:
         return asyncio.run(self._with_store(lambda s: s.get_state(conversation_id)))
+
+    def check_invariants(self, tool_runs: Sequence[ToolRun] | None = None) -> list[Violation]:
+        """``hearth.testing.invariants.check_invariants`` on the database, with the tools' log
+        (``ToolRun.run`` being ``HEARTH_CRASH_RUN``) judged against what each run left on disk."""
+        log = None if tool_runs is None else ToolLog(list(tool_runs), self.on_disk_after)
+        return asyncio.run(self._with_store(lambda s: check_invariants(s, tool_log=log)))
+
+    def assert_invariants(self, tool_runs: Sequence[ToolRun] | None = None) -> None:
+        """``check_invariants``, raising ``InvariantsBroken`` (an ``AssertionError``)."""
+        found = self.check_invariants(tool_runs)
+        if found:
+            raise InvariantsBroken(found)
 
     async def _with_store(self, fn: Any) -> Any:
         store = open_store(self.db)
