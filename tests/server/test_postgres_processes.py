@@ -21,6 +21,7 @@ from pgcluster import Cluster
 
 from hearth.records import Record, SubmissionSettled, ToolOutcome, ToolStepSettled
 from hearth.store import Store, Submission, open_store
+from hearth.testing.invariants import assert_invariants
 
 pytestmark = pytest.mark.crash
 
@@ -78,6 +79,11 @@ class Fleet:
 
     def records(self, conversation_id: str) -> list[Record]:
         return list(self.store_call(lambda s: s.read(conversation_id)))
+
+    def assert_invariants(self) -> None:
+        """The shared checker over every conversation of the database (a zombie's late write
+        would show as a record of a stale attempt)."""
+        self.store_call(assert_invariants)
 
     def submission(self, sid: str) -> Submission:
         sub = self.store_call(lambda s: s.get_submission(sid))
@@ -145,6 +151,7 @@ def test_a_frozen_owner_writes_nothing_after_a_peer_took_its_work_over(fleet: Fl
     assert outcome.is_error and outcome.content["type"] == "interrupted"
     assert settlements(records) == {sid: 1}
     assert [r[0] for r in fleet.ran()].count("charge-start") == 1
+    fleet.assert_invariants()
 
 
 def test_a_peer_settles_the_work_of_a_killed_owner_without_rerunning_its_calls(
@@ -175,6 +182,7 @@ def test_a_peer_settles_the_work_of_a_killed_owner_without_rerunning_its_calls(
     assert (ran["charge-start"], ran["step-one"], ran["step-two"]) == (1, 1, 1)
     assert settlements(records) == {sid: 1}
     assert fleet.submission(sid).attempt == 2
+    fleet.assert_invariants()
 
 
 def test_an_abort_posted_to_one_process_stops_work_running_in_another(fleet: Fleet) -> None:
@@ -285,6 +293,7 @@ def _load(fleet: Fleet, procs: list[ServerProcess], count: int, fault: Callable[
         assert proc.proc is not None and proc.proc.poll() is None
         sid = post(proc, "jobs", "after", "still there?").json()["submission_id"]
         assert settled(proc, "jobs", "after", sid)["outcome"] == "completed"
+    fleet.assert_invariants()
 
 
 def test_a_database_restart_mid_run_loses_nothing_and_settles_everything_once(
