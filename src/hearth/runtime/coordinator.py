@@ -25,8 +25,9 @@ from hearth.store.base import Submission
 from hearth.store.events import ABORT, APPENDED, Event
 
 log = logging.getLogger("hearth.coordinator")
-# Marks the log line of an exception the runtime did not expect from an attempt (a bug).
-UNEXPECTED = "hearth: unexpected exception in an attempt"
+# Marks the log line of an exception the runtime did not expect (a bug), in an attempt or while
+# claiming; crash harnesses fail a run that logs it.
+UNEXPECTED = "hearth: unexpected exception"
 
 
 @dataclass
@@ -120,7 +121,7 @@ class Coordinator:
                 log.warning("cannot claim work: %s; retrying", exc)
                 await asyncio.sleep(0.5)
             except Exception:
-                log.exception("claiming failed; retrying")
+                log.exception("%s while claiming; retrying", UNEXPECTED)
                 await asyncio.sleep(0.5)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.scan_s)
@@ -218,7 +219,7 @@ class Coordinator:
             # Not fenced out, not the store away, not cancelled: a bug in the runtime. It still
             # releases the work, but says so loudly (crash harnesses fail a run that logs it).
             log.exception(
-                "%s: attempt %d of %s raised; releasing it for a retry",
+                "%s in attempt %d of %s; releasing it for a retry",
                 UNEXPECTED,
                 sub.attempt,
                 sub.id,

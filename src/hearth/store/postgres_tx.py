@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from hearth import _faults
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
 from hearth.store.events import StoreEvents
@@ -116,6 +117,8 @@ class Transactions:
                         result = await work(conn, outbox)
                         if outbox:
                             await self._notify(conn, outbox)
+                        _faults.reached("store:commit-begin")  # the work ran; not committed yet
+                    _faults.reached("store:commit-done")  # committed; no caller has heard of it
                 self.events.publish_all(outbox)
                 return result
             except (HearthError, psycopg.IntegrityError):

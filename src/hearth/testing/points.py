@@ -61,8 +61,9 @@ RUNNER_SEAMS: Mapping[str, str] = MappingProxyType(
         "delta:flush": "buffered text deltas are about to be appended",
         "compaction:start": "a compaction's summary is about to be asked for",
         "compaction:end": "the summary arrived; the compaction record is not written",
-        "store:commit-begin": "SQLite writer: the group's statements ran, COMMIT has not",
-        "store:commit-done": "SQLite writer: COMMIT returned, no caller has heard of it",
+        "store:commit-begin": "the store's transaction ran, COMMIT has not (SQLite writer thread,"
+        " or a PostgreSQL transaction)",
+        "store:commit-done": "COMMIT returned, no caller has heard of it",
         "tool-done:task": "a task's child ended; its tool outcome is not appended",
     }
     | {
