@@ -142,3 +142,53 @@ async def test_a_database_on_a_read_only_disk_is_one_clear_error_at_start(disk: 
     again = open_store(f"sqlite:///{disk.path / 'h.db'}")
     with pytest.raises(StoreError, match=r"cannot open the SQLite file .*read-only"):
         await again.open()
+
+
+FILE_SIZE_LIMIT = """
+import asyncio, resource, signal
+from hearth.errors import StoreUnavailable
+from hearth.store import NewSubmission, open_store
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+
+async def main(path):
+    store = open_store(f"sqlite:///{path}")
+    await store.open()
+    unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, unlimited[1]))
+    admitted = 0
+    try:
+        for i in range(10_000):
+            await store.admit(NewSubmission(f"a/c{i}", "a", "message", {"m": "x" * 500}))
+            admitted += 1
+    except StoreUnavailable as exc:
+        print("refused:", exc)
+    resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
+    await store.admit(NewSubmission("a/after", "a", "message", {"m": "y"}))
+    print("admitted", admitted, "then", len(await store.list_submissions(limit=20_000)))
+    await store.close()
+
+import sys
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_file_size_limit_refuses_writes_as_unavailable_and_they_resume_after(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    src = str(Path(hearth.__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMIT, str(tmp_path / "h.db")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": src},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    refused, counted = done.stdout.strip().splitlines()
+    assert refused.startswith("refused:") and "the disk refused a write" in refused
+    admitted, total = int(counted.split()[1]), int(counted.split()[3])
+    assert 0 < admitted < 10_000
+    assert total == admitted + 1  # nothing half-written, and writes resumed

@@ -225,9 +225,16 @@ def _as_store_error(exc: Exception) -> Exception:
 
 
 def _failure(exc: sqlite3.Error, what: str) -> StoreError:
-    """A full disk is a pause, not a bug: ``StoreUnavailable`` (HTTP 503) saying what to do."""
-    if getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc):
+    """A full disk or a failed write is a pause, not a bug: ``StoreUnavailable`` (HTTP 503)
+    saying what to do; the transaction was rolled back, so nothing half-written remains."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code == sqlite3.SQLITE_FULL or "disk is full" in str(exc):
         return StoreUnavailable(f"{what}: the disk is full; free space and hearth goes on")
+    if code is not None and code & 0xFF == sqlite3.SQLITE_IOERR:
+        return StoreUnavailable(
+            f"{what}: the disk refused a write ({exc}: a full disk, a file size limit or a"
+            " failing device); hearth goes on once writes succeed again"
+        )
     return StoreError(f"{what}: {exc}")
 
 
