@@ -12,14 +12,18 @@ its own ``bench_*`` schemas there and drops them at the end.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import hearth
 
 _PGCLUSTER = Path(__file__).resolve().parents[1] / "tests" / "apps" / "pgcluster.py"
 
@@ -31,6 +35,16 @@ def _pgcluster() -> ModuleType:
     sys.modules.setdefault("pgcluster", module)
     spec.loader.exec_module(module)
     return module
+
+
+async def serve_until_terminated(app: hearth.App) -> None:
+    """A benchmark's child process: run ``app`` until SIGTERM, saying ``ready <owner>`` once it
+    claims work."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with app.run() as rt:
+        print(f"ready {rt.owner}", flush=True)
+        await stop.wait()
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,13 +41,8 @@ def staller(ctx: hearth.AgentContext) -> str:
 
 
 async def child(url: str) -> None:
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     model = ScriptedModel("stall", [stall()], repeat_last=True)
-    app = hearth.App([staller], db=url, providers=[model])
-    async with app.run() as rt:
-        print(f"ready {rt.owner}", flush=True)
-        await stop.wait()
+    await _pg.serve_until_terminated(hearth.App([staller], db=url, providers=[model]))
 
 
 async def settled_outcome(store: Store, submission_id: str, limit_s: float = 10.0) -> str | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,13 +36,8 @@ from hearth.testing import ScriptedModel
 
 
 async def child(url: str) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
     app = hearth.App([worker], db=url, providers=[ScriptedModel("bench", script)])
-    async with app.run() as rt:
-        print(f"ready {rt.owner}", flush=True)
-        await stop.wait()
+    await _pg.serve_until_terminated(app)
     print(f"settled {sum(app.metrics.settled_by_outcome.values())}", flush=True)
 
 

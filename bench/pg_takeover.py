@@ -72,12 +72,8 @@ def script(request: ModelRequest) -> Step:
 
 
 async def child(url: str) -> None:
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     app = hearth.App([sleeper], db=url, providers=[ScriptedModel("takeover", script)])
-    async with app.run() as rt:
-        print(f"ready {rt.owner}", flush=True)
-        await stop.wait()
+    await _pg.serve_until_terminated(app)
 
 
 class Children:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -127,7 +128,7 @@ class StreamedAnswer(Protocol):
         ...
 
 
-class HTTPProvider:
+class HTTPProvider(ABC):
     """What the HTTP model clients share: where to connect and with which key (read from the
     environment at request time unless given), per-model context windows, the client, and the
     ``stream`` loop.
@@ -183,21 +184,21 @@ class HTTPProvider:
         """Close the HTTP client if this provider created it."""
         await self._client.aclose()
 
+    @abstractmethod
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def request_headers(self) -> dict[str, str]:
         """The headers sent with every request (the key among them)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def error_response(self, status: int, body: str, headers: httpx2.Headers) -> ProviderError:
         """The error for an answer that is not a stream (an error status, or JSON)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def new_answer(self) -> StreamedAnswer:
         """An empty answer to feed one request's events to."""
-        raise NotImplementedError
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Stream one answer: text deltas, then every tool call, then ``Finished``."""

@@ -36,7 +36,7 @@ from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
-from hearth.store.events import Event, StoreEvents
+from hearth.store.events import RELEASED, Event, StoreEvents
 from hearth.store.postgres_listen import Listener
 from hearth.store.postgres_schema import migrate
 from hearth.store.postgres_tx import (
@@ -186,8 +186,9 @@ class PostgresStore(Store):
         return None if self._listener is None else self._listener.backend_pid
 
     def _missed(self) -> None:
-        # After the listener was away, tell every local waiter to look again.
-        self.events.publish(Event("released", ""))
+        # The listener was away: wake the claimers, so that work admitted meanwhile is claimed
+        # now rather than at the next scan (waiters re-read on their own timers).
+        self.events.publish(Event(RELEASED, ""))
 
     # --- transactions ---------------------------------------------------------------------------
     def _now(self) -> float | None:
