@@ -7,11 +7,10 @@ import asyncio
 import os
 from typing import Any
 
-from crashlab import ran
-
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stall, stream
+from hearth.testing.toollog import ran
 
 
 def last_user_text(request: ModelRequest) -> str:

@@ -3,53 +3,20 @@
 The crash apps log each run with ``ran(what, ctx)`` as ``what|conversation|tool_call_id|run``
 (``run`` is the harness's ``HEARTH_CRASH_RUN``): ``what`` is the tool's name (an ordinary call),
 ``<tool>-start`` (a durable tool's body), ``step-<name>`` (a step's body) or anything else for
-lines the invariant checker does not judge (``hook``)."""
+lines the invariant checker does not judge (``hook``); see ``hearth.testing.toollog``."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import hearth
-from hearth import _faults
 from hearth.testing import CrashHarness
 from hearth.testing.invariants import ToolRun
+from hearth.testing.toollog import points_reached, tool_runs
 
 APPS = Path(__file__).resolve().parent
-NOT_TOOLS = ("hook",)
-
-
-def ran(what: str, ctx: hearth.ToolContext | None = None, *, conversation: str = "") -> None:
-    """Log one execution to $HEARTH_TEST_LOG (when set)."""
-    path = os.environ.get("HEARTH_TEST_LOG")
-    if not path:
-        return
-    conv = ctx.conversation_id if ctx is not None else conversation
-    call_id = ctx.tool_call_id if ctx is not None else ""
-    run = os.environ.get("HEARTH_CRASH_RUN", "0")
-    with open(path, "a") as f:
-        f.write(f"{what}|{conv}|{call_id}|{run}\n")
-
-
-def trace_points() -> None:
-    """Log each crash point this process reaches to $HEARTH_TRACE_POINTS (when set), as
-    ``run|point``: what a run reached is what a kill planned in its place can hit."""
-    path = os.environ.get("HEARTH_TRACE_POINTS")
-    if not path or getattr(_faults.reached, "traced", False):
-        return
-    original = _faults.reached
-    run = os.environ.get("HEARTH_CRASH_RUN", "0")
-
-    def reached(point: str) -> None:
-        with open(path, "a") as f:
-            f.write(f"{run}|{point}\n")
-        original(point)
-
-    reached.traced = True  # type: ignore[attr-defined]
-    _faults.reached = reached
 
 
 @dataclass
@@ -95,14 +62,7 @@ class Lab:
         return self.ran().count(what)
 
     def tool_runs(self) -> list[ToolRun]:
-        runs = []
-        for what, conv, call_id, run in self.lines():
-            if what in NOT_TOOLS:
-                continue
-            step = what[len("step-") :] if what.startswith("step-") else None
-            durable = what.endswith("-start")
-            runs.append(ToolRun(conv, call_id, int(run), step=step, durable=durable))
-        return runs
+        return tool_runs(self.log)
 
     def assert_invariants(self) -> None:
         """The invariant checker over the database and this lab's tool log."""
@@ -110,9 +70,7 @@ class Lab:
 
     def reached(self, run: int) -> Counter[str]:
         """How often each crash point was reached in that run (apps that ``trace_points``)."""
-        text = self.trace.read_text() if self.trace.exists() else ""
-        lines = (line.partition("|") for line in text.splitlines())
-        return Counter(point for r, _, point in lines if r == str(run))
+        return points_reached(self.trace, run)
 
     # --- rolling a run back (no process is running) --------------------------------------
     def snapshot(self) -> Snapshot:

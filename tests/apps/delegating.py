@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 
-from crashlab import ran
-
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply
+from hearth.testing.toollog import ran
 
 
 def prompt_of(request: ModelRequest) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from crashlab import ran
-
 import hearth
 from hearth.agent import MAX_CONTINUATIONS
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.runtime.compaction import SUMMARY_PROMPT
 from hearth.runtime.hooks import AgentFinish, AgentStart
 from hearth.testing import ScriptedModel, Step, call, calls, overflow, reply, stream
+from hearth.testing.toollog import ran
 
 FANOUT = 40  # tool calls in the one large completion batch
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from crashlab import ran, trace_points
-
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
+from hearth.testing.toollog import ran, trace_points
 
 
 @hearth.tool
