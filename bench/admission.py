@@ -60,7 +60,9 @@ app = hearth.App(
 )
 
 
-def start_server(db: str, log: Path) -> tuple[subprocess.Popen[str], str, int]:
+def start_server(
+    db: str, log: Path, app: str = "admission:app"
+) -> tuple[subprocess.Popen[str], str, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTH_")}
     here = str(Path(__file__).resolve().parent)
     proc = subprocess.Popen(
@@ -69,7 +71,7 @@ def start_server(db: str, log: Path) -> tuple[subprocess.Popen[str], str, int]:
             "-m",
             "hearth",
             "serve",
-            "admission:app",
+            app,
             "--app-dir",
             here,
             "--db",
