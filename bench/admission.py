@@ -13,6 +13,10 @@ By default the agent's model never answers, so each conversation's first message
 and every later one queues behind it: the figures are admission alone. With ``--with-work`` the
 model answers at once and the same process runs every admitted submission to its settlement.
 
+With ``--wrk`` the load comes from Debian's ``wrk`` (C, one thread per core) instead of the
+asyncio clients, with a Lua script that spreads the POSTs over 64 conversations per connection;
+its latency distribution is printed as wrk reports it (``apt-get install wrk``).
+
 With ``--postgres`` the database is a fresh schema on a throwaway PostgreSQL cluster with default
 durability (or on the server ``--pg URL`` names), and ``--processes N`` starts N ``hearth serve``
 processes on it; client ``i`` talks to process ``i mod N`` (what a load balancer would do).
@@ -26,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -160,6 +165,33 @@ async def measure(
         print(f"non-202 answers: {len(errors)} (first: {errors[0]})")
 
 
+WRK_SCRIPT = """
+local n = 0
+request = function()
+    n = n + 1
+    local path = string.format("/agents/%s/wrk-%d", AGENT, n % 64)
+    return wrk.format("POST", path, {["Content-Type"] = "application/json"},
+        '{"message": "hello"}')
+end
+response = function(status, headers, body)
+    if status ~= 202 then errors = (errors or 0) + 1 end
+end
+"""
+
+
+def run_wrk(servers: list[tuple[str, int]], agent: str, clients: int, seconds: float) -> None:
+    """Drive the first server with wrk; print its summary (rate and latency percentiles)."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install wrk (or drop --wrk)")
+    host, port = servers[0]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(f'AGENT = "{agent}"\n' + WRK_SCRIPT)
+    threads = str(min(clients, os.cpu_count() or 1))
+    command = ["wrk", "-t", threads, "-c", str(clients), "-d", f"{seconds:.0f}s", "--latency"]
+    subprocess.run([*command, "-s", f.name, f"http://{host}:{port}"], check=True)
+    os.unlink(f.name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=64)
@@ -168,6 +200,7 @@ def main() -> None:
     parser.add_argument("--with-work", action="store_true", help="run what is admitted too")
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
     parser.add_argument("--processes", type=int, default=1, help="servers (PostgreSQL only)")
+    parser.add_argument("--wrk", action="store_true", help="load from wrk (Debian) instead")
     _pg.add_argument(parser)
     args = parser.parse_args()
     if args.pg:
@@ -189,7 +222,10 @@ def main() -> None:
                 procs.append(start_server(db, folder / f"server{i}.log"))
             agent = "instant" if args.with_work else "queued"
             servers = [(host, port) for _, host, port in procs]
-            asyncio.run(measure(servers, agent, args.clients, args.requests, args.seconds))
+            if args.wrk:
+                run_wrk(servers, agent, args.clients, min(args.seconds, 30.0))
+            else:
+                asyncio.run(measure(servers, agent, args.clients, args.requests, args.seconds))
         finally:
             for proc, _, _ in procs:
                 proc.terminate()
