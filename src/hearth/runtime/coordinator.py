@@ -178,6 +178,12 @@ class Coordinator:
                 claim.interrupt("lost")
 
     # --- one claim ------------------------------------------------------------------------
+    async def _release(self, sub: Submission) -> None:
+        """Give the claim back (every release goes through here, between its kill points)."""
+        _faults.reached("before:store.release")
+        await self.store.release(sub.fence, self.owner)
+        _faults.reached("after:store.release")
+
     async def _supervise(self, claim: _Claim) -> None:
         sub = claim.sub
         metrics = self.env.metrics
@@ -200,21 +206,19 @@ class Coordinator:
                 # The same claim concludes: the classifier now sees the intent or the deadline.
                 await Attempt(self.env, sub).run()
             elif claim.reason == "shutdown":
-                _faults.reached("before:store.release")
-                await self.store.release(sub.fence, self.owner)
-                _faults.reached("after:store.release")
+                await self._release(sub)
         except FencedOut:
             log.info("submission %s was taken over by another owner", sub.id)
         except asyncio.CancelledError:
             if claim.work is not None:
                 claim.work.cancel()
             with contextlib.suppress(Exception):
-                await self.store.release(sub.fence, self.owner)
+                await self._release(sub)
             raise
         except StoreUnavailable as exc:  # expected while the database is away: one line
             log.warning("attempt %d of %s stopped: %s; releasing it", sub.attempt, sub.id, exc)
             with contextlib.suppress(Exception):
-                await self.store.release(sub.fence, self.owner)
+                await self._release(sub)
         except Exception:
             # Not fenced out, not the store away, not cancelled: a bug in the runtime. It still
             # releases the work, but says so loudly (crash harnesses fail a run that logs it).
@@ -225,7 +229,7 @@ class Coordinator:
                 sub.id,
             )
             with contextlib.suppress(Exception):
-                await self.store.release(sub.fence, self.owner)
+                await self._release(sub)
         finally:
             self._claims.pop(sub.id, None)
             metrics.running -= 1

@@ -48,6 +48,9 @@ from hearth.testing.invariants import (
     recorded_keys,
 )
 
+Message = str | dict[str, Any]  # a text message, or a signal
+MidTool = tuple[str, str, str, Message | None]  # (action, agent, id, message)
+
 
 @dataclass
 class ChildRun:
@@ -103,21 +106,26 @@ class CrashHarness:
     def run(
         self,
         *,
-        dispatch: Sequence[tuple[str, str, str]] = (),
+        dispatch: Sequence[tuple[str, str, Message]] = (),
         crash_at: str | None = None,
         timeout: float = 60.0,
         env: dict[str, str] | None = None,
         abort: Sequence[tuple[str, str]] = (),
+        mid_tool: Sequence[MidTool] = (),
         idle: float = 0.0,
     ) -> ChildRun:
-        """Start a child on the database, admit ``dispatch`` messages (agent, id, text), stamp
-        ``abort`` intents, then wait until nothing is queued or running, or until the child dies
-        at ``crash_at``. ``idle`` keeps the child alive that many seconds more."""
+        """Start a child on the database, admit ``dispatch`` messages (agent, id, text, or a
+        signal as a dict), stamp ``abort`` intents, then wait until nothing is queued or running,
+        or until the child dies at ``crash_at``. ``idle`` keeps the child alive that many seconds
+        more. ``mid_tool`` actions ``(action, agent, id, message)`` each wait, in order, until
+        that conversation has a tool call recorded, then ``"dispatch"`` the message, ``"abort"``
+        the conversation, or ``"shutdown"`` (the child stops without waiting for its work)."""
         spec = {
             "app": self.app,
             "db": self.db,
             "dispatch": [list(d) for d in dispatch],
             "abort": [list(a) for a in abort],
+            "mid_tool": [list(m) for m in mid_tool],
             "timeout": timeout,
             "idle": idle,
         }
