@@ -36,12 +36,14 @@ KINDS = (ADMITTED, APPENDED, ABORT, RELEASED, SETTLED)
 @dataclass(frozen=True)
 class Event:
     """One committed change. ``offset`` is the conversation's last offset for ``appended``;
-    ``submission_id`` names the submission for ``released`` and ``settled``."""
+    ``submission_id`` names the submission for ``released`` and ``settled``; ``attempt`` is the
+    attempt that settled it, when this process wrote the settlement (0 when unknown)."""
 
     kind: str
     conversation_id: str
     offset: int = -1
     submission_id: str | None = None
+    attempt: int = 0
 
 
 Listener = Callable[[Event], None]
