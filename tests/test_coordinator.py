@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import hearth
 from hearth.records import ToolOutcome
-from hearth.store.base import NewSubmission
+from hearth.store.base import Fence, NewSubmission, Submission
 from hearth.testing import ScriptedModel, call, calls, reply
 
 pytestmark = pytest.mark.anyio
@@ -130,3 +132,60 @@ async def test_no_more_than_workers_submissions_run_at_once() -> None:
         for receipt in receipts:
             assert (await rt.read(receipt, timeout=10)).text == "done"
     assert peak == 2
+
+
+async def test_a_claim_settled_just_before_a_renewal_is_not_reported_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The heartbeat lists its claims, then renews. A settlement that commits in between leaves
+    # the claim out of the renewal's answer although nothing was lost: the attempt must not be
+    # interrupted, no warning logged, and no extra read spent on telling the two apart.
+    app = hearth.App(
+        [echo_agent()],
+        db="memory",
+        providers=[ScriptedModel("echo", [reply("done")])],
+        lease_s=30,
+        heartbeat_s=0.01,
+    )
+    async with app.run() as rt:
+        store = rt.store
+        settled, judged = asyncio.Event(), asyncio.Event()
+        renew_all, settle_batch, get_submission = (
+            store.renew_all,
+            store.settle_batch,
+            store.get_submission,
+        )
+        renewals = 0
+        heartbeat_reads = 0
+
+        async def settle_then_hold(*args: Any) -> int:
+            offset = await settle_batch(*args)
+            settled.set()
+            await judged.wait()  # the attempt is not done while the heartbeat judges it
+            return offset
+
+        async def renew_after_settlement(owner: str, lease_s: float) -> list[Fence]:
+            nonlocal renewals
+            renewals += 1
+            if renewals > 1:
+                judged.set()  # the previous beat finished judging its claims
+            await settled.wait()
+            return await renew_all(owner, lease_s)
+
+        async def counted_get(submission_id: str) -> Submission | None:
+            nonlocal heartbeat_reads
+            if any(t.get_name() == "hearth-heartbeat" for t in [asyncio.current_task()] if t):
+                heartbeat_reads += 1
+            return await get_submission(submission_id)
+
+        store.renew_all = renew_after_settlement  # type: ignore[method-assign]
+        store.settle_batch = settle_then_hold  # type: ignore[method-assign]
+        store.get_submission = counted_get  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="hearth.coordinator"):
+            receipt = await rt.dispatch("echo", "c", "hi")
+            answer = await rt.read(receipt, timeout=10)
+            await asyncio.wait_for(judged.wait(), timeout=10)
+    assert answer.text == "done"
+    assert renewals >= 2
+    assert "lost the lease" not in caplog.text
+    assert heartbeat_reads == 0

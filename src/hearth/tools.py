@@ -65,6 +65,7 @@ class Tool:
         self.durable = durable
         self.is_async = inspect.iscoroutinefunction(fn)
         self.context_param, self.input_model = _input_model(fn, self.name)
+        self._spec: ToolSpec | None = None
         if durable and self.context_param is None:
             raise ConfigurationError(
                 f"durable tool {self.name!r} needs a parameter annotated hearth.ToolContext "
@@ -78,9 +79,13 @@ class Tool:
         return f"<hearth.Tool {self.name}{' durable' if self.durable else ''}>"
 
     def spec(self) -> ToolSpec:
-        schema = self.input_model.model_json_schema()
-        schema.pop("title", None)
-        return ToolSpec(self.name, self.description, schema)
+        """What the model is told of the tool. Built once: every model request carries it, and
+        pydantic's schema generation costs far more than the request itself."""
+        if self._spec is None:
+            schema = self.input_model.model_json_schema()
+            schema.pop("title", None)
+            self._spec = ToolSpec(self.name, self.description, schema)
+        return self._spec
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Validate the model's arguments; raises ``pydantic.ValidationError``."""

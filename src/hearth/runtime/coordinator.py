@@ -22,7 +22,7 @@ from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
 from hearth.store.base import Submission
-from hearth.store.events import ABORT, APPENDED, Event
+from hearth.store.events import ABORT, APPENDED, SETTLED, Event
 
 log = logging.getLogger("hearth.coordinator")
 # Marks the log line of an exception the runtime did not expect (a bug), in an attempt or while
@@ -35,6 +35,7 @@ class _Claim:
     sub: Submission
     work: asyncio.Task[None] | None = None
     reason: str | None = None  # why the work was cancelled: abort | deadline | lost | shutdown
+    settled: bool = False  # its settlement committed: a renewal that skips it lost nothing
 
     def interrupt(self, reason: str) -> None:
         if self.reason is None:
@@ -94,7 +95,11 @@ class Coordinator:
     def _on_event(self, event: Event) -> None:
         if event.kind == APPENDED:
             return
-        if event.kind == ABORT:
+        if event.kind == SETTLED and event.submission_id is not None:
+            claim = self._claims.get(event.submission_id)
+            if claim is not None and event.attempt == claim.sub.attempt:
+                claim.settled = True  # by this very claim (a peer's settlement means it was lost)
+        elif event.kind == ABORT:
             # This process's running work of the conversation stops; it then settles aborted.
             for claim in self._claims.values():
                 if claim.sub.conversation_id == event.conversation_id:
@@ -166,16 +171,21 @@ class Coordinator:
             for claim in claims:
                 if claim.sub.fence in held or claim.reason is not None:
                     continue
-                if claim.work is not None and claim.work.done():
-                    continue  # it settled (or stopped) while the renewal ran
-                try:
-                    row = await self.store.get_submission(claim.sub.id)
-                except Exception:
-                    continue  # the next beat judges it again
-                if row is not None and row.outcome is not None and row.attempt == claim.sub.attempt:
-                    continue  # settled by this very attempt: nothing was lost
+                if claim.settled or (claim.work is not None and claim.work.done()):
+                    continue  # it settled (or stopped) between the snapshot and the renewal
+                if await self._settled_by_this_attempt(claim):
+                    continue
                 log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
                 claim.interrupt("lost")
+
+    async def _settled_by_this_attempt(self, claim: _Claim) -> bool:
+        """The row's word, for a settlement whose event has not reached this loop yet (a store
+        shared by processes may publish it after a renewal committed later)."""
+        try:
+            row = await self.store.get_submission(claim.sub.id)
+        except Exception:
+            return True  # cannot tell: the next beat judges it again
+        return row is not None and row.outcome is not None and row.attempt == claim.sub.attempt
 
     # --- one claim ------------------------------------------------------------------------
     async def _release(self, sub: Submission) -> None:

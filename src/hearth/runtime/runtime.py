@@ -31,6 +31,7 @@ from hearth.receipts import (
 from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.env import Env
+from hearth.runtime.shared_reads import SharedReads
 from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission, all_submissions
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
@@ -52,6 +53,7 @@ class Runtime:
         self.settings = settings
         self.coordinator = Coordinator(env, settings)
         self.shutting_down = False
+        self.tail_reads = SharedReads(env.store)
 
     @property
     def agents(self) -> dict[str, Agent]:
@@ -133,6 +135,7 @@ class Runtime:
         """Wait until the submission has its outcome (or ``TimeoutError``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         events = self.store.events
+        recheck = _RECHECK_S
         while True:
             # Armed before the read: a settlement committed meanwhile still wakes us.
             woken = events.watch_settled(submission_id)
@@ -143,9 +146,11 @@ class Runtime:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"submission {submission_id} has not settled yet")
-                # Re-read now and then: an event from another process may have been lost.
-                wait_s = _RECHECK_S if left is None else min(left, _RECHECK_S)
+                # Re-read now and then: an event from another process may have been lost. The
+                # pause doubles, so many long waits cost few reads while nothing settles.
+                wait_s = recheck if left is None else min(left, recheck)
                 await asyncio.wait({woken}, timeout=wait_s)
+                recheck = min(recheck * 2, _RECHECK_MAX_S)
             finally:
                 events.unwatch_settled(submission_id, woken)
 
@@ -206,8 +211,9 @@ class Runtime:
     async def read_stream(
         self, conversation_id: str, after: int = -1, limit: int | None = None
     ) -> list[Record]:
-        """The conversation's committed records with offset > ``after``, at most ``limit``."""
-        return await self.store.read(conversation_id, after=after, limit=limit)
+        """The conversation's committed records with offset > ``after``, at most ``limit``.
+        Followers asking for the same records at once share one store read."""
+        return await self.tail_reads.read(conversation_id, after, limit)
 
     @contextmanager
     def next_append(self, conversation_id: str) -> Iterator[asyncio.Future[int]]:
@@ -255,7 +261,8 @@ class Runtime:
         return self.env.metrics.render()
 
 
-_RECHECK_S = 1.0  # how often a settlement wait looks again, in case an event was lost
+_RECHECK_S = 1.0  # when a settlement wait first looks again, in case an event was lost
+_RECHECK_MAX_S = 8.0  # the longest pause between two such looks
 
 
 def _payload(message: str | None, signal: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:

@@ -37,6 +37,28 @@ async def _until_woken(
     await asyncio.wait({woken, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
 
+async def follow(
+    runtime: Runtime, conversation_id: str, after: int, stop: asyncio.Future[Any]
+) -> AsyncIterator[list[Record]]:
+    """Batches of committed records after ``after``, live, until ``stop`` is done.
+
+    The waiter is armed before each read and kept while the batch is handed on, so a short batch
+    needs no second read to learn it was the last: an append since then has fired the waiter.
+    Followers woken by one append read through ``Runtime.read_stream``, which shares one store
+    read among them.
+    """
+    last = after
+    while not stop.done() and not runtime.shutting_down:
+        with runtime.next_append(conversation_id) as woken:
+            batch = await runtime.read_stream(conversation_id, last, _SSE_BATCH)
+            if batch:
+                yield batch
+                last = batch[-1].offset
+                if len(batch) == _SSE_BATCH:
+                    continue  # maybe more already: read on
+            await _until_woken(woken, stop, _RECHECK_S)
+
+
 def sse_response(
     runtime: Runtime,
     conversation_id: str,
@@ -51,17 +73,10 @@ def sse_response(
     async def events() -> AsyncIterator[ServerSentEvent]:
         stop = closing.watch(shutdown.wait)
         on_open(+1)
-        last = after
         try:
-            while not stop.done() and not runtime.shutting_down:
-                with runtime.next_append(conversation_id) as woken:
-                    batch = await runtime.read_stream(conversation_id, last, _SSE_BATCH)
-                    if not batch:
-                        await _until_woken(woken, stop, _RECHECK_S)
-                        continue
+            async for batch in follow(runtime, conversation_id, after, stop):
                 for record in batch:
                     yield ServerSentEvent(data=record_json(record), id=str(record.offset))
-                last = batch[-1].offset
         except StoreError:
             return  # the store closed under us: the server is going away
         finally:

@@ -36,12 +36,14 @@ KINDS = (ADMITTED, APPENDED, ABORT, RELEASED, SETTLED)
 @dataclass(frozen=True)
 class Event:
     """One committed change. ``offset`` is the conversation's last offset for ``appended``;
-    ``submission_id`` names the submission for ``released`` and ``settled``."""
+    ``submission_id`` names the submission for ``released`` and ``settled``; ``attempt`` is the
+    attempt that settled it, when this process wrote the settlement (0 when unknown)."""
 
     kind: str
     conversation_id: str
     offset: int = -1
     submission_id: str | None = None
+    attempt: int = 0
 
 
 Listener = Callable[[Event], None]
@@ -56,8 +58,10 @@ class StoreEvents:
     """
 
     def __init__(self) -> None:
-        self._appended: dict[str, list[asyncio.Future[int]]] = {}
-        self._settled: dict[str, list[asyncio.Future[None]]] = {}
+        # Waiters per key in an insertion-ordered dict: N followers each dropping their own
+        # waiter after an append costs O(N) in all, not O(N²).
+        self._appended: dict[str, dict[asyncio.Future[int], None]] = {}
+        self._settled: dict[str, dict[asyncio.Future[None], None]] = {}
         self._listeners: list[Listener] = []
 
     def publish(self, event: Event) -> None:
@@ -120,23 +124,25 @@ class StoreEvents:
             self.unsubscribe(conversation_id, fut)
 
 
-def _arm(table: dict[str, list[asyncio.Future[T]]], key: str) -> asyncio.Future[T]:
+Waiters = dict[asyncio.Future[T], None]
+
+
+def _arm(table: dict[str, Waiters[T]], key: str) -> asyncio.Future[T]:
     fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-    table.setdefault(key, []).append(fut)
+    table.setdefault(key, {})[fut] = None
     return fut
 
 
-def _disarm(table: dict[str, list[asyncio.Future[T]]], key: str, fut: asyncio.Future[T]) -> None:
+def _disarm(table: dict[str, Waiters[T]], key: str, fut: asyncio.Future[T]) -> None:
     waiters = table.get(key)
     if waiters is None:
         return
-    if fut in waiters:
-        waiters.remove(fut)
+    waiters.pop(fut, None)
     if not waiters:
         table.pop(key, None)
 
 
-def _fire(waiters: list[asyncio.Future[T]] | None, value: T) -> None:
+def _fire(waiters: Waiters[T] | None, value: T) -> None:
     for fut in waiters or ():
         if not fut.done():
             fut.set_result(value)

@@ -241,7 +241,7 @@ async def settle(
         values,
     )
     await conn.execute(NEXT_HEAD.encode(), {"c": conversation_id})
-    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id))
+    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt))
     joined = await fetchall(
         conn,
         "SELECT id FROM submissions WHERE joined_to = %(id)s AND status = %(j)s"

@@ -185,7 +185,7 @@ def settle(
         (SETTLED_STATUS, outcome, error_json, reply, now, fence.submission_id),
     )
     conn.execute(NEXT_HEAD, (conversation_id,))
-    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id))
+    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt))
     joined = conn.execute(
         "SELECT id FROM submissions WHERE joined_to = ? AND status = ?"
         " AND settled_at IS NULL ORDER BY seq",
