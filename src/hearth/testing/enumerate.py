@@ -38,6 +38,9 @@ from hearth.testing.toollog import points_reached, tool_runs
 # Short leases and beats, so recovery and renewals happen within a scenario's few seconds.
 ENV = {"HEARTH_LEASE_S": "5", "HEARTH_HEARTBEAT_S": "0.2", "HEARTH_SCAN_S": "0.2"}
 TIMEOUT = 30.0  # seconds a child may wait for its work to settle
+# Points whose count follows the clock (a heartbeat every 0.2 s): a run killed at the last beat a
+# clean run saw may end before it, so their occurrences stop one short of the clean count.
+CLOCKED = frozenset({"before:store.renew_all", "after:store.renew_all"})
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ def plan(reached: dict[str, Counter[str]], *, max_occurrence: int, short: bool) 
                     cases.append(Case(BY_NAME[name], point, 1))
                     covered.add(point)
                 continue
-            for n in range(1, min(max_occurrence, counts[point]) + 1):
+            last = counts[point] - 1 if point in CLOCKED else counts[point]
+            for n in range(1, min(max_occurrence, max(last, 1)) + 1):
                 cases.append(Case(BY_NAME[name], point, n))
     return cases
 
