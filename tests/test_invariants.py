@@ -17,6 +17,8 @@ import pytest
 import hearth
 from hearth.errors import FencedOut
 from hearth.records import (
+    ChildConversationLinked,
+    HookSeamCommitted,
     Record,
     Signal,
     StateWrite,
@@ -182,6 +184,23 @@ async def test_an_assistant_message_never_completed_is_caught(db: Path) -> None:
 async def test_a_state_write_outside_a_batch_is_caught(db: Path) -> None:
     plant(db, StateWrite(id="stray", name="count", value=7))
     assert await rules(db) == {inv.STATE_IN_BATCH}
+
+
+async def test_a_finish_seam_state_write_with_its_continuation_is_inside_the_seam(
+    db: Path,
+) -> None:
+    note = Signal(id="seam:continue:0", signal_type="continuation", body="more")
+    plant(db, StateWrite(id="seam:state", name="count", value=2))
+    plant(db, note)
+    assert await rules(db) == {inv.STATE_IN_BATCH}  # no commit yet
+    plant(db, HookSeamCommitted(id="seam", hook="on_agent_finish", message_id="m"))
+    assert await rules(db) == set()
+
+
+async def test_a_linked_child_that_never_began_is_not_a_broken_stream(db: Path) -> None:
+    link = ChildConversationLinked(id="link", tool_call_id="t", child_conversation_id="shop/kid")
+    plant(db, link)
+    assert await rules(db) == set()
 
 
 async def test_a_step_recorded_twice_is_caught(db: Path) -> None:

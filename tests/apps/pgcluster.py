@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -86,7 +87,10 @@ class Cluster:
         self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
 
     def restart(self, mode: str = "fast") -> None:
-        self._run(
+        self._run(*self._restart_args(mode))
+
+    def _restart_args(self, mode: str) -> tuple[str, ...]:
+        return (
             "pg_ctl",
             "-D",
             self.data,
@@ -99,6 +103,14 @@ class Cluster:
             "-w",
             "restart",
         )
+
+    def restart_command(self, mode: str = "fast") -> str:
+        """``restart`` as one shell command (for a process that has only a command line)."""
+        tool, *args = self._restart_args(mode)
+        command = [os.path.join(self.bindir, tool), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        return shlex.join(command)
 
     def destroy(self) -> None:
         try:

@@ -27,8 +27,9 @@ from hearth.store.base import Fence, Store
 
 def mark_interrupted(view: MessageView, interrupted: Sequence[InterruptedTool]) -> list[Record]:
     """Close a tool batch a dead or stopped attempt left open: an ``interrupted`` outcome for
-    each unresolved call, then the batch's ``tool_results_committed``."""
-    if not interrupted:
+    each unresolved call, then the batch's ``tool_results_committed`` — also when every call
+    already has its outcome and only the commit is missing (an abort between the two)."""
+    if view.committed or not view.calls:
         return []
     records: list[Record] = [interrupted_outcome(view.message_id, tool) for tool in interrupted]
     records.append(batch_committed(view))

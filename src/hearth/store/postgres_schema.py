@@ -95,6 +95,10 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
                 f"the database schema {schema!r} was created by a newer hearth (schema version"
                 f" {found}; this hearth knows version {SCHEMA_VERSION}); upgrade hearth"
             )
+        if found == SCHEMA_VERSION:
+            # Nothing to do, and no DDL: even ``CREATE INDEX IF NOT EXISTS`` locks its table,
+            # which can deadlock with a peer process already using it.
+            return
         for statement in _TABLES.split(";"):
             if statement.strip():
                 await conn.execute(statement.encode())

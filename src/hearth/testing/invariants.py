@@ -26,6 +26,7 @@ from hearth.records import (
     ConversationCreated,
     HookSeamCommitted,
     Record,
+    Signal,
     StateWrite,
     SubmissionSettled,
     ToolOutcome,
@@ -103,8 +104,16 @@ async def check_invariants(
     subs = {s.id: s for s in await all_submissions(store)}
     streams = await read_streams(store, subs.values())
     abandoned = _abandoned_children(streams)
+    children = {
+        r.child_conversation_id
+        for records in streams.values()
+        for r in records
+        if isinstance(r, ChildConversationLinked)
+    }
     found: list[Violation] = []
     for conv, records in streams.items():
+        if not records and conv in children:
+            continue  # linked, then the parent stopped before the child began: nothing to judge
         found += _check_stream(conv, records, subs, at_rest=conv not in abandoned)
     found += _check_settlements(streams, subs, at_rest)
     if tool_log is not None:
@@ -249,7 +258,7 @@ def _check_stream(
 
     for i, r in enumerate(records):
         if isinstance(r, StateWrite):
-            rest = (x for x in records[i + 1 :] if not isinstance(x, StateWrite))
+            rest = (x for x in records[i + 1 :] if not _seam_part(x))
             closer = next(rest, None)
             if not isinstance(closer, ToolResultsCommitted | HookSeamCommitted):
                 violation(STATE_IN_BATCH, f"state_write {r.id} at {r.offset} is outside a batch")
@@ -262,6 +271,12 @@ def _check_stream(
         if not _unsettled(start.submission_id, subs):
             violation(MESSAGE_CLOSED, f"assistant message {message_id} was never completed")
     return found
+
+
+def _seam_part(r: Record) -> bool:
+    """A record that may sit between a state write and the record closing its unit: another
+    state write, or an ``on_agent_finish`` continuation (both commit with the seam)."""
+    return isinstance(r, StateWrite) or (isinstance(r, Signal) and r.signal_type == "continuation")
 
 
 def _check_settlements(

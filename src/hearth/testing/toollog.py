@@ -71,9 +71,10 @@ def trace_points() -> None:
     if not path or getattr(_faults.reached, "traced", False):
         return
     original = _faults.reached
-    run = os.environ.get("HEARTH_CRASH_RUN", "0")
 
     def reached(point: str) -> None:
+        # The run is read at each point: a process started ahead of time learns it later.
+        run = os.environ.get("HEARTH_CRASH_RUN", "0")
         with open(path, "a") as f:
             f.write(f"{run}|{point}\n")
         original(point)
