@@ -91,6 +91,8 @@ def _digest(data: dict[str, JSON]) -> str:
     body = {k: v for k, v in data.items() if k not in _NOT_CONTENT}
     raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
 RECORD_TYPES: dict[str, type[Record]] = {}
 
 

@@ -18,6 +18,7 @@ from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
+from hearth.store.postgres_schema import migrate
 from hearth.store.rules import settlement
 
 pytestmark = pytest.mark.anyio
@@ -126,6 +127,22 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
         await asyncio.gather(*(s.close() for s in stores))
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
     assert version == "1"
+
+
+async def test_opening_a_current_schema_takes_no_table_lock(pg_cluster: Cluster) -> None:
+    """A process starting while a peer writes must not queue DDL behind the peer's locks: two
+    servers starting at once deadlocked there before (found by the PostgreSQL soak)."""
+    import psycopg
+
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema):
+        pass
+    async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as busy:
+        await busy.execute(f"LOCK TABLE {schema}.submissions IN ROW EXCLUSIVE MODE")  # a writer
+        async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as starting:
+            await starting.execute("SET lock_timeout = '3s'")
+            await migrate(starting, schema)  # without the early return: LockNotAvailable
+        await busy.rollback()
 
 
 async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -> None:

@@ -141,4 +141,3 @@ def transport_failure(provider: str, url: str, exc: Exception) -> ProviderError:
         return ProviderError(f"{provider}: too many redirects from {url}")
     # Reset, dropped or garbled connections: the stream was cut mid-way.
     return ProviderError(f"{provider}: the connection to {url} failed: {detail}", kind="transient")
-
