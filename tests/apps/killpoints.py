@@ -7,30 +7,14 @@ import asyncio
 
 import hearth
 from hearth.agent import MAX_CONTINUATIONS
-from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.providers.base import ModelRequest, ToolResult
 from hearth.runtime.compaction import SUMMARY_PROMPT
 from hearth.runtime.hooks import AgentFinish, AgentStart
 from hearth.testing import ScriptedModel, Step, call, calls, overflow, reply, stream
+from hearth.testing.scenario_apps import answered, last_user_text
 from hearth.testing.toollog import ran
 
 FANOUT = 40  # tool calls in the one large completion batch
-
-
-def last_user_text(request: ModelRequest) -> str:
-    for m in reversed(request.messages):
-        if isinstance(m, UserTurn):
-            return str(m.content)
-    return ""
-
-
-def answered(request: ModelRequest) -> bool:
-    """Whether a tool result followed the latest user message."""
-    for m in reversed(request.messages):
-        if isinstance(m, ToolResult):
-            return True
-        if isinstance(m, UserTurn):
-            return False
-    return False
 
 
 # --- tools ------------------------------------------------------------------------------------
