@@ -19,9 +19,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from hearth.store import open_store
+from hearth.testing.crash import with_store
 from hearth.testing.invariants import Key, recorded_keys
 
 APP = "hearth.testing.soak_app:app"
@@ -208,12 +208,3 @@ class Slot:
                 self._per_run[(run, point)] += 1
                 self._most[point] = max(self._most.get(point, 0), self._per_run[(run, point)])
         return dict(self._most)
-
-
-async def with_store(db: str, fn: Any) -> Any:
-    store = open_store(db)
-    await store.open()
-    try:
-        return await fn(store)
-    finally:
-        await store.close()

@@ -187,9 +187,14 @@ class CrashHarness:
             raise InvariantsBroken(found)
 
     async def _with_store(self, fn: Any) -> Any:
-        store = open_store(self.db)
-        await store.open()
-        try:
-            return await fn(store)
-        finally:
-            await store.close()
+        return await with_store(self.db, fn)
+
+
+async def with_store(db: str, fn: Any) -> Any:
+    """``await fn(store)`` on the database at ``db``, opened for the call and closed after."""
+    store = open_store(db)
+    await store.open()
+    try:
+        return await fn(store)
+    finally:
+        await store.close()

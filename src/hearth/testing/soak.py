@@ -37,9 +37,10 @@ from typing import Any
 
 import hearth
 from hearth.runtime.coordinator import UNEXPECTED
-from hearth.testing._soak_fleet import Runs, Slot, with_store
+from hearth.testing._soak_fleet import Runs, Slot
 from hearth.testing._soak_load import Load
 from hearth.testing._soak_report import OUTCOMES_REQUIRED, reached, situations
+from hearth.testing.crash import with_store
 from hearth.testing.invariants import ToolLog, Violation, check_invariants
 from hearth.testing.toollog import tool_runs
 
