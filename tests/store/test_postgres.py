@@ -246,8 +246,9 @@ class CommitCutter:
     """A loopback TCP proxy to PostgreSQL that, once armed, forwards the next ``COMMIT`` and
     then cuts that connection before the server's reply can return."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, marker: bytes = b"COMMIT") -> None:
         self.upstream_port = upstream_port
+        self.marker = marker
         self.armed = False
         self.cuts = 0
         self.server: asyncio.Server | None = None
@@ -267,7 +268,7 @@ class CommitCutter:
 
         async def upward() -> None:
             while data := await reader.read(65536):
-                committing = self.armed and b"COMMIT" in data
+                committing = self.armed and self.marker in data
                 if committing:
                     self.armed = False
                     self.cuts += 1
@@ -324,6 +325,32 @@ async def test_an_append_whose_commit_reply_was_lost_is_read_back_not_written_tw
             row = await store.get_submission(sub.id)
             assert row is not None and (row.status, row.outcome) == ("settled", "completed")
             assert [r.id for r in await store.read(CONV, after=2)] == [f"{sub.id}:settled"]
+    finally:
+        await proxy.stop()
+
+
+async def test_a_one_statement_append_whose_reply_was_lost_is_not_written_twice(
+    pg_cluster: Cluster,
+) -> None:
+    proxy = CommitCutter(pg_cluster.port, marker=b"moved AS")  # the one-statement append
+    await proxy.start()
+    schema = new_schema()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, schema) as store:
+            sub = (
+                await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+            ).submission
+            [running] = await store.claim("owner-1", 30.0, 1)
+            assert await store.append(CONV, [msg(1, sub.id)], fence=running.fence) == [1]
+            proxy.armed = True
+            offsets = await store.append(
+                CONV, [msg(2, sub.id), msg(3, sub.id)], fence=running.fence
+            )
+            assert proxy.cuts == 1
+            assert offsets == [2, 3]
+            ids = [r.id for r in await store.read(CONV)]
+            assert ids == [f"{CONV}:created", "m1", "m2", "m3"]
     finally:
         await proxy.stop()
 

@@ -61,3 +61,70 @@ async def test_a_heartbeat_renews_every_lease_in_one_statement(store: Store, lea
     sent = await statements(store, beat)
     assert len(renewed) == leases
     assert len(sent) == 1, sent
+
+
+async def test_a_fenced_append_after_the_first_is_one_statement_on_postgres(
+    pg_cluster: Any,
+) -> None:
+    """A step's record is one round trip: fence, offset, insert, notification in one statement.
+    When another writer moved the offset meanwhile, the append still lands right, the general
+    way, and the next one is a single statement again."""
+    from pgcluster import new_schema
+
+    from hearth.records import UserMessage
+    from hearth.store.postgres import PostgresStore
+
+    def msg(n: int, submission_id: str) -> UserMessage:
+        return UserMessage(id=f"m{n}", message_id=f"m{n}", content="x", submission_id=submission_id)
+
+    schema = new_schema()
+    mine, other = (PostgresStore(pg_cluster.conninfo, schema=schema) for _ in range(2))
+    await mine.open()
+    await other.open()
+    try:
+        conv = "support/c-1"
+        sub = (await mine.admit(NewSubmission(conv, "support", "message", {"m": 1}))).submission
+        [running] = await mine.claim("owner-1", 30.0, 1)
+        fence = running.fence
+        assert await mine.append(conv, [msg(1, sub.id)], fence=fence) == [1]
+
+        async def step(n: int) -> None:
+            assert await mine.append(conv, [msg(n, sub.id)], fence=fence) == [n]
+
+        assert len(await statements(mine, lambda: step(2))) == 1
+        await other.append(conv, [msg(3, sub.id)])  # another process appends meanwhile
+        assert len(await statements(mine, lambda: step(4))) > 1  # the offset moved: general way
+        assert len(await statements(mine, lambda: step(5))) == 1
+        assert [r.offset for r in await other.read(conv)] == [0, 1, 2, 3, 4, 5]
+        assert [r.id for r in await other.read(conv, after=0)] == [f"m{n}" for n in range(1, 6)]
+    finally:
+        await mine.close()
+        await other.close()
+
+
+async def test_a_one_statement_append_by_a_stale_attempt_is_fenced_out(pg_cluster: Any) -> None:
+    from pgcluster import new_schema
+
+    from hearth.errors import FencedOut
+    from hearth.records import UserMessage
+    from hearth.store.postgres import PostgresStore
+    from hearth.testing.clock import ManualClock
+
+    clock = ManualClock()
+    store = PostgresStore(pg_cluster.conninfo, schema=new_schema(), clock=clock)
+    await store.open()
+    try:
+        conv = "support/c-1"
+        sub = (await store.admit(NewSubmission(conv, "support", "message", {"m": 1}))).submission
+        [first] = await store.claim("owner-1", 5.0, 1)
+        record = UserMessage(id="m1", message_id="m1", content="x", submission_id=sub.id)
+        assert await store.append(conv, [record], fence=first.fence) == [1]
+        clock.advance(10)  # the lease runs out; another owner takes the work over
+        [second] = await store.claim("owner-2", 30.0, 1)
+        assert second.attempt == first.attempt + 1
+        late = UserMessage(id="m2", message_id="m2", content="late", submission_id=sub.id)
+        with pytest.raises(FencedOut):
+            await store.append(conv, [late], fence=first.fence)
+        assert [r.id for r in await store.read(conv, after=0)] == ["m1"]
+    finally:
+        await store.close()

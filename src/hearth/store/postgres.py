@@ -30,14 +30,15 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from hearth import _faults
 from hearth.errors import ConfigurationError, StoreError, StoreUnavailable
 from hearth.records import Record, loads
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
-from hearth.store.events import RELEASED, Event, StoreEvents
-from hearth.store.postgres_listen import Listener
+from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
+from hearth.store.postgres_listen import Listener, encode
 from hearth.store.postgres_schema import migrate
 from hearth.store.postgres_tx import (
     ADMIT_WAIT_S,
@@ -65,6 +66,7 @@ SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
 IDLE_IN_TRANSACTION_MS = 10_000
 _SKEW_TTL_S = 30.0
+_TAILS_KEPT = 4096
 
 
 class PostgresStore(Store):
@@ -103,6 +105,8 @@ class PostgresStore(Store):
             "connect_timeout": CONNECT_TIMEOUT_S,
         }
         self._transactions: Transactions | None = None
+        # conversation → the last offset this process saw there, for one-statement appends
+        self._tails: dict[str, int] = {}
         self._listener: Listener | None = None
         # (database clock - local monotonic clock, measured at): the database's clock between
         # two readings, advanced by the monotonic clock, so a local wall-clock jump moves nothing
@@ -213,15 +217,62 @@ class PostgresStore(Store):
         self, conversation_id: str, records: Sequence[Record], *, fence: Fence | None = None
     ) -> list[int]:
         batch = list(records)
+        if fence is not None and batch:
+            fast = await self._append_fast(conversation_id, batch, fence)
+            if fast is not None:
+                return fast
 
         async def work(conn: ops.Conn, outbox: ops.Outbox) -> list[int]:
             if fence is not None:
                 await ops.check_fence(conn, fence)
             return await ops.append(conn, conversation_id, batch, outbox, self._now())
 
-        return await self._write(
+        offsets = await self._write(
             work, resolve=lambda conn: readback.appended_offsets(conn, conversation_id, batch)
         )
+        if offsets:
+            self._remember_tail(conversation_id, max(offsets))
+        return offsets
+
+    async def _append_fast(
+        self, conversation_id: str, batch: list[Record], fence: Fence
+    ) -> list[int] | None:
+        """A fenced append as one statement, when this process knows the conversation's last
+        offset; None when the general path must do it (the offset moved, a record id exists,
+        the batch writes state, or the connection was lost: that path reads back what is stored
+        and writes only what is missing)."""
+        expect = self._tails.get(conversation_id)
+        if expect is None:
+            return None
+        params = ops.fast_append_params(conversation_id, batch, expect, fence)
+        if params is None:
+            return None
+        last = int(params["last"])
+        params["ch"] = self.channel
+        params["note"] = encode(Event(APPENDED, conversation_id, last), self._sender)
+        try:
+            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                _faults.reached("store:commit-begin")  # the statement is its own transaction
+                row = await ops.fetchone(conn, ops.FAST_APPEND, params)
+        except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
+            row = None
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+        if row is None or row["added"] != len(batch):
+            self._tails.pop(conversation_id, None)
+            return None
+        _faults.reached("store:commit-done")
+        self._remember_tail(conversation_id, last)
+        self.events.publish(Event(APPENDED, conversation_id, last))
+        return list(params["os"])
+
+    def _remember_tail(self, conversation_id: str, last: int) -> None:
+        """Note a last offset seen; a stale one only sends the next append the general way."""
+        tails = self._tails
+        tails.pop(conversation_id, None)
+        tails[conversation_id] = last
+        if len(tails) > _TAILS_KEPT:
+            del tails[next(iter(tails))]
 
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
@@ -234,7 +285,10 @@ class PostgresStore(Store):
                 {"c": conversation_id, "a": after, "l": limit},
             )
         )
-        return [loads(row["body"]) for row in rows]
+        found = [loads(row["body"]) for row in rows]
+        if limit is None and found:
+            self._remember_tail(conversation_id, found[-1].offset)
+        return found
 
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
         row = await self._read(
