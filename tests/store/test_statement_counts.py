@@ -43,6 +43,10 @@ async def statements(store: Store, action: Callable[[], Awaitable[Any]]) -> list
         finally:
             await store._write(lambda conn, _: conn.set_trace_callback(None))
     else:
+        from hearth.store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        await store.notified()  # earlier writes' notifications are not this action's
         with _postgres_statements(seen):
             await action()
     return [s for s in seen if not s.lstrip().upper().startswith(_CONTROL)]

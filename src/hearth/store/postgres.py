@@ -38,7 +38,7 @@ from hearth.store import postgres_readback as readback
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
-from hearth.store.postgres_listen import Listener, encode
+from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import migrate
 from hearth.store.postgres_tx import (
     ADMIT_WAIT_S,
@@ -107,6 +107,7 @@ class PostgresStore(Store):
         self._transactions: Transactions | None = None
         # conversation → the last offset this process saw there, for one-statement appends
         self._tails: dict[str, int] = {}
+        self._notes: Notes | None = None
         self._listener: Listener | None = None
         # (database clock - local monotonic clock, measured at): the database's clock between
         # two readings, advanced by the monotonic clock, so a local wall-clock jump moves nothing
@@ -137,8 +138,14 @@ class PostgresStore(Store):
         finally:
             await conn.close()
         pool = await open_pool(self.conninfo, self._kwargs, self.pool_size)
+        self._notes = Notes(pool, self.channel, self._sender)
         self._transactions = Transactions(
-            pool, where=self.where, channel=self.channel, sender=self._sender, events=self.events
+            pool,
+            where=self.where,
+            channel=self.channel,
+            sender=self._sender,
+            events=self.events,
+            notes=self._notes,
         )
         self._listener = Listener(
             self.conninfo, self._kwargs, self.channel, self._sender, self.events, self._missed
@@ -153,6 +160,9 @@ class PostgresStore(Store):
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.stop()
+        notes, self._notes = self._notes, None
+        if notes is not None:
+            await notes.close(CONNECT_TIMEOUT_S)
         transactions, self._transactions = self._transactions, None
         if transactions is not None:
             await transactions.pool.close()
@@ -183,6 +193,11 @@ class PostgresStore(Store):
             self._skew = (float(row["t"]) - (local + after) / 2, after)
             local = after
         return local + self._skew[0]
+
+    async def notified(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        """Wait until the notifications of this store's commits so far are sent (for tests)."""
+        if self._notes is not None:
+            await self._notes.close(timeout)
 
     @property
     def listener_pid(self) -> int | None:
@@ -244,16 +259,15 @@ class PostgresStore(Store):
         expect = self._tails.get(conversation_id)
         if expect is None:
             return None
-        params = ops.fast_append_params(conversation_id, batch, expect, fence)
-        if params is None:
+        fast = ops.fast_append(conversation_id, batch, expect, fence)
+        if fast is None:
             return None
-        last = int(params["last"])
-        params["ch"] = self.channel
-        params["note"] = encode(Event(APPENDED, conversation_id, last), self._sender)
+        query, params = fast
+        last = expect + len(batch)
         try:
             async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
                 _faults.reached("store:commit-begin")  # the statement is its own transaction
-                row = await ops.fetchone(conn, ops.FAST_APPEND, params)
+                row = await ops.fetchone(conn, query, params)
         except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
             row = None
         except psycopg.Error as exc:
@@ -264,7 +278,9 @@ class PostgresStore(Store):
         _faults.reached("store:commit-done")
         self._remember_tail(conversation_id, last)
         self.events.publish(Event(APPENDED, conversation_id, last))
-        return list(params["os"])
+        assert self._notes is not None
+        self._notes.add([Event(APPENDED, conversation_id, last)])
+        return list(range(expect + 1, last + 1))
 
     def _remember_tail(self, conversation_id: str, last: int) -> None:
         """Note a last offset seen; a stale one only sends the next append the general way."""

@@ -1,9 +1,9 @@
 """Push across processes: one ``LISTEN`` connection per store, fed into its ``StoreEvents``.
 
-Writers ``NOTIFY`` inside their transaction, so a notification is delivered only once the
-change it names has committed. Payloads carry ids and offsets only. The listener reconnects by
-itself with backoff; while it is down the coordinator's polling at ``scan_s`` keeps work moving,
-so a lost notification delays work but never loses it.
+A notification is sent only once the change it names has committed: ``Notes`` sends it right
+after the commit (an abort intent goes inside its transaction). Payloads carry ids and offsets
+only. The listener reconnects by itself with backoff; while it is down the coordinator's
+polling at ``scan_s`` keeps work moving, so a lost notification delays work but never loses it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from hearth.store.events import KINDS, Event, StoreEvents
+from hearth.store.events import APPENDED, KINDS, Event, StoreEvents
 
 log = logging.getLogger("hearth.store.postgres")
 
@@ -118,3 +119,55 @@ class Listener:
         sender, event = decoded
         if sender != self._sender:  # this store published its own events after its commits
             self._events.publish(event)
+
+
+class Notes:
+    """Notifications sent after the commits they announce, several in one statement.
+
+    A transaction that notifies holds the server's notification-queue lock from just before its
+    commit until just after it, so no two notifying commits (and their WAL flushes) overlap:
+    64 tool calls stepping at once would commit one by one. So writes commit without notifying
+    and ``add`` their events here; one statement of notifications alone (no WAL to flush) sends
+    what gathered meanwhile, ``appended`` coalesced to each conversation's newest offset. A
+    process that dies between a commit and its notification loses the notification; like any lost
+    event, that delays a peer's waiter until its own re-read or scan, but never misleads it.
+    (Abort intents, rare and awaited by a running owner, are still notified in their
+    transaction.)
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any], channel: str, sender: str) -> None:
+        self.pool = pool
+        self.channel = channel
+        self.sender = sender
+        self._appended: dict[str, int] = {}
+        self._others: list[Event] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, events: list[Event]) -> None:
+        for event in events:
+            if event.kind != APPENDED:
+                self._others.append(event)
+            elif event.offset > self._appended.get(event.conversation_id, -1):
+                self._appended[event.conversation_id] = event.offset
+        if events and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._send(), name="hearth-notes")
+
+    async def close(self, timeout: float) -> None:
+        """Send what is pending (within ``timeout``)."""
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+
+    async def _send(self) -> None:
+        while self._appended or self._others:
+            events = self._others + [Event(APPENDED, c, last) for c, last in self._appended.items()]
+            self._appended, self._others = {}, []
+            try:
+                async with self.pool.connection(timeout=2.0) as conn:
+                    await conn.execute(
+                        "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)s::text[]) AS p",
+                        {"ch": self.channel, "ps": [encode(e, self.sender) for e in events]},
+                    )
+            except (psycopg.Error, PoolTimeout) as exc:
+                log.debug("notifications not sent (peers re-read instead): %s", exc)
+                return

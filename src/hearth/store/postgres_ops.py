@@ -340,7 +340,7 @@ async def last_offset(conn: Conn, conversation_id: str) -> int:
 # last offset (it appended there before), so the records are encoded with their offsets up front.
 # The fence is checked and the conversation's row locked as in ``check_fence`` and ``append``; if
 # the offset moved meanwhile (another writer appended), nothing is written and the caller takes
-# the general path. The notification goes out at the statement's commit, like ``_notify``'s.
+# the general path.
 FAST_APPEND = """
 WITH fence AS (
     SELECT 1 FROM submissions
@@ -356,20 +356,42 @@ added AS (
     FROM moved, unnest(%(os)s::bigint[], %(ids)s::text[], %(ts)s::text[], %(ss)s::text[],
                        %(bs)s::text[], %(ds)s::text[]) AS r(o, id, t, s, b, d)
     RETURNING 1)
-SELECT (SELECT count(*) FROM added) AS added,
-       (SELECT count(*) FROM (SELECT pg_notify(%(ch)s, %(note)s) FROM moved) AS n) AS notified
+SELECT count(*) AS added FROM added
 """
 
+# The same for one record, without arrays (most steps append one).
+FAST_APPEND_ONE = FAST_APPEND.replace(
+    """SELECT %(c)s, r.o, r.id, r.t, r.s, r.b, r.d
+    FROM moved, unnest(%(os)s::bigint[], %(ids)s::text[], %(ts)s::text[], %(ss)s::text[],
+                       %(bs)s::text[], %(ds)s::text[]) AS r(o, id, t, s, b, d)""",
+    "SELECT %(c)s, %(o)s, %(id)s, %(t)s, %(s)s, %(b)s, %(d)s FROM moved",
+)
 
-def fast_append_params(
+
+def fast_append(
     conversation_id: str, records: list[Record], expect: int, fence: Fence
-) -> dict[str, Any] | None:
-    """The parameters of ``FAST_APPEND`` (less ``ch`` and ``note``), or None when the batch needs
-    the general path (it writes state)."""
-    if rules.state_changes(records):
+) -> tuple[str, dict[str, Any]] | None:
+    """The statement and parameters that append ``records`` after offset ``expect``, or None when
+    the batch needs the general path (it writes state)."""
+    if not records or rules.state_changes(records):
         return None
     encoded = [record.encode(expect + 1 + i) for i, record in enumerate(records)]
-    return {
+    if len(records) == 1:
+        [(body, digest)], [record] = encoded, records
+        return FAST_APPEND_ONE, {
+            "sid": fence.submission_id,
+            "attempt": fence.attempt,
+            "c": conversation_id,
+            "expect": expect,
+            "last": expect + 1,
+            "o": expect + 1,
+            "id": record.id,
+            "t": record.type,
+            "s": record.submission_id,
+            "b": body,
+            "d": digest,
+        }
+    return FAST_APPEND, {
         "sid": fence.submission_id,
         "attempt": fence.attempt,
         "c": conversation_id,

@@ -4,8 +4,8 @@ A lost connection (server restart, ``pg_terminate_backend``, failover) is retrie
 within a time budget. When it was lost while a write may have committed, the next try first runs
 the write's ``resolve``: a read of what that write would have left (its deterministic record
 ids, its submission id, its claim token). What it finds is the answer; nothing is written twice.
-Events are sent with ``NOTIFY`` inside the transaction, so peers hear of them only once they are
-committed, and are published in this process after the commit.
+Events are published in this process after the commit; peers hear of them by ``NOTIFY``, sent
+right after the commit by ``Notes`` (an abort intent: inside its transaction).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from hearth import _faults
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
-from hearth.store.events import StoreEvents
-from hearth.store.postgres_listen import encode
+from hearth.store.events import ABORT, StoreEvents
+from hearth.store.postgres_listen import Notes, encode
 
 T = TypeVar("T")
 Work = Callable[[ops.Conn, ops.Outbox], Awaitable[T]]
@@ -74,12 +74,14 @@ class Transactions:
         channel: str,
         sender: str,
         events: StoreEvents,
+        notes: Notes,
     ) -> None:
         self.pool = pool
         self.where = where
         self.channel = channel
         self.sender = sender
         self.events = events
+        self.notes = notes
 
     async def read(self, work: Callable[[ops.Conn], Awaitable[T]]) -> T:
         async def run(conn: ops.Conn, _: ops.Outbox) -> T:
@@ -115,11 +117,13 @@ class Transactions:
                         return await work(conn, outbox)
                     async with conn.transaction():
                         result = await work(conn, outbox)
-                        if outbox:
-                            await self._notify(conn, outbox)
+                        urgent = [e for e in outbox if e.kind == ABORT]
+                        if urgent:
+                            await self._notify(conn, urgent)
                         _faults.reached("store:commit-begin")  # the work ran; not committed yet
                     _faults.reached("store:commit-done")  # committed; no caller has heard of it
                 self.events.publish_all(outbox)
+                self.notes.add([e for e in outbox if e.kind != ABORT])
                 return result
             except (HearthError, psycopg.IntegrityError):
                 # After a lost COMMIT whose transaction finished late, the retry is refused (the
