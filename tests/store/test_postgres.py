@@ -18,7 +18,7 @@ from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
-from hearth.store.postgres_schema import migrate
+from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
 
 pytestmark = pytest.mark.anyio
@@ -126,7 +126,32 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == "1"
+    assert version == str(SCHEMA_VERSION)
+
+
+async def test_a_version_1_schema_is_migrated_with_the_last_activity_of_its_conversations(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        await store.admit(NewSubmission("support/old", "support", "message", {"t": 1}))
+        await store.admit(NewSubmission("support/new", "support", "message", {"t": 2}))
+    pg_cluster.sql(  # as version 1 left it
+        f"DROP INDEX {schema}.conversations_by_activity;"
+        f" DROP INDEX {schema}.conversations_by_agent;"
+        f" ALTER TABLE {schema}.conversations DROP COLUMN last_activity;"
+        f" UPDATE {schema}.submissions SET accepted_at = 5e9"
+        " WHERE conversation_id = 'support/old';"
+        f" UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        listed = await store.list_conversations()
+        assert [(c.conversation_id, c.last_activity) for c in listed[:1]] == [
+            ("support/old", 5e9)
+        ]
+        assert [c.conversation_id for c in listed] == ["support/old", "support/new"]
+    found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert found == str(SCHEMA_VERSION)
 
 
 async def test_opening_a_current_schema_takes_no_table_lock(pg_cluster: Cluster) -> None:
@@ -150,7 +175,7 @@ async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -
     async with opened(pg_cluster.conninfo, schema):
         pass
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version 1"):
+    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version \d+"):
         await PostgresStore(pg_cluster.conninfo, schema=schema).open()
 
 
