@@ -418,9 +418,7 @@ async def test_the_conversation_list_filters_by_agent(store: Store) -> None:
     await admitted(store, "billing/c-1")
     await admitted(store, OTHER)
     assert [c.conversation_id for c in await store.list_conversations("support")] == [OTHER, CONV]
-    assert [c.conversation_id for c in await store.list_conversations("billing")] == [
-        "billing/c-1"
-    ]
+    assert [c.conversation_id for c in await store.list_conversations("billing")] == ["billing/c-1"]
     assert await store.list_conversations("nobody") == []
 
 

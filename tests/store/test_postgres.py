@@ -146,9 +146,7 @@ async def test_a_version_1_schema_is_migrated_with_the_last_activity_of_its_conv
     )
     async with opened(pg_cluster.conninfo, schema) as store:
         listed = await store.list_conversations()
-        assert [(c.conversation_id, c.last_activity) for c in listed[:1]] == [
-            ("support/old", 5e9)
-        ]
+        assert [(c.conversation_id, c.last_activity) for c in listed[:1]] == [("support/old", 5e9)]
         assert [c.conversation_id for c in listed] == ["support/old", "support/new"]
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
     assert found == str(SCHEMA_VERSION)

@@ -1,0 +1,80 @@
+"""Agents for the console's browser tests, importable by ``hearth serve consoleapp:app``.
+
+``chores`` runs a durable tool with two steps and settles in well under a second. ``holder``
+calls ``hold``, an ordinary tool that sleeps ``$HEARTH_TEST_HOLD_S`` seconds (default 60): a
+SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells the model so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.testing import ScriptedModel, Step, call, calls, reply
+
+HOLD_S = float(os.environ.get("HEARTH_TEST_HOLD_S", "60"))
+
+
+@hearth.tool(durable=True)
+async def tidy(ctx: hearth.ToolContext, room: str) -> str:
+    """Tidy a room in two durable steps."""
+    assert ctx.step is not None
+    await ctx.step.do("sweep", lambda: f"swept the {room}")
+    await asyncio.sleep(0.2)
+    await ctx.step.do("dust", lambda: f"dusted the {room}")
+    return f"the {room} is tidy"
+
+
+@hearth.tool
+async def hold(seconds: float = HOLD_S) -> str:
+    """Wait a long time (an ordinary tool: its outcome is unknown if the process dies)."""
+    await asyncio.sleep(seconds)
+    return "held"
+
+
+def _result(request: ModelRequest) -> ToolResult | None:
+    """The tool result answering the latest user turn (recovery notes may follow it)."""
+    for message in reversed(request.messages):
+        if isinstance(message, ToolResult):
+            return message
+        if isinstance(message, UserTurn):
+            return None
+    return None
+
+
+def _chores(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"Done: {done.content}.")
+    said = [m.content for m in request.messages if isinstance(m, UserTurn)]
+    return calls(call("tidy", room=str(said[-1]) if said else "kitchen"))
+
+
+def _holder(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"The hold ended: {done.content}")
+    return calls(call("hold"))
+
+
+MODELS = [ScriptedModel("chores", _chores), ScriptedModel("holder", _holder)]
+
+
+@hearth.agent
+def chores(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/chores")
+    ctx.use_tool(tidy)
+    return "Do the chores you are asked to do."
+
+
+@hearth.agent
+def holder(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/holder")
+    ctx.use_tool(hold)
+    return "Hold on."
+
+
+AGENTS = [chores, holder]
+app = hearth.App(AGENTS, providers=MODELS)

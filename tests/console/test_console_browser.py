@@ -1,0 +1,188 @@
+"""The console in a real headless Chromium against real ``hearth serve`` processes.
+
+Every wait is a ``WebDriverWait`` on what the page shows; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import pytest
+from httpharness import ServerProcess
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+pytestmark = pytest.mark.crash
+WAIT_S = 30.0
+TOKEN = "console-secret-token-7f3a"
+
+
+def until(driver: Any, condition: Callable[[Any], Any], timeout: float = WAIT_S) -> Any:
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+
+
+def shown(driver: Any, css: str) -> list[Any]:
+    return list(driver.find_elements(By.CSS_SELECTOR, css))
+
+
+def text_of(driver: Any, css: str) -> str:
+    return " | ".join(e.text for e in shown(driver, css))
+
+
+def offsets_taken(driver: Any) -> list[int]:
+    return list(driver.execute_script("return window.hearthConsole.offsets"))
+
+
+def submission_cell(driver: Any, column: str) -> str:
+    cells = shown(driver, f"#submissions tbody tr td.{column}")
+    return cells[0].text if cells else ""
+
+
+class Unavailable:
+    """A stand-in on the server's port that answers every request 503 (a proxy in front of a
+    restarting server), counting the refused SSE requests."""
+
+    def __init__(self, port: int) -> None:
+        outer = self
+        self.streams_refused = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0].endswith("/stream"):
+                    outer.streams_refused += 1
+                self.send_response(503)
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Unavailable:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def admit(server: ServerProcess, path: str, message: str, **headers: str) -> str:
+    r = httpx2.post(f"{server.url}/agents/{path}", json={"message": message}, headers=headers)
+    assert r.status_code == 202, r.text
+    return str(r.json()["submission_id"])
+
+
+def test_a_submission_appears_and_settles_live_without_a_reload(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "chores/home", "kitchen")
+    page.get(f"{server.url}/console/chores/home")
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: text_of(d, "#live-state") == "live")
+    page.execute_script("window.notReloaded = true")
+    second = admit(server, "chores/home", "attic")
+    until(page, lambda d: "attic" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: text_of(d, "li.rec-submission_settled").count("completed") == 2)
+    timeline = text_of(page, "#timeline li")
+    assert "tool call · tidy" in timeline and "step · sweep" in timeline
+    assert "Done: the attic is tidy." in timeline
+    assert all("ms" in e.text for e in shown(page, "li.rec-tool_outcome .duration"))
+    until(page, lambda d: second in text_of(d, "#submissions td.id"))
+    row = page.find_element(By.CSS_SELECTOR, f'#submissions tr[data-submission="{second}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.status").text == "settled"
+    assert row.find_element(By.CSS_SELECTOR, "td.attempt").text == "1/10"
+    assert page.execute_script("return window.notReloaded") is True
+    taken = offsets_taken(page)
+    assert taken == list(range(taken[0], taken[-1] + 1)) and taken[0] == 0
+    # The list page shows the conversation, and the link leads back here.
+    page.get(f"{server.url}/")
+    link = page.find_element(By.CSS_SELECTOR, 'tr[data-conversation="chores/home"] a')
+    assert link.text == "home"
+
+
+def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    sid = admit(server, "holder/h-1", "hold on")
+    page.get(f"{server.url}/console/holder/h-1")
+    until(page, lambda d: "running…" in text_of(d, "li.rec-assistant_tool_call .status"))
+    until(page, lambda d: text_of(d, "#live-state") == "live")
+    page.execute_script("window.notReloaded = true")
+    server.kill()
+    until(page, lambda d: text_of(d, "#live-state") != "live")
+    # While it restarts, a proxy in front answers 503: the browser gives up on that EventSource
+    # for good, and the page must make a new one itself.
+    with Unavailable(server.port) as proxy:
+        until(page, lambda d: proxy.streams_refused > 0)
+    server.start()  # the same port and database
+    until(page, lambda d: shown(d, 'li.attempt-boundary.recovery[data-attempt="2"]'))
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    assert text_of(page, "#live-state") == "live"
+    interrupted = shown(page, "li.rec-tool_outcome.interrupted.recovery")
+    assert len(interrupted) == 1 and "interrupted" in interrupted[0].text
+    assert shown(page, "li.rec-assistant_tool_call.interrupted")  # the call is marked too
+    assert "The hold ended" in text_of(page, "li.rec-assistant_message_started")
+    until(page, lambda d: submission_cell(d, "attempt") == "2/10")
+    assert "recovery" in shown(page, "#submissions td.attempt")[0].get_attribute("class")
+    assert submission_cell(page, "id") == sid
+    assert page.execute_script("return window.notReloaded") is True
+    taken = offsets_taken(page)
+    assert taken == list(range(0, taken[-1] + 1)), "a duplicate or a gap across the restart"
+
+
+def test_sending_a_message_and_aborting_from_the_page(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    page.get(f"{server.url}/console/holder/fresh")
+    assert text_of(page, "#live-state") == "no records yet"
+    page.find_element(By.ID, "message").send_keys("please wait")
+    page.find_element(By.ID, "send").click()
+    until(page, lambda d: "please wait" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: "running…" in text_of(d, "li.rec-assistant_tool_call .status"))
+    page.find_element(By.ID, "abort").click()
+    until(page, lambda d: "abort requested" in text_of(d, "#action-result"))
+    until(page, lambda d: "settled · aborted" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: submission_cell(d, "outcome") == "aborted")
+    page.find_element(By.ID, "message").send_keys("again")
+    page.find_element(By.ID, "send").click()
+    until(page, lambda d: "again" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: "admitted s_" in text_of(d, "#action-result"))
+
+
+def test_sign_in_works_and_a_wrong_token_is_refused(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server("--token", TOKEN)
+    admit(server, "chores/signed", "garage", authorization=f"Bearer {TOKEN}")
+    page.get(f"{server.url}/console/chores/signed")
+    page.find_element(By.ID, "token").send_keys("not-the-token")
+    page.find_element(By.ID, "sign-in").click()
+    until(page, lambda d: shown(d, "#sign-in-error"))
+    assert page.get_cookies() == []
+    page.find_element(By.ID, "token").send_keys(TOKEN)
+    page.find_element(By.ID, "sign-in").click()
+    # Back on the page asked for, signed in: the API and the EventSource accept the cookie.
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: text_of(d, "#live-state") == "live")
+    assert page.current_url == f"{server.url}/console/chores/signed"
+    [cookie] = page.get_cookies()
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    assert TOKEN not in cookie["value"]
+    page.find_element(By.ID, "message").send_keys("cellar")
+    page.find_element(By.ID, "send").click()  # a POST with the cookie passes the CSRF check
+    until(page, lambda d: "cellar" in text_of(d, "li.rec-user_message"))
+    page.find_element(By.ID, "sign-out").click()
+    until(page, lambda d: shown(d, "#sign-in-form"))
+    assert page.get_cookies() == []
+    assert TOKEN not in server.log.read_text()
