@@ -16,7 +16,7 @@ from pgcluster import Cluster, free_port, new_schema
 import hearth.store
 from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
 from hearth.records import UserMessage
-from hearth.store import NewSubmission, open_store
+from hearth.store import NewSubmission, open_store, rules
 from hearth.store.postgres import PostgresStore
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
@@ -175,6 +175,30 @@ async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version \d+"):
         await PostgresStore(pg_cluster.conninfo, schema=schema).open()
+
+
+async def test_a_page_of_100000_conversations_is_read_through_an_index(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema):
+        pass
+    pg_cluster.sql(
+        f"INSERT INTO {schema}.conversations (conversation_id, agent, parent, last_offset,"
+        " created_at, last_activity) SELECT (CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END)"
+        " || '/c-' || n, CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END, NULL, 0, n, n"
+        f" FROM generate_series(0, 99999) AS n; ANALYZE {schema}.conversations"
+    )
+    for agent in (False, True):
+        for before in (False, True):
+            sql = rules.conversation_list_sql(agent, None, before, lambda n: f"%({n})s")
+            text = sql % {"agent": "'a'", "t": "50000", "c": "'a/c-50000'", "limit": "51"}
+            plan = pg_cluster.sql(f"SET search_path TO {schema}; EXPLAIN {text}")
+            assert "Index Scan" in plan and "conversations_by_" in plan, plan
+            assert "Sort" not in plan and "Seq Scan on conversations" not in plan, plan
+    async with opened(pg_cluster.conninfo, schema) as store:
+        page = await store.list_conversations("b", before=(60001.0, "b/c-60001"), limit=3)
+        assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
 
 
 # --- offsets under concurrent writers --------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 import hearth.store
 from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, StoreError
 from hearth.records import UserMessage
-from hearth.store import NewSubmission, SQLiteStore, Store, open_store
+from hearth.store import NewSubmission, SQLiteStore, Store, open_store, rules
 from hearth.store.rules import settlement
 from hearth.testing.clock import ManualClock
 
@@ -444,3 +444,32 @@ def test_the_sqlite_clock_does_not_follow_a_wall_clock_jump(
     before = store.clock()
     monkeypatch.setattr(time, "time", lambda: before + 3600.0)  # the wall clock jumps an hour
     assert 0 <= store.clock() - before < 1.0
+
+
+async def test_a_page_of_100000_conversations_is_read_through_an_index(tmp_path: Path) -> None:
+    """Every form of the list query walks an index in its order: no sort of all rows."""
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
+            " last_activity) VALUES (?, ?, NULL, 0, ?, ?)",
+            ((f"{'ab'[n % 2]}/c-{n}", "ab"[n % 2], float(n), float(n)) for n in range(100_000)),
+        )
+        conn.execute("ANALYZE")
+        for agent in (False, True):
+            for status in (None, "active", "idle"):
+                for before in (False, True):
+                    sql = rules.conversation_list_sql(agent, status, before, lambda n: f":{n}")
+                    args = {"agent": "a", "t": 5e4, "c": "a/c-50000", "limit": 51}
+                    plan = " | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args))
+                    assert "TEMP B-TREE" not in plan, plan
+                    assert "USING INDEX conversations_by_" in plan, plan
+    conn.close()
+    store = await opened(path)
+    try:
+        page = await store.list_conversations("b", before=(60001.0, "b/c-60001"), limit=3)
+        assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
+    finally:
+        await store.close()
