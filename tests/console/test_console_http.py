@@ -9,6 +9,8 @@ import httpx2
 import pytest
 from httpharness import ThreadServer, make_app, wait_until
 
+import hearth
+import hearth.errors
 from hearth.server.session import COOKIE, make_session, session_valid
 
 TOKEN = "list-secret-token-91c2"
@@ -99,6 +101,25 @@ def test_bad_list_parameters_are_400_with_the_error_envelope(
         r = http.get(f"/conversations?{query}")
         assert r.status_code == 400
         assert error_field(r) == field
+
+
+def test_the_sdk_pages_through_the_list(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        for n in range(3):
+            client.conversation("echo", f"s-{n}").send("hi")
+        first = client.conversations("echo", limit=2)
+        rest = client.conversations("echo", after=first["next"], limit=2)
+        assert len(first["conversations"]) == 2 and rest["next"] is None
+        ids = {c["id"] for c in first["conversations"] + rest["conversations"]}
+        assert ids == {"s-0", "s-1", "s-2"}
+        with pytest.raises(hearth.errors.HearthError, match="status"):
+            client.conversations(status="nonsense")
+
+
+def test_the_openapi_description_has_the_list_and_the_console(server: ThreadServer) -> None:
+    with server.client() as http:
+        paths = http.get("/openapi.json").json()["paths"]
+        assert {"/conversations", "/", "/console/{agent}/{id}", "/console/session"} <= set(paths)
 
 
 def test_the_console_pages_render(server: ThreadServer) -> None:
