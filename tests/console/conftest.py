@@ -18,17 +18,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "server"))
 sys.path.insert(0, str(HERE))
 
-from browser import make_browser, missing_browser  # noqa: E402
-from httpharness import SRC, ServerProcess, free_port  # noqa: E402
-
-
-def console_env(**extra: str) -> dict[str, str]:
-    """The environment of a ``hearth serve consoleapp:app`` child process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTH_")}
-    paths = [str(HERE), str(HERE.parent / "server"), str(SRC), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env.update(extra)
-    return env
+from harness import console_env, make_browser, missing_browser  # noqa: E402
+from httpharness import ServerProcess, free_port  # noqa: E402
 
 
 @pytest.fixture

@@ -325,7 +325,7 @@
         if (tools.length) error += ` · interrupted: ${tools.join(", ")}`;
       }
       const cells = [s.id, s.kind, s.status, `${s.attempt}/${s.max_attempts}`,
-        inSeconds(s.deadline, data.now), lease, s.outcome || "", error];
+        s.outcome ? "" : inSeconds(s.deadline, data.now), lease, s.outcome || "", error];
       const names = ["id", "kind", "status", "attempt", "deadline", "lease", "outcome", "error"];
       cells.forEach((c, i) => tr.append(el("td", names[i], c)));
       if (s.attempt > 1) tr.querySelector(".attempt").classList.add("recovery");

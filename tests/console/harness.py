@@ -1,9 +1,15 @@
-"""Headless Chromium driven by Selenium, for the console's tests and its screenshot."""
+"""What the console's tests and its screenshot share: the server's environment, and headless
+Chromium driven by Selenium."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -38,3 +44,12 @@ def make_browser(width: int = 1280, height: int = 900) -> Any:
     driver = webdriver.Chrome(options=options, service=service)
     driver.set_page_load_timeout(30)
     return driver
+
+
+def console_env(**extra: str) -> dict[str, str]:
+    """The environment of a ``hearth serve consoleapp:app`` child process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTH_")}
+    paths = [str(HERE), str(HERE.parent / "server"), str(SRC), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.update(extra)
+    return env
