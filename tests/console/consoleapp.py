@@ -3,6 +3,7 @@
 ``chores`` runs a durable tool with two steps and settles in well under a second. ``holder``
 calls ``hold``, an ordinary tool that sleeps ``$HEARTH_TEST_HOLD_S`` seconds (default 60): a
 SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells the model so.
+``notes`` makes ten quick tool calls for each message: long conversations, fast.
 """
 
 from __future__ import annotations
@@ -59,7 +60,23 @@ def _holder(request: ModelRequest) -> Step:
     return calls(call("hold"))
 
 
-MODELS = [ScriptedModel("chores", _chores), ScriptedModel("holder", _holder)]
+@hearth.tool
+async def jot(line: int) -> str:
+    """Write one line of a note."""
+    return f"line {line}"
+
+
+def _notes(request: ModelRequest) -> Step:
+    if _result(request) is not None:
+        return reply("noted")
+    return calls(*[call("jot", line=n) for n in range(10)])  # 25 records a message
+
+
+MODELS = [
+    ScriptedModel("chores", _chores),
+    ScriptedModel("holder", _holder),
+    ScriptedModel("notes", _notes),
+]
 
 
 @hearth.agent
@@ -76,5 +93,12 @@ def holder(ctx: hearth.AgentContext) -> str:
     return "Hold on."
 
 
-AGENTS = [chores, holder]
+@hearth.agent
+def notes(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/notes")
+    ctx.use_tool(jot)
+    return "Take notes."
+
+
+AGENTS = [chores, holder, notes]
 app = hearth.App(AGENTS, providers=MODELS)

@@ -30,7 +30,8 @@ def shown(driver: Any, css: str) -> list[Any]:
 
 
 def text_of(driver: Any, css: str) -> str:
-    return " | ".join(e.text for e in shown(driver, css))
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)"
+    return " | ".join(driver.execute_script(script, css))
 
 
 def offsets_taken(driver: Any) -> list[int]:
@@ -38,8 +39,9 @@ def offsets_taken(driver: Any) -> list[int]:
 
 
 def submission_cell(driver: Any, column: str) -> str:
-    cells = shown(driver, f"#submissions tbody tr td.{column}")
-    return cells[0].text if cells else ""
+    """The cell of the newest submission (the table is redrawn as it refreshes: read it in
+    one script, never through element handles that go stale)."""
+    return text_of(driver, f"#submissions tbody tr:first-child td.{column}")
 
 
 class Unavailable:
@@ -95,11 +97,11 @@ def test_a_submission_appears_and_settles_live_without_a_reload(
     timeline = text_of(page, "#timeline li")
     assert "tool call · tidy" in timeline and "step · sweep" in timeline
     assert "Done: the attic is tidy." in timeline
-    assert all("ms" in e.text for e in shown(page, "li.rec-tool_outcome .duration"))
+    assert text_of(page, "li.rec-tool_outcome .duration").endswith(" ms")
     until(page, lambda d: second in text_of(d, "#submissions td.id"))
-    row = page.find_element(By.CSS_SELECTOR, f'#submissions tr[data-submission="{second}"]')
-    assert row.find_element(By.CSS_SELECTOR, "td.status").text == "settled"
-    assert row.find_element(By.CSS_SELECTOR, "td.attempt").text == "1/10"
+    row = f'#submissions tr[data-submission="{second}"]'
+    until(page, lambda d: text_of(d, f"{row} td.status") == "settled")
+    assert text_of(page, f"{row} td.attempt") == "1/10"
     assert page.execute_script("return window.notReloaded") is True
     taken = offsets_taken(page)
     assert taken == list(range(taken[0], taken[-1] + 1)) and taken[0] == 0
@@ -107,6 +109,44 @@ def test_a_submission_appears_and_settles_live_without_a_reload(
     page.get(f"{server.url}/")
     link = page.find_element(By.CSS_SELECTOR, 'tr[data-conversation="chores/home"] a')
     assert link.text == "home"
+
+
+def test_a_long_conversation_opens_at_its_newest_records_and_pages_backwards(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    with httpx2.Client(base_url=server.url, timeout=10) as http:
+        for n in [*range(20), "the last note"]:
+            text = n if isinstance(n, str) else f"note {n}"
+            sid = http.post("/agents/notes/long", json={"message": text}).json()["submission_id"]
+            # One at a time: a message sent while another runs would join its response.
+            http.get(f"/agents/notes/long/submissions/{sid}?wait=30")
+        newest = http.get("/conversations", params={"agent": "notes"}).json()
+        last_offset = newest["conversations"][0]["last_offset"]
+    assert last_offset > 400  # more than two pages of 200
+    page.get(f"{server.url}/console/notes/long")
+    until(page, lambda d: "the last note" in text_of(d, "li.rec-user_message"))
+
+    def rendered(d: Any) -> list[int]:  # one round trip, not one per element
+        script = "return [...document.querySelectorAll('li.rec')].map(e => +e.dataset.offset)"
+        return list(d.execute_script(script))
+
+    offsets = rendered(page)
+    assert offsets[-1] == last_offset and offsets[0] > 0  # the newest page only
+    assert "note 0" not in text_of(page, "li.rec-user_message")
+    pages = 0
+    while page.find_element(By.ID, "earlier").is_displayed():
+        before = offsets[0]
+        page.find_element(By.ID, "earlier").click()
+        until(page, lambda d, before=before: rendered(d)[0] < before)
+        offsets = rendered(page)
+        pages += 1
+    assert pages == 2 and offsets[0] == 0
+    assert offsets == sorted(set(offsets))  # in order, none twice
+    assert "note 0" in text_of(page, "li.rec-user_message")
+    # No attempt boundary is doubled by paging: one per submission.
+    boundaries = [e.get_attribute("data-submission") for e in shown(page, "li.attempt-boundary")]
+    assert len(boundaries) == len(set(boundaries)) == 21
 
 
 def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(
@@ -133,7 +173,7 @@ def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(
     assert shown(page, "li.rec-assistant_tool_call.interrupted")  # the call is marked too
     assert "The hold ended" in text_of(page, "li.rec-assistant_message_started")
     until(page, lambda d: submission_cell(d, "attempt") == "2/10")
-    assert "recovery" in shown(page, "#submissions td.attempt")[0].get_attribute("class")
+    assert text_of(page, "#submissions td.attempt.recovery") == "2/10"
     assert submission_cell(page, "id") == sid
     assert page.execute_script("return window.notReloaded") is True
     taken = offsets_taken(page)

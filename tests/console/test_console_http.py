@@ -106,7 +106,8 @@ def test_bad_list_parameters_are_400_with_the_error_envelope(
 def test_the_sdk_pages_through_the_list(server: ThreadServer) -> None:
     with hearth.Client(server.url) as client:
         for n in range(3):
-            client.conversation("echo", f"s-{n}").send("hi")
+            conv = client.conversation("echo", f"s-{n}")
+            conv.read(conv.send("hi"), timeout=10)  # settled: no activity moves it meanwhile
         first = client.conversations("echo", limit=2)
         rest = client.conversations("echo", after=first["next"], limit=2)
         assert len(first["conversations"]) == 2 and rest["next"] is None
