@@ -3,7 +3,9 @@
 ``chores`` runs a durable tool with two steps and settles in well under a second. ``holder``
 calls ``hold``, an ordinary tool that sleeps ``$HEARTH_TEST_HOLD_S`` seconds (default 60): a
 SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells the model so.
-``notes`` makes ten quick tool calls for each message: long conversations, fast.
+``boss`` delegates to ``chores``, whose start hook counts visits in its state. ``notes`` makes
+ten quick tool calls for each message: long conversations, fast. ``talker`` streams its answer
+slowly, for a SIGKILL to cut off.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
-from hearth.testing import ScriptedModel, Step, call, calls, reply
+from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
 
 HOLD_S = float(os.environ.get("HEARTH_TEST_HOLD_S", "60"))
 
@@ -72,10 +74,22 @@ def _notes(request: ModelRequest) -> Step:
     return calls(*[call("jot", line=n) for n in range(10)])  # 25 records a message
 
 
+def _boss(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"The helper says: {done.content}")
+    return calls(call("task", agent="chores", prompt="study"))
+
+
 MODELS = [
     ScriptedModel("chores", _chores),
     ScriptedModel("holder", _holder),
     ScriptedModel("notes", _notes),
+    ScriptedModel("boss", _boss),
+    # 60 words, 50 ms apart: three seconds of streaming to cut off.
+    ScriptedModel(
+        "talker", [stream(*[f"word{n} " for n in range(60)], delay=0.05)], repeat_last=True
+    ),
 ]
 
 
@@ -83,7 +97,20 @@ MODELS = [
 def chores(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/chores")
     ctx.use_tool(tidy)
+    visits, set_visits = ctx.use_state("visits", 0)
+
+    @ctx.on_agent_start
+    async def count_visit(event: hearth.AgentStart) -> None:
+        set_visits(visits + 1)
+
     return "Do the chores you are asked to do."
+
+
+@hearth.agent
+def boss(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/boss")
+    ctx.use_subagent(chores, description="Does chores")
+    return "Delegate the chores."
 
 
 @hearth.agent
@@ -100,5 +127,11 @@ def notes(ctx: hearth.AgentContext) -> str:
     return "Take notes."
 
 
-AGENTS = [chores, holder, notes]
+@hearth.agent
+def talker(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/talker")
+    return "Talk slowly."
+
+
+AGENTS = [chores, holder, notes, boss, talker]
 app = hearth.App(AGENTS, providers=MODELS)

@@ -97,6 +97,7 @@ def test_a_submission_appears_and_settles_live_without_a_reload(
     timeline = text_of(page, "#timeline li")
     assert "tool call · tidy" in timeline and "step · sweep" in timeline
     assert "Done: the attic is tidy." in timeline
+    assert "hook seam · on_agent_start" in timeline and "state · visits" in timeline
     assert text_of(page, "li.rec-tool_outcome .duration").endswith(" ms")
     until(page, lambda d: second in text_of(d, "#submissions td.id"))
     row = f'#submissions tr[data-submission="{second}"]'
@@ -109,6 +110,24 @@ def test_a_submission_appears_and_settles_live_without_a_reload(
     page.get(f"{server.url}/")
     link = page.find_element(By.CSS_SELECTOR, 'tr[data-conversation="chores/home"] a')
     assert link.text == "home"
+
+
+def test_a_child_task_links_to_the_child_conversation_and_back(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "boss/b-1", "get it done")
+    page.get(f"{server.url}/console/boss/b-1")
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    assert "The helper says: Done: the study is tidy." in text_of(page, "li.rec-submission_settled")
+    page.find_element(By.CSS_SELECTOR, "li.rec-child_conversation_linked a").click()
+    # A child runs inside its parent's attempt: its answer is its last assistant message.
+    until(page, lambda d: "Done: the study is tidy." in text_of(d, "li.rec.assistant"))
+    assert "step · sweep" in text_of(page, "li.rec-tool_step_settled")
+    assert page.current_url.startswith(f"{server.url}/console/chores/")
+    assert "child task of boss/b-1" in text_of(page, "li.rec-conversation_created")
+    page.find_element(By.CSS_SELECTOR, "li.rec-conversation_created a").click()
+    until(page, lambda d: d.current_url == f"{server.url}/console/boss/b-1")
 
 
 def test_a_long_conversation_opens_at_its_newest_records_and_pages_backwards(
@@ -178,6 +197,24 @@ def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(
     assert page.execute_script("return window.notReloaded") is True
     taken = offsets_taken(page)
     assert taken == list(range(0, taken[-1] + 1)), "a duplicate or a gap across the restart"
+
+
+def test_a_stream_cut_off_by_a_sigkill_shows_the_partial_output_and_the_advisory(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "talker/t-1", "tell me")
+    page.get(f"{server.url}/console/talker/t-1")
+    until(page, lambda d: "word3 " in text_of(d, "li.rec.assistant.streaming .text"))
+    server.kill()
+    server.start()
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    cut = text_of(page, 'li.rec.assistant.recovery[data-stop-reason="aborted"]')
+    assert "aborted partial output" in cut and "word3 " in cut and "word59" not in cut
+    assert "stream_interrupted" in text_of(page, "li.rec-signal.recovery")
+    assert shown(page, 'li.attempt-boundary.recovery[data-attempt="2"]')
+    taken = offsets_taken(page)
+    assert taken == list(range(0, taken[-1] + 1))
 
 
 def test_sending_a_message_and_aborting_from_the_page(
