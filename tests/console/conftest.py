@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "server"))
 sys.path.insert(0, str(HERE))
 
-from harness import console_env, make_browser, missing_browser  # noqa: E402
+from consoleharness import console_env, make_browser, missing_browser  # noqa: E402
 from httpharness import ServerProcess, free_port  # noqa: E402
 
 

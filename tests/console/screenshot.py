@@ -15,7 +15,7 @@ sys.path.insert(0, str(HERE.parent / "server"))
 sys.path.insert(0, str(HERE))
 
 import httpx2  # noqa: E402
-from harness import console_env, make_browser  # noqa: E402
+from consoleharness import console_env, make_browser  # noqa: E402
 from httpharness import ServerProcess  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
