@@ -97,6 +97,8 @@
     before.push(li);
   }
 
+  // ``ctx`` is ``live`` for records taken from the stream, or a page of earlier records being
+  // prepended: each looks up messages and calls only among its own, as they come before it.
   function render(rec, ctx) {
     const out = [];
     boundary(rec, ctx, out);
@@ -128,7 +130,7 @@
         break;
       }
       case "assistant_text_delta": {
-        let m = ctx.messages.get(rec.message_id) || live.messages.get(rec.message_id);
+        let m = ctx.messages.get(rec.message_id);
         if (!m) { // its start is on an earlier page
           li = entry(rec, "assistant (continued)", "assistant streaming");
           m = { li, text: body(li, "", "text") };
@@ -146,7 +148,7 @@
         break;
       }
       case "assistant_message_completed": {
-        const m = ctx.messages.get(rec.message_id) || live.messages.get(rec.message_id);
+        const m = ctx.messages.get(rec.message_id);
         if (m) {
           m.li.classList.remove("streaming");
           m.text.textContent = rec.text || "";
@@ -173,7 +175,7 @@
           li.classList.add("interrupted");
           recovery(li, "interrupted");
         }
-        const call = ctx.calls.get(rec.tool_call_id) || live.calls.get(rec.tool_call_id);
+        const call = ctx.calls.get(rec.tool_call_id);
         if (call) {
           call.status.textContent = interrupted ? "interrupted" : rec.is_error ? "error" : `done in ${rec.duration_ms} ms`;
           if (interrupted) call.li.classList.add("interrupted", "recovery");
