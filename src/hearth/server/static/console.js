@@ -29,6 +29,7 @@
   const liveState = document.getElementById("live-state");
   const lastOffsetText = document.getElementById("last-offset");
   const result = document.getElementById("action-result");
+  const refreshNote = document.getElementById("refresh-note");
 
   let last = Number(page.dataset.lastOffset); // the newest offset shown (or -1)
   let first = last + 1; // the oldest offset shown
@@ -340,7 +341,14 @@
   let pending = null;
   function soon() {
     if (pending) return;
-    pending = setTimeout(() => { pending = null; refreshSubmissions().catch(problem); }, 150);
+    pending = setTimeout(() => {
+      pending = null;
+      // A background refresh that fails (the server restarting) says so beside the table only.
+      refreshSubmissions().then(
+        () => { refreshNote.textContent = ""; },
+        (err) => { refreshNote.textContent = `not refreshed: ${err.message || err}`; },
+      );
+    }, 150);
   }
   setInterval(soon, 3000);
 
