@@ -40,6 +40,7 @@ STORE_READS = {
     "get_conversation",
     "get_state",
     "get_submission",
+    "list_conversations",
     "list_submissions",
     "lease_owners",
 }

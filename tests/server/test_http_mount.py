@@ -60,6 +60,11 @@ def exercise(url: str) -> None:
                     break
         assert http.get("/hearth/healthz").json() == {"status": "ok"}
         assert http.get("/hearth/nowhere").json()["error"]["type"] == "not_found"
+        console = http.get("/hearth/").text  # the console's links stay under the mount
+        assert 'href="/hearth/console/echo/c-1"' in console
+        assert 'href="/hearth/console/static/console.css"' in console
+        assert 'data-root="/hearth"' in http.get("/hearth/console/echo/c-1").text
+        assert http.get("/hearth/console/static/console.js").status_code == 200
 
 
 def test_mounted_without_lifespan_starts_the_runtime_on_first_request(tmp_path: Path) -> None:
@@ -79,4 +84,13 @@ def test_mounted_with_the_outer_lifespan_starts_and_stops_with_it(tmp_path: Path
         with httpx2.Client(base_url=url) as http:
             assert http.get("/hearth/metrics").status_code == 401
             assert http.get("/hello").status_code == 200  # the token guards only hearth's routes
+            signed = http.post(
+                "/hearth/console/session",
+                content="token=tok&next=/hearth/console/echo/c-1",
+                headers={"origin": url, "content-type": "application/x-www-form-urlencoded"},
+            )
+            assert signed.status_code == 303
+            assert signed.headers["location"] == "/hearth/console/echo/c-1"
+            assert "Path=/hearth/" in signed.headers["set-cookie"]
+            assert http.get("/hearth/metrics").status_code == 200  # with the cookie
     assert api._runtime.shutting_down

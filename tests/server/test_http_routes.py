@@ -190,13 +190,15 @@ def test_token_guards_every_route_but_healthz(serve_app: Callable[..., ThreadSer
             ("GET", "/metrics"),
             ("GET", "/openapi.json"),
             ("GET", "/admin/submissions"),
-            ("GET", "/"),
+            ("GET", "/conversations"),
             ("GET", "/no/such/route"),
         ]:
             r = http.request(method, path, json={"message": "hi"})
             assert r.status_code == 401, (method, path)
             assert error_type(r) == "unauthorized"
             assert r.headers["www-authenticate"] == "Bearer"
+        console = http.get("/")  # a person's page: the sign-in form, not the JSON envelope
+        assert console.status_code == 401 and 'id="sign-in-form"' in console.text
         wrong = http.get("/metrics", headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401
         assert http.get("/healthz").status_code == 200

@@ -378,6 +378,71 @@ async def test_list_submissions_pages_with_a_cursor(store: Store) -> None:
     assert await store.list_submissions(limit=0) == []
 
 
+# --- the conversation list ------------------------------------------------------------------
+
+
+async def test_conversations_are_listed_newest_activity_first(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(100.0)
+    await admitted(store, CONV)
+    clock.set(200.0)
+    await admitted(store, OTHER)
+    clock.set(300.0)
+    await store.append(CONV, [msg(1)])  # an append is activity
+    listed = await store.list_conversations()
+    assert [(c.conversation_id, c.agent, c.last_activity) for c in listed] == [
+        (CONV, "support", 300.0),
+        (OTHER, "support", 200.0),
+    ]
+    assert [c.last_offset for c in listed] == [1, 0]
+
+
+async def test_the_conversation_list_counts_unsettled_submissions_and_filters_by_status(
+    store: Store,
+) -> None:
+    await admitted(store, CONV)
+    await admitted(store, CONV)
+    done = await running(store, OTHER)
+    await store.settle(done.fence, settlement(done), outcome="completed", error=None, reply="ok")
+    counts = {c.conversation_id: c.unsettled for c in await store.list_conversations()}
+    assert counts == {CONV: 2, OTHER: 0}
+    assert [c.conversation_id for c in await store.list_conversations(status="active")] == [CONV]
+    assert [c.conversation_id for c in await store.list_conversations(status="idle")] == [OTHER]
+    with pytest.raises(ValueError, match="status"):
+        await store.list_conversations(status="settled")
+
+
+async def test_the_conversation_list_filters_by_agent(store: Store) -> None:
+    await admitted(store, CONV)
+    await admitted(store, "billing/c-1")
+    await admitted(store, OTHER)
+    assert [c.conversation_id for c in await store.list_conversations("support")] == [OTHER, CONV]
+    assert [c.conversation_id for c in await store.list_conversations("billing")] == ["billing/c-1"]
+    assert await store.list_conversations("nobody") == []
+
+
+async def test_the_conversation_list_pages_with_a_cursor_through_equal_times(
+    store: Store, clock: ManualClock
+) -> None:
+    made = []
+    for n in range(7):
+        clock.set(100.0 + n // 3)  # three conversations share each instant
+        made.append((await admitted(store, f"support/c-{n}")).conversation_id)
+    expected = [c.conversation_id for c in await store.list_conversations(limit=100)]
+    assert sorted(expected) == sorted(made) and expected[0] == "support/c-6"
+    seen: list[str] = []
+    before = None
+    while True:
+        page = await store.list_conversations("support", before=before, limit=2)
+        seen += [c.conversation_id for c in page]
+        if len(page) < 2:
+            break
+        before = page[-1].cursor
+    assert seen == expected  # each once, in order, across pages
+    assert await store.list_conversations(limit=0) == []
+
+
 # --- claims and leases -----------------------------------------------------------------------
 
 

@@ -16,9 +16,9 @@ from pgcluster import Cluster, free_port, new_schema
 import hearth.store
 from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
 from hearth.records import UserMessage
-from hearth.store import NewSubmission, open_store
+from hearth.store import NewSubmission, open_store, rules
 from hearth.store.postgres import PostgresStore
-from hearth.store.postgres_schema import migrate
+from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
 
 pytestmark = pytest.mark.anyio
@@ -126,7 +126,30 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == "1"
+    assert version == str(SCHEMA_VERSION)
+
+
+async def test_a_version_1_schema_is_migrated_with_the_last_activity_of_its_conversations(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        await store.admit(NewSubmission("support/old", "support", "message", {"t": 1}))
+        await store.admit(NewSubmission("support/new", "support", "message", {"t": 2}))
+    pg_cluster.sql(  # as version 1 left it
+        f"DROP INDEX {schema}.conversations_by_activity;"
+        f" DROP INDEX {schema}.conversations_by_agent;"
+        f" ALTER TABLE {schema}.conversations DROP COLUMN last_activity;"
+        f" UPDATE {schema}.submissions SET accepted_at = 5e9"
+        " WHERE conversation_id = 'support/old';"
+        f" UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        listed = await store.list_conversations()
+        assert [(c.conversation_id, c.last_activity) for c in listed[:1]] == [("support/old", 5e9)]
+        assert [c.conversation_id for c in listed] == ["support/old", "support/new"]
+    found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert found == str(SCHEMA_VERSION)
 
 
 async def test_opening_a_current_schema_takes_no_table_lock(pg_cluster: Cluster) -> None:
@@ -150,8 +173,32 @@ async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -
     async with opened(pg_cluster.conninfo, schema):
         pass
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version 1"):
+    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version \d+"):
         await PostgresStore(pg_cluster.conninfo, schema=schema).open()
+
+
+async def test_a_page_of_100000_conversations_is_read_through_an_index(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema):
+        pass
+    pg_cluster.sql(
+        f"INSERT INTO {schema}.conversations (conversation_id, agent, parent, last_offset,"
+        " created_at, last_activity) SELECT (CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END)"
+        " || '/c-' || n, CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END, NULL, 0, n, n"
+        f" FROM generate_series(0, 99999) AS n; ANALYZE {schema}.conversations"
+    )
+    for agent in (False, True):
+        for before in (False, True):
+            sql = rules.conversation_list_sql(agent, None, before, lambda n: f"%({n})s")
+            text = sql % {"agent": "'a'", "t": "50000", "c": "'a/c-50000'", "limit": "51"}
+            plan = pg_cluster.sql(f"SET search_path TO {schema}; EXPLAIN {text}")
+            assert "Index Scan" in plan and "conversations_by_" in plan, plan
+            assert "Sort" not in plan and "Seq Scan on conversations" not in plan, plan
+    async with opened(pg_cluster.conninfo, schema) as store:
+        page = await store.list_conversations("b", before=(60001.0, "b/c-60001"), limit=3)
+        assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
 
 
 # --- offsets under concurrent writers --------------------------------------------------------

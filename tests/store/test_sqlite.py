@@ -17,8 +17,9 @@ import pytest
 import hearth.store
 from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, StoreError
 from hearth.records import UserMessage
-from hearth.store import NewSubmission, SQLiteStore, Store, open_store
+from hearth.store import NewSubmission, SQLiteStore, Store, open_store, rules
 from hearth.store.rules import settlement
+from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -33,8 +34,8 @@ def msg(n: int, content: str = "hello") -> UserMessage:
     return UserMessage(id=f"m{n}", message_id=f"m{n}", content=content)
 
 
-async def opened(path: Path | str) -> SQLiteStore:
-    store = SQLiteStore(str(path))
+async def opened(path: Path | str, clock: ManualClock | None = None) -> SQLiteStore:
+    store = SQLiteStore(str(path), clock=clock)
     await store.open()
     return store
 
@@ -162,6 +163,7 @@ async def test_a_schema_1_file_is_migrated_with_the_heads_of_its_conversations(
     finally:
         await store.close()
     with sqlite3.connect(path) as conn:  # as schema 1 left it: no heads
+        _as_schema_2(conn)
         conn.execute("DROP INDEX submissions_heads")
         conn.execute("ALTER TABLE submissions DROP COLUMN is_head")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -182,15 +184,53 @@ async def test_a_schema_1_file_is_migrated_with_the_heads_of_its_conversations(
         await store.close()
 
 
+def _as_schema_2(conn: sqlite3.Connection) -> None:
+    conn.execute("DROP INDEX conversations_by_activity")
+    conn.execute("DROP INDEX conversations_by_agent")
+    conn.execute("ALTER TABLE conversations DROP COLUMN last_activity")
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+async def test_a_schema_2_file_is_migrated_with_the_last_activity_of_its_conversations(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path, clock=clock)
+    try:
+        clock.set(1000.0)
+        await store.admit(new("support/old"))
+        clock.set(2000.0)
+        await store.admit(new("support/new"))
+        clock.set(3000.0)
+        await store.claim("owner-1", 30.0, 10)  # started_at 3000 for both
+        clock.set(4000.0)
+        await store.admit(new("support/idle-new"))
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        _as_schema_2(conn)
+    conn.close()
+    store = await opened(path, clock=clock)
+    try:
+        listed = await store.list_conversations()
+        assert [(c.conversation_id, c.last_activity) for c in listed] == [
+            ("support/idle-new", 4000.0),
+            ("support/old", 3000.0),
+            ("support/new", 3000.0),
+        ]
+    finally:
+        await store.close()
+
+
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "hearth.db"
     store = await opened(path)
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     conn.close()
     with pytest.raises(
-        SchemaTooNew, match=r"newer hearth \(schema 3; this hearth knows schema 2\)"
+        SchemaTooNew, match=r"newer hearth \(schema 4; this hearth knows schema 3\)"
     ):
         await opened(path)
 
@@ -404,3 +444,32 @@ def test_the_sqlite_clock_does_not_follow_a_wall_clock_jump(
     before = store.clock()
     monkeypatch.setattr(time, "time", lambda: before + 3600.0)  # the wall clock jumps an hour
     assert 0 <= store.clock() - before < 1.0
+
+
+async def test_a_page_of_100000_conversations_is_read_through_an_index(tmp_path: Path) -> None:
+    """Every form of the list query walks an index in its order: no sort of all rows."""
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
+            " last_activity) VALUES (?, ?, NULL, 0, ?, ?)",
+            ((f"{'ab'[n % 2]}/c-{n}", "ab"[n % 2], float(n), float(n)) for n in range(100_000)),
+        )
+        conn.execute("ANALYZE")
+        for agent in (False, True):
+            for status in (None, "active", "idle"):
+                for before in (False, True):
+                    sql = rules.conversation_list_sql(agent, status, before, lambda n: f":{n}")
+                    args = {"agent": "a", "t": 5e4, "c": "a/c-50000", "limit": 51}
+                    plan = " | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args))
+                    assert "TEMP B-TREE" not in plan, plan
+                    assert "USING INDEX conversations_by_" in plan, plan
+    conn.close()
+    store = await opened(path)
+    try:
+        page = await store.list_conversations("b", before=(60001.0, "b/c-60001"), limit=3)
+        assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
+    finally:
+        await store.close()

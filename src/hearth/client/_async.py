@@ -36,6 +36,18 @@ class AsyncClient(BaseClient[httpx2.AsyncClient]):
         """Submissions by status, leases and stuck work (what ``hearth inspect`` shows)."""
         return await _do(self._http, self._admin_submissions_call(conversation))
 
+    async def conversations(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """One page of conversations, newest activity first: ``{"conversations": [...],
+        "next": cursor}``; pass ``next`` back as ``after`` for the next page (None: the last)."""
+        return await _do(self._http, self._conversations_call(agent, status, after, limit))
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

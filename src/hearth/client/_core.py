@@ -226,6 +226,13 @@ class BaseClient(Generic[HTTP]):
         params = {"conversation": conversation} if conversation else None
         return Call(Request("GET", "/admin/submissions", params=params), as_is)
 
+    def _conversations_call(
+        self, agent: str | None, status: str | None, after: str | None, limit: int | None
+    ) -> Call[dict[str, Any]]:
+        given = {"agent": agent, "status": status, "after": after, "limit": limit}
+        params = {k: v for k, v in given.items() if v is not None}
+        return Call(Request("GET", "/conversations", params=params or None), as_is)
+
 
 class BaseConversation(Generic[HTTP]):
     """What both conversation shells share: the conversation's name and the calls about it."""

@@ -38,6 +38,18 @@ class Client(BaseClient[httpx2.Client]):
         """Submissions by status, leases and stuck work (what ``hearth inspect`` shows)."""
         return _do(self._http, self._admin_submissions_call(conversation))
 
+    def conversations(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """One page of conversations, newest activity first: ``{"conversations": [...],
+        "next": cursor}``; pass ``next`` back as ``after`` for the next page (None: the last)."""
+        return _do(self._http, self._conversations_call(agent, status, after, limit))
+
     def close(self) -> None:
         self._http.close()
 

@@ -32,7 +32,15 @@ from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.env import Env
 from hearth.runtime.shared_reads import SharedReads
-from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission, all_submissions
+from hearth.store.base import (
+    UNSETTLED,
+    ConversationInfo,
+    ConversationSummary,
+    NewSubmission,
+    Store,
+    Submission,
+    all_submissions,
+)
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
 
@@ -230,6 +238,21 @@ class Runtime:
         """Submissions in admission order: every one, or one conversation's (read page by page:
         an operator's view, not a hot path)."""
         return await all_submissions(self.store, conversation_id)
+
+    async def conversation_info(self, conversation_id: str) -> ConversationInfo | None:
+        """The conversation's agent, parent and last offset; None before its first admission."""
+        return await self.store.get_conversation(conversation_id)
+
+    async def conversations(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        *,
+        before: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[ConversationSummary]:
+        """One page of conversations, newest activity first (``Store.list_conversations``)."""
+        return await self.store.list_conversations(agent, status, before=before, limit=limit)
 
     async def conversation_submission(self, agent: str, id: str, submission_id: str) -> Submission:
         """One submission of ``agent``'s conversation ``id``; ``SubmissionNotFound`` when there is

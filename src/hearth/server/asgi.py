@@ -31,10 +31,12 @@ from starlette.types import Receive, Scope, Send
 
 from hearth.config import Settings
 from hearth.runtime.runtime import Runtime
+from hearth.server import console
 from hearth.server.context import Closing, Endpoint
 from hearth.server.errors import ApiError, api_error, error_response
 from hearth.server.host import RuntimeHost
 from hearth.server.routes import admit, routes
+from hearth.server.session import same_origin, session_cookie, session_valid
 
 log = logging.getLogger("hearth.server")
 _ADMISSION_PATH = re.compile(r"/agents/([^/]+)/([^/]+)")
@@ -169,15 +171,11 @@ class HearthASGI:
     # --- requests -------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response: Response
-        if scope["type"] == "http" and not self._authorized(scope):
-            response = error_response(
-                401,
-                "unauthorized",
-                "a bearer token is required: send Authorization: Bearer <HEARTH_TOKEN>",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            refused = self._refusal(scope, receive)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             found = _ADMISSION_PATH.fullmatch(route_path(scope))
             if found:
@@ -187,16 +185,32 @@ class HearthASGI:
                 return
         await self._router(scope, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _refusal(self, scope: Scope, receive: Receive) -> Response | None:
+        """The answer to a request that may not proceed (401, the console's sign-in form, or
+        403 for a cookie-borne request from another origin); None to serve it."""
         token = self.settings.token
-        if not token or route_path(scope) == "/healthz":
-            return True
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    return hmac.compare_digest(given.strip(), token.encode())
-        return False
+        path = route_path(scope)
+        if not token or path == "/healthz" or path in console.PUBLIC_PATHS:
+            return None
+        if path.startswith(console.PUBLIC_PREFIX):
+            return None
+        given = _bearer(scope)
+        if given is not None:
+            return None if hmac.compare_digest(given, token.encode()) else _unauthorized()
+        cookie = session_cookie(scope)
+        if cookie is not None and session_valid(token, cookie):
+            if not same_origin(scope):
+                return error_response(
+                    403,
+                    "forbidden",
+                    "a request made with the console's session cookie must come from the"
+                    " console's own origin (its Origin header did not name this server)",
+                )
+            scope["hearth_session"] = True
+            return None
+        if scope["method"] in ("GET", "HEAD") and console.is_console_page(path):
+            return console.sign_in_page(Request(scope, receive))
+        return _unauthorized()
 
     def _endpoint(self, fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
@@ -206,6 +220,25 @@ class HearthASGI:
                 return api_error(exc).response()
 
         return handle
+
+
+def _bearer(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, given = bytes(value).partition(b" ")
+            if scheme.lower() == b"bearer":
+                return given.strip()
+            return b""  # another scheme: wrong, not absent
+    return None
+
+
+def _unauthorized() -> Response:
+    return error_response(
+        401,
+        "unauthorized",
+        "a bearer token is required: send Authorization: Bearer <HEARTH_TOKEN>",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def route_path(scope: Scope) -> str:

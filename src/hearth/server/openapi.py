@@ -19,6 +19,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     words = {
         400: "bad JSON, wrong shape, bad id or an idempotency key over 256 characters",
         401: "missing or wrong bearer token",
+        403: "a request made with the console's cookie from another origin",
         404: "unknown agent, conversation or submission",
         409: "idempotency key reused with another payload",
         413: "body over HEARTH_MAX_BODY",
@@ -26,6 +27,10 @@ def _errors(*statuses: int) -> dict[str, Any]:
         503: "shutting down, or the database is unreachable (Retry-After)",
     }
     return {str(s): _json(_ref("Error"), words[s]) for s in statuses}
+
+
+def _html(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
 
 
 _PATH_PARAMS = [
@@ -122,6 +127,32 @@ _SCHEMAS: dict[str, Any] = {
             "offset": {"type": "integer"},
             "messages": {"type": "array", "items": {"type": "object"}},
             "submissions": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "ConversationList": {
+        "type": "object",
+        "required": ["conversations", "next"],
+        "properties": {
+            "conversations": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["agent", "id", "conversation_id", "last_activity", "unsettled"],
+                    "properties": {
+                        "agent": {"type": "string"},
+                        "id": {"type": "string"},
+                        "conversation_id": {"type": "string"},
+                        "last_activity": {"type": "number", "description": "unix seconds"},
+                        "last_offset": {"type": "integer"},
+                        "unsettled": {"type": "integer", "minimum": 0},
+                        "parent": {"type": ["object", "null"]},
+                    },
+                },
+            },
+            "next": {
+                "type": ["string", "null"],
+                "description": "pass as ?after= for the next (older) page; null on the last",
+            },
         },
     },
     "AbortResult": {
@@ -221,6 +252,73 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
                 "responses": {"200": {"description": "metrics"}},
             }
         },
+        "/conversations": {
+            "get": {
+                "summary": "Conversations, newest activity first, filtered and paged",
+                "parameters": [
+                    {"name": "agent", "in": "query", "schema": {"type": "string"}},
+                    {"name": "status", "in": "query", "schema": {"enum": ["active", "idle"]}},
+                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                    },
+                ],
+                "responses": {
+                    "200": _json(_ref("ConversationList"), "one page"),
+                    **_errors(400, 401),
+                },
+            }
+        },
+        "/": {
+            "get": {
+                "summary": "The web console: the conversation list (HTML)",
+                "responses": {"200": _html("the page"), "401": _html("the sign-in form")},
+            }
+        },
+        "/console/{agent}/{id}": {
+            "parameters": _PATH_PARAMS,
+            "get": {
+                "summary": "The web console: one conversation (HTML)",
+                "responses": {
+                    "200": _html("the page"),
+                    "401": _html("the sign-in form"),
+                    "404": _html("the page of a conversation with no records yet"),
+                },
+            },
+        },
+        "/console/session": {
+            "post": {
+                "summary": "Sign in to the console: the token in a form body sets a session cookie",
+                "security": [],
+                "requestBody": {
+                    "content": {
+                        "application/x-www-form-urlencoded": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "token": {"type": "string"},
+                                    "next": {"type": "string"},
+                                },
+                            }
+                        }
+                    }
+                },
+                "responses": {
+                    "303": {"description": "signed in: Set-Cookie, then the page asked for"},
+                    "401": _html("wrong token: the sign-in form again"),
+                    **_errors(403, 413),
+                },
+            }
+        },
+        "/console/logout": {
+            "post": {
+                "summary": "Sign out of the console: clears the session cookie",
+                "security": [],
+                "responses": {"303": {"description": "signed out"}, **_errors(403)},
+            }
+        },
         "/admin/submissions": {
             "get": {
                 "summary": "Submissions by status, leases, stuck work",
@@ -235,7 +333,10 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": _SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "session": {"type": "apiKey", "in": "cookie", "name": "hearth_session"},
+            },
         },
-        "security": [{"bearer": []}],
+        "security": [{"bearer": []}, {"session": []}],
     }

@@ -1,11 +1,11 @@
-"""Operational routes: liveness, metrics, the OpenAPI description, the admin view, the console."""
+"""Operational routes: liveness, metrics, the OpenAPI description, the admin view."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
@@ -87,22 +87,3 @@ def stuck_reason(sub: Submission, now: float) -> str | None:
         waited = now - sub.accepted_at
         return f"queued for {waited:.0f} s (is an earlier one of its conversation running?)"
     return None
-
-
-_CONSOLE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>hearth</title>
-<style>body{font:15px/1.5 system-ui,sans-serif;max-width:44rem;margin:3rem auto;padding:0 1rem}
-code{background:#f3f3f3;padding:0 .25rem}</style></head>
-<body><h1>hearth</h1>
-<p>This server runs durable agents. The web console is not built yet; meanwhile:</p>
-<ul>
-<li><a href="openapi.json">openapi.json</a>: the HTTP API</li>
-<li><a href="healthz">healthz</a> and <a href="metrics">metrics</a></li>
-<li><code>hearth tail AGENT ID</code> follows a conversation live;
-<code>hearth inspect</code> lists submissions, leases and stuck work</li>
-</ul></body></html>
-"""
-
-
-async def console(server: ServerContext, request: Request) -> Response:
-    return HTMLResponse(_CONSOLE)

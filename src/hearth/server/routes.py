@@ -12,14 +12,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.runtime.runtime import Runtime
-from hearth.server import ops
+from hearth.server import console, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.tail import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
-from hearth.server.views import snapshot, submission_view
+from hearth.server.views import (
+    conversation_view,
+    decode_cursor,
+    encode_cursor,
+    snapshot,
+    submission_view,
+)
+from hearth.store.base import CONVERSATION_STATUSES
 
 MAX_WAIT_S = 300.0
+CONVERSATION_PAGE = 50  # conversations in one page of GET /conversations, by default
+MAX_CONVERSATION_PAGE = 500
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
@@ -28,11 +37,16 @@ _NULL: Any = ()  # neither a string nor an object: refused as a message and as a
 def routes() -> list[tuple[str, Endpoint, list[str]]]:
     base = "/agents/{agent}/{id}"
     return [
-        ("/", ops.console, ["GET"]),
+        ("/", console.conversations_page, ["GET"]),
+        ("/console/static/{name}", console.static, ["GET"]),
+        ("/console/session", console.sign_in, ["POST"]),
+        ("/console/logout", console.sign_out, ["POST"]),
+        ("/console/{agent}/{id}", console.conversation_page, ["GET"]),
         ("/healthz", ops.healthz, ["GET"]),
         ("/metrics", ops.metrics, ["GET"]),
         ("/openapi.json", ops.openapi, ["GET"]),
         ("/admin/submissions", ops.admin_submissions, ["GET"]),
+        ("/conversations", list_conversations, ["GET"]),
         (base, admit, ["POST"]),
         (base, get_snapshot, ["GET"]),
         (base + "/stream", stream, ["GET"]),
@@ -48,6 +62,46 @@ async def _runtime_for(server: ServerContext, request: Request) -> tuple[Runtime
     agent, id = request.path_params["agent"], request.path_params["id"]
     rt.conversation_id(agent, id)
     return rt, agent, id
+
+
+# --- GET /conversations ---------------------------------------------------------------------
+async def list_conversations(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    query = request.query_params
+    agent = query.get("agent") or None
+    if agent is not None and agent not in rt.agents:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"agent must be one of: {', '.join(sorted(rt.agents))}",
+            {"field": "agent"},
+        )
+    status = query.get("status") or None
+    if status is not None and status not in CONVERSATION_STATUSES:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"status must be one of: {', '.join(CONVERSATION_STATUSES)}",
+            {"field": "status"},
+        )
+    before = decode_cursor(query.get("after") or None)
+    limit = _int_param(query.get("limit"), "limit", default=CONVERSATION_PAGE, low=1)
+    if limit > MAX_CONVERSATION_PAGE:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"limit must be between 1 and {MAX_CONVERSATION_PAGE}",
+            {"field": "limit"},
+        )
+    page = await rt.conversations(agent, status, before=before, limit=limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    return JSONResponse(
+        {
+            "conversations": [conversation_view(c) for c in page],
+            "next": encode_cursor(page[-1].cursor) if more else None,
+        }
+    )
 
 
 # --- POST /agents/{agent}/{id} ---------------------------------------------------------------

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import math
 from typing import Any
 
 from hearth.records import Record
-from hearth.store.base import Submission
+from hearth.server.errors import ApiError
+from hearth.store.base import ConversationSummary, Submission
 
 
 def submission_view(sub: Submission) -> dict[str, Any]:
@@ -105,3 +109,46 @@ def messages(records: list[Record]) -> list[dict[str, Any]]:
 
 def _msg(role: str, r: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {"role": role, "offset": r["offset"], "submission_id": r["submission_id"], **fields}
+
+
+def conversation_view(c: ConversationSummary) -> dict[str, Any]:
+    """One entry of ``GET /conversations``."""
+    return {
+        "agent": c.agent,
+        "id": c.conversation_id[len(c.agent) + 1 :],
+        "conversation_id": c.conversation_id,
+        "last_activity": c.last_activity,
+        "last_offset": c.last_offset,
+        "unsettled": c.unsettled,
+        "parent": c.parent,
+    }
+
+
+def encode_cursor(cursor: tuple[float, str]) -> str:
+    """An opaque page cursor: the last row's activity time and conversation id."""
+    raw = json.dumps([cursor[0], cursor[1]], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None) -> tuple[float, str] | None:
+    """The cursor ``encode_cursor`` made, or a 400 for anything else."""
+    if text is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        when, conversation_id = json.loads(raw)
+        if (
+            isinstance(when, (int, float))
+            and not isinstance(when, bool)
+            and math.isfinite(when)
+            and isinstance(conversation_id, str)
+        ):
+            return float(when), conversation_id
+    except (ValueError, TypeError):
+        pass
+    raise ApiError(
+        400,
+        "invalid_request",
+        "after must be the next cursor of an earlier page of /conversations",
+        {"field": "after"},
+    )

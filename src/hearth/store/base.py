@@ -20,6 +20,9 @@ from typing import Any
 from hearth.records import Record
 from hearth.store.events import StoreEvents, StreamNotifier
 from hearth.store.rows import (
+    ACTIVE,
+    CONVERSATION_STATUSES,
+    IDLE,
     JOINED,
     QUEUED,
     RUNNING,
@@ -27,6 +30,7 @@ from hearth.store.rows import (
     UNSETTLED,
     Admission,
     ConversationInfo,
+    ConversationSummary,
     Fence,
     NewSubmission,
     Submission,
@@ -138,6 +142,21 @@ class Store(ABC):
         ...
 
     @abstractmethod
+    async def list_conversations(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        *,
+        before: tuple[float, str] | None = None,
+        limit: int = LIST_LIMIT,
+    ) -> list[ConversationSummary]:
+        """At most ``limit`` conversations, newest activity first (ties: by id, descending),
+        optionally of one ``agent`` and with ``status`` ``"active"`` (a queued or running
+        submission) or ``"idle"``, starting after the cursor ``before`` (the ``cursor`` of the
+        last row of the previous page). Reads one page through an index, never every row."""
+        ...
+
+    @abstractmethod
     async def claim(
         self,
         owner: str,
@@ -234,6 +253,9 @@ async def all_submissions(
 
 
 __all__ = [
+    "ACTIVE",
+    "CONVERSATION_STATUSES",
+    "IDLE",
     "JOINED",
     "LIST_LIMIT",
     "QUEUED",
@@ -242,6 +264,7 @@ __all__ = [
     "UNSETTLED",
     "Admission",
     "ConversationInfo",
+    "ConversationSummary",
     "Fence",
     "NewSubmission",
     "Store",

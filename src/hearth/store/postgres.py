@@ -53,11 +53,13 @@ from hearth.store.rows import (
     RUNNING,
     Admission,
     ConversationInfo,
+    ConversationSummary,
     Fence,
     NewSubmission,
     Submission,
     conversation_from_row,
     submission_from_row,
+    summary_from_row,
 )
 
 T = TypeVar("T")
@@ -380,6 +382,21 @@ class PostgresStore(Store):
         )
         return [submission_from_row(row) for row in rows]
 
+    async def list_conversations(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        *,
+        before: tuple[float, str] | None = None,
+        limit: int = LIST_LIMIT,
+    ) -> list[ConversationSummary]:
+        sql = rules.conversation_list_sql(agent is not None, status, before is not None, _named)
+        args: dict[str, Any] = {"agent": agent, "limit": max(limit, 0)}
+        if before is not None:
+            args["t"], args["c"] = before
+        rows = await self._read(lambda conn: ops.fetchall(conn, sql, args))
+        return [summary_from_row(row) for row in rows]
+
     async def claim(
         self,
         owner: str,
@@ -451,3 +468,7 @@ class PostgresStore(Store):
             lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self._now()),
             resolve=lambda conn: readback.joined(conn, submission_id, host),
         )
+
+
+def _named(name: str) -> str:
+    return f"%({name})s"

@@ -148,8 +148,9 @@ async def append(
         )
     if last != start:
         await conn.execute(
-            "UPDATE conversations SET last_offset = %(o)s WHERE conversation_id = %(c)s",
-            {"o": last, "c": conversation_id},
+            f"UPDATE conversations SET last_offset = %(o)s, last_activity = {NOW}"
+            " WHERE conversation_id = %(c)s",
+            {"o": last, "c": conversation_id, "now": now},
         )
         outbox.append(Event(APPENDED, conversation_id, last))
     return offsets
@@ -159,8 +160,9 @@ async def create_conversation(
     conn: Conn, conversation_id: str, agent: str, parent: Any, now: float | None
 ) -> None:
     await conn.execute(
-        "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at)"
-        f" VALUES (%(c)s, %(a)s, %(p)s, -1, {NOW}) ON CONFLICT DO NOTHING".encode(),
+        "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
+        f" last_activity) VALUES (%(c)s, %(a)s, %(p)s, -1, {NOW}, {NOW})"
+        " ON CONFLICT DO NOTHING".encode(),
         {"c": conversation_id, "a": agent, "p": rules.to_json_or_none(parent), "now": now},
     )
 

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: conversations.last_activity, indexed for the conversation list
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -23,8 +23,13 @@ CREATE TABLE IF NOT EXISTS conversations (
     agent text NOT NULL,
     parent text,
     last_offset bigint NOT NULL,
-    created_at double precision NOT NULL
+    created_at double precision NOT NULL,
+    last_activity double precision NOT NULL DEFAULT 0
 );
+CREATE INDEX IF NOT EXISTS conversations_by_activity
+    ON conversations (last_activity, conversation_id);
+CREATE INDEX IF NOT EXISTS conversations_by_agent
+    ON conversations (agent, last_activity, conversation_id);
 CREATE TABLE IF NOT EXISTS records (
     conversation_id text NOT NULL,
     "offset" bigint NOT NULL,
@@ -99,6 +104,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             # Nothing to do, and no DDL: even ``CREATE INDEX IF NOT EXISTS`` locks its table,
             # which can deadlock with a peer process already using it.
             return
+        if found is not None and found < 2:
+            await _add_activity(conn)
         for statement in _TABLES.split(";"):
             if statement.strip():
                 await conn.execute(statement.encode())
@@ -107,6 +114,19 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+
+
+async def _add_activity(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Version 1 → 2: each conversation's last activity, from its submissions' stamps."""
+    await conn.execute(
+        "ALTER TABLE conversations ADD COLUMN IF NOT EXISTS last_activity double precision"
+        " NOT NULL DEFAULT 0"
+    )
+    await conn.execute(
+        "UPDATE conversations c SET last_activity = GREATEST(c.created_at, COALESCE((SELECT"
+        " MAX(COALESCE(s.settled_at, s.started_at, s.accepted_at)) FROM submissions s"
+        " WHERE s.conversation_id = c.conversation_id), 0))"
+    )
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -112,6 +112,28 @@ class ConversationInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+ACTIVE = "active"  # a conversation with a queued or running submission
+IDLE = "idle"  # a conversation with none
+CONVERSATION_STATUSES = (ACTIVE, IDLE)
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """One line of the conversation list: newest activity first."""
+
+    conversation_id: str
+    agent: str
+    last_offset: int
+    last_activity: float  # unix seconds of its latest append (its creation at first)
+    unsettled: int  # its queued and running submissions
+    parent: dict[str, str] | None = None
+
+    @property
+    def cursor(self) -> tuple[float, str]:
+        """Pass as ``before`` to list the conversations after this one."""
+        return (self.last_activity, self.conversation_id)
+
+
 class Row(Protocol):
     """A database row read by column name (``sqlite3.Row``, a psycopg dict row)."""
 
@@ -154,6 +176,19 @@ def conversation_from_row(row: Row) -> ConversationInfo:
         last_offset=int(row["last_offset"]),
         parent=None if parent is None else json.loads(parent),
         extra={"created_at": row["created_at"]},
+    )
+
+
+def summary_from_row(row: Row) -> ConversationSummary:
+    """The ``ConversationSummary`` of a ``conversations`` row with its ``unsettled`` count."""
+    parent = row["parent"]
+    return ConversationSummary(
+        conversation_id=row["conversation_id"],
+        agent=row["agent"],
+        last_offset=int(row["last_offset"]),
+        last_activity=float(row["last_activity"]),
+        unsettled=int(row["unsettled"]),
+        parent=None if parent is None else json.loads(parent),
     )
 
 

@@ -12,12 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError
 from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled
-from hearth.store.rows import RUNNING, Fence, NewSubmission
+from hearth.store.rows import (
+    ACTIVE,
+    CONVERSATION_STATUSES,
+    IDLE,
+    RUNNING,
+    Fence,
+    NewSubmission,
+)
 
 
 def new_submission_id() -> str:
@@ -105,3 +112,31 @@ def to_json(value: Any) -> str:
 
 def to_json_or_none(value: Any) -> str | None:
     return None if value is None else to_json(value)
+
+
+def conversation_list_sql(
+    agent: bool, status: str | None, before: bool, param: Callable[[str], str]
+) -> str:
+    """The conversation list's query, shared by the stores: newest activity first, through the
+    ``conversations_by_activity`` or ``conversations_by_agent`` index. ``param(name)`` spells a
+    named parameter in the store's dialect (``agent``, ``t``, ``c``, ``limit``)."""
+    if status is not None and status not in CONVERSATION_STATUSES:
+        raise ValueError(f"status must be one of {', '.join(CONVERSATION_STATUSES)}")
+    unsettled = (
+        "FROM submissions s WHERE s.conversation_id = c.conversation_id"
+        " AND s.status IN ('queued', 'running')"
+    )
+    where = ["TRUE"]
+    if agent:
+        where.append(f"c.agent = {param('agent')}")
+    if before:
+        where.append(f"(c.last_activity, c.conversation_id) < ({param('t')}, {param('c')})")
+    if status == ACTIVE:
+        where.append(f"EXISTS (SELECT 1 {unsettled})")
+    elif status == IDLE:
+        where.append(f"NOT EXISTS (SELECT 1 {unsettled})")
+    return (
+        f"SELECT c.*, (SELECT COUNT(*) {unsettled}) AS unsettled FROM conversations c"
+        f" WHERE {' AND '.join(where)}"
+        f" ORDER BY c.last_activity DESC, c.conversation_id DESC LIMIT {param('limit')}"
+    )

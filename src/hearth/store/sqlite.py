@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from hearth.errors import ConfigurationError, StoreUnavailable
 from hearth.records import Record, loads
+from hearth.store import rules
 from hearth.store import sqlite_ops as ops
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import StoreEvents
@@ -32,11 +33,13 @@ from hearth.store.rows import (
     RUNNING,
     Admission,
     ConversationInfo,
+    ConversationSummary,
     Fence,
     NewSubmission,
     Submission,
     conversation_from_row,
     submission_from_row,
+    summary_from_row,
 )
 from hearth.store.sqlite_schema import connect
 from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
@@ -215,6 +218,24 @@ class SQLiteStore(Store):
 
         return await self._read(work)
 
+    async def list_conversations(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        *,
+        before: tuple[float, str] | None = None,
+        limit: int = LIST_LIMIT,
+    ) -> list[ConversationSummary]:
+        sql = rules.conversation_list_sql(agent is not None, status, before is not None, _named)
+        args: dict[str, object] = {"agent": agent, "limit": max(limit, 0)}
+        if before is not None:
+            args["t"], args["c"] = before
+
+        def work(conn: sqlite3.Connection) -> list[ConversationSummary]:
+            return [summary_from_row(row) for row in conn.execute(sql, args)]
+
+        return await self._read(work)
+
     async def claim(
         self,
         owner: str,
@@ -285,3 +306,7 @@ class SQLiteStore(Store):
         return await self._write(
             lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self.clock())
         )
+
+
+def _named(name: str) -> str:
+    return f":{name}"

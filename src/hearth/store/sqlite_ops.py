@@ -81,9 +81,9 @@ def append(
     ):
         created = records[0]
         conn.execute(
-            "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at)"
-            " VALUES (?, ?, ?, -1, ?)",
-            (conversation_id, created.agent, rules.to_json_or_none(created.parent), now),
+            "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
+            " last_activity) VALUES (?, ?, ?, -1, ?, ?)",
+            (conversation_id, created.agent, rules.to_json_or_none(created.parent), now, now),
         )
         last = -1
     else:
@@ -118,8 +118,8 @@ def append(
         )
     if last != start:
         conn.execute(
-            "UPDATE conversations SET last_offset = ? WHERE conversation_id = ?",
-            (last, conversation_id),
+            "UPDATE conversations SET last_offset = ?, last_activity = ? WHERE conversation_id = ?",
+            (last, now, conversation_id),
         )
         outbox.append(Event(APPENDED, conversation_id, last))
     return offsets

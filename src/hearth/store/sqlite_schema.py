@@ -8,7 +8,9 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 2  # 2: submissions.is_head marks each conversation's claimable head
+SCHEMA_VERSION = 3
+# 2: submissions.is_head marks each conversation's claimable head
+# 3: conversations.last_activity, indexed for the conversation list
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -18,8 +20,13 @@ CREATE TABLE IF NOT EXISTS conversations (
     agent TEXT NOT NULL,
     parent TEXT,
     last_offset INTEGER NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    last_activity REAL NOT NULL DEFAULT 0
 );
+CREATE INDEX IF NOT EXISTS conversations_by_activity
+    ON conversations (last_activity, conversation_id);
+CREATE INDEX IF NOT EXISTS conversations_by_agent
+    ON conversations (agent, last_activity, conversation_id);
 CREATE TABLE IF NOT EXISTS records (
     conversation_id TEXT NOT NULL,
     "offset" INTEGER NOT NULL,
@@ -126,6 +133,16 @@ def _add_heads(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_activity(conn: sqlite3.Connection) -> None:
+    """Schema 2 → 3: each conversation's last activity, from its submissions' stamps."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN last_activity REAL NOT NULL DEFAULT 0")
+    conn.execute(
+        "UPDATE conversations SET last_activity = MAX(created_at, COALESCE((SELECT"
+        " MAX(COALESCE(settled_at, started_at, accepted_at)) FROM submissions s"
+        " WHERE s.conversation_id = conversations.conversation_id), 0))"
+    )
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -143,6 +160,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 )
             if found < 2:
                 _add_heads(conn)
+            if found < 3:
+                _add_activity(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

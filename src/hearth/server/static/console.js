@@ -1,0 +1,396 @@
+// The hearth console: renders a conversation's records for people and follows them live.
+// No build step and no libraries: the page talks to the same JSON and SSE API as any client.
+(function () {
+  "use strict";
+
+  const pad = (n) => String(n).padStart(2, "0");
+  function clock(unix) {
+    const d = new Date(unix * 1000);
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+      `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+  for (const t of document.querySelectorAll("time[data-unix]")) {
+    t.textContent = clock(Number(t.dataset.unix));
+  }
+
+  const page = document.getElementById("console");
+  if (!page) return;
+
+  const root = page.dataset.root;
+  const agent = page.dataset.agent;
+  const convId = page.dataset.id;
+  const conversationId = `${agent}/${convId}`;
+  const api = `${root}/agents/${encodeURIComponent(agent)}/${encodeURIComponent(convId)}`;
+  const PAGE = 200; // records per page when opening and when paging backwards
+  const ADVISORIES = new Set(["stream_interrupted", "submission_interrupted", "submission_aborted"]);
+
+  const timeline = document.getElementById("timeline");
+  const earlier = document.getElementById("earlier");
+  const liveState = document.getElementById("live-state");
+  const lastOffsetText = document.getElementById("last-offset");
+  const result = document.getElementById("action-result");
+  const refreshNote = document.getElementById("refresh-note");
+
+  let last = Number(page.dataset.lastOffset); // the newest offset shown (or -1)
+  let first = last + 1; // the oldest offset shown
+  const live = { into: timeline, messages: new Map(), calls: new Map(), prepend: false };
+  const markers = new Map(); // "submission:attempt" → its boundary element
+  const taken = []; // every offset taken from the stream, in order (the tests read it)
+  window.hearthConsole = { offsets: taken };
+
+  // --- small DOM helpers ------------------------------------------------------------------
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = text;
+    return e;
+  }
+  function show(value) {
+    if (typeof value === "string") return value;
+    return JSON.stringify(value);
+  }
+  function short(value, n) {
+    const s = show(value);
+    return s.length > n ? s.slice(0, n - 1) + "…" : s;
+  }
+  function consoleLink(childId) {
+    const a = el("a", null, childId);
+    a.href = `${root}/console/${childId}`;
+    return a;
+  }
+
+  function entry(rec, title, cls) {
+    const li = el("li", `rec rec-${rec.type}${cls ? " " + cls : ""}`);
+    li.dataset.offset = rec.offset;
+    li.dataset.type = rec.type;
+    const meta = el("div", "meta");
+    meta.append(el("span", "title", title), el("span", "offset", `#${rec.offset}`));
+    if (rec.at) meta.append(el("span", "at", rec.at.replace("T", " ").replace("Z", "")));
+    li.append(meta);
+    return li;
+  }
+  function body(li, text, cls) {
+    const b = el("div", cls || "body", text);
+    li.append(b);
+    return b;
+  }
+  function recovery(li, note) {
+    li.classList.add("recovery");
+    li.querySelector(".meta").append(el("span", "badge", note));
+  }
+
+  // --- one record → its place in the timeline -----------------------------------------------
+  function boundary(rec, ctx, before) {
+    if (!rec.submission_id || !rec.attempt) return;
+    const key = `${rec.submission_id}:${rec.attempt}`;
+    if (ctx.seen && ctx.seen.has(key)) return;
+    if (ctx.seen) ctx.seen.add(key);
+    const old = markers.get(key);
+    if (old && !ctx.prepend) return;
+    if (old) old.remove(); // paging backwards found where this attempt really starts
+    const li = el("li", "attempt-boundary" + (rec.attempt > 1 ? " recovery" : ""));
+    li.dataset.submission = rec.submission_id;
+    li.dataset.attempt = rec.attempt;
+    li.textContent = rec.attempt > 1
+      ? `attempt ${rec.attempt} of ${rec.submission_id}: recovered after attempt ${rec.attempt - 1} was cut off`
+      : `attempt 1 of ${rec.submission_id}`;
+    markers.set(key, li);
+    before.push(li);
+  }
+
+  // ``ctx`` is ``live`` for records taken from the stream, or a page of earlier records being
+  // prepended: each looks up messages and calls only among its own, as they come before it.
+  function render(rec, ctx) {
+    const out = [];
+    boundary(rec, ctx, out);
+    let li = null;
+    switch (rec.type) {
+      case "conversation_created":
+        li = entry(rec, "conversation created", "system");
+        body(li, `agent ${rec.agent}`);
+        if (rec.parent) {
+          const p = body(li, "child task of ");
+          p.append(consoleLink(rec.parent.conversation_id));
+        }
+        break;
+      case "user_message":
+        li = entry(rec, "user", "user");
+        body(li, show(rec.content), "text");
+        break;
+      case "signal":
+        li = entry(rec, `signal · ${rec.signal_type}`, "signal");
+        if (rec.body) body(li, rec.body, "text");
+        if (rec.attributes && Object.keys(rec.attributes).length) body(li, show(rec.attributes), "data");
+        if (ADVISORIES.has(rec.signal_type)) recovery(li, "advisory");
+        break;
+      case "assistant_message_started": {
+        li = entry(rec, `assistant · ${rec.model}`, "assistant");
+        const text = body(li, "", "text");
+        ctx.messages.set(rec.message_id, { li, text });
+        li.classList.add("streaming");
+        break;
+      }
+      case "assistant_text_delta": {
+        let m = ctx.messages.get(rec.message_id);
+        if (!m) { // its start is on an earlier page
+          li = entry(rec, "assistant (continued)", "assistant streaming");
+          m = { li, text: body(li, "", "text") };
+          ctx.messages.set(rec.message_id, m);
+        }
+        m.text.textContent += rec.delta;
+        m.li.dataset.lastOffset = rec.offset;
+        break;
+      }
+      case "assistant_tool_call": {
+        li = entry(rec, `tool call · ${rec.name}`, "tool-call");
+        body(li, short(rec.arguments, 300), "data");
+        const status = body(li, "running…", "status");
+        ctx.calls.set(rec.tool_call_id, { li, status });
+        break;
+      }
+      case "assistant_message_completed": {
+        const m = ctx.messages.get(rec.message_id);
+        if (m) {
+          m.li.classList.remove("streaming");
+          m.text.textContent = rec.text || "";
+          m.li.dataset.stopReason = rec.stop_reason;
+          if (rec.stop_reason === "aborted") recovery(m.li, "aborted partial output");
+        }
+        li = entry(rec, `assistant message ended · ${rec.stop_reason}`, "assistant-end");
+        if (!m && rec.text) body(li, rec.text, "text");
+        if (rec.usage && Object.keys(rec.usage).length) body(li, short(rec.usage, 200), "data");
+        if (rec.error) body(li, show(rec.error), "error");
+        if (rec.stop_reason === "aborted") {
+          recovery(li, "cut off");
+          body(li, "the stream was cut off; the text above is what was persisted", "note");
+        }
+        break;
+      }
+      case "tool_outcome": {
+        const interrupted = rec.is_error && rec.content && rec.content.type === "interrupted";
+        li = entry(rec, `tool outcome · ${rec.name}`, rec.is_error ? "tool-outcome error" : "tool-outcome");
+        body(li, short(rec.content, 600), "data");
+        const took = `${rec.duration_ms} ms` + (rec.reconciled ? ` · reconciled ${rec.reconciled}` : "");
+        body(li, took, "duration");
+        if (interrupted) {
+          li.classList.add("interrupted");
+          recovery(li, "interrupted");
+        }
+        const call = ctx.calls.get(rec.tool_call_id);
+        if (call) {
+          call.status.textContent = interrupted ? "interrupted" : rec.is_error ? "error" : `done in ${rec.duration_ms} ms`;
+          if (interrupted) call.li.classList.add("interrupted", "recovery");
+        }
+        break;
+      }
+      case "tool_results_committed":
+        li = entry(rec, `tool results committed (${rec.tool_call_ids.length})`, "system minor");
+        break;
+      case "tool_step_settled":
+        li = entry(rec, `step · ${rec.step}`, "step");
+        body(li, short(rec.value, 300), "data");
+        break;
+      case "state_write":
+        li = entry(rec, `state · ${rec.name}`, "state");
+        body(li, short(rec.value, 300), "data");
+        break;
+      case "hook_seam_committed":
+        li = entry(rec, `hook seam · ${rec.hook}`, "system minor");
+        break;
+      case "child_conversation_linked": {
+        li = entry(rec, "child task", "child");
+        const p = body(li, "runs in ");
+        p.append(consoleLink(rec.child_conversation_id));
+        break;
+      }
+      case "compaction":
+        li = entry(rec, "compaction", "compaction");
+        body(li, rec.summary, "text");
+        body(li, `${rec.tokens_before} tokens before; kept from #${rec.first_kept_offset}`, "note");
+        break;
+      case "submission_settled":
+        li = entry(rec, `settled · ${rec.outcome}`, `settled outcome-${rec.outcome}`);
+        if (rec.reply) body(li, rec.reply, "text");
+        if (rec.error) {
+          body(li, `${rec.error.type}: ${rec.error.message}`, "error");
+          for (const t of rec.error.interrupted_tools || []) {
+            const b = body(li, `interrupted: ${t.name} (${t.tool_call_id})`, "note");
+            if (t.child_conversation_id) { b.append(" → "); b.append(consoleLink(t.child_conversation_id)); }
+          }
+        }
+        break;
+      case "wait_started":
+        li = entry(rec, `waiting · ${rec.name}`, "wait");
+        if (rec.prompt) body(li, show(rec.prompt), "text");
+        break;
+      case "wait_resolved":
+        li = entry(rec, rec.timed_out ? "wait timed out" : "wait resolved", "wait");
+        if (rec.value !== undefined) body(li, short(rec.value, 300), "data");
+        break;
+      default:
+        li = entry(rec, rec.type, "system");
+        body(li, short(rec, 400), "data");
+    }
+    if (li) out.push(li);
+    return out;
+  }
+
+  // --- loading and following ---------------------------------------------------------------
+  function take(rec) {
+    if (rec.offset <= last) return; // seen already: a resumed stream never shows it twice
+    for (const li of render(rec, live)) timeline.append(li);
+    taken.push(rec.offset);
+    last = rec.offset;
+    lastOffsetText.textContent = String(last);
+    if (["user_message", "submission_settled", "assistant_message_started", "signal"].includes(rec.type)) {
+      soon();
+    }
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, { credentials: "same-origin", headers: { accept: "application/json" } });
+    if (r.status === 401) throw new Error("signed out: reload the page to sign in again");
+    const data = await r.json();
+    if (!r.ok) throw new Error(data.error ? data.error.message : `HTTP ${r.status}`);
+    return data;
+  }
+
+  async function openNewest() {
+    if (last < 0) return;
+    const from = Math.max(-1, last - PAGE);
+    const data = await getJSON(`${api}/stream?offset=${from}&limit=${PAGE}`);
+    first = from + 1;
+    last = from;
+    for (const rec of data.records) take(rec);
+    earlier.hidden = first <= 0;
+  }
+
+  async function loadEarlier() {
+    if (first <= 0) return;
+    const from = Math.max(-1, first - 1 - PAGE);
+    const data = await getJSON(`${api}/stream?offset=${from}&limit=${first - 1 - from}`);
+    const ctx = { into: null, messages: new Map(), calls: new Map(), prepend: true, seen: new Set() };
+    const items = [];
+    for (const rec of data.records) {
+      if (rec.offset >= first) break;
+      items.push(...render(rec, ctx));
+    }
+    timeline.prepend(...items);
+    first = from + 1;
+    earlier.hidden = first <= 0;
+  }
+  earlier.addEventListener("click", () => loadEarlier().catch(problem));
+
+  let source = null;
+  let retries = 0;
+  function setState(text, cls) {
+    liveState.textContent = text;
+    liveState.className = `state ${cls || ""}`;
+  }
+  function follow() {
+    if (source) source.close();
+    // The browser resumes a dropped stream itself (Last-Event-ID); when it gives up for good
+    // (a non-200 answer, e.g. 503 while the server restarts) a new one starts from `last`.
+    source = new EventSource(`${api}/stream?offset=${last}`, { withCredentials: true });
+    source.onopen = () => { retries = 0; setState("live", "ok"); soon(); };
+    source.onmessage = (event) => take(JSON.parse(event.data));
+    source.onerror = () => {
+      setState("reconnecting…", "warn");
+      if (source.readyState === EventSource.CLOSED) {
+        source.close();
+        source = null;
+        retries += 1;
+        setTimeout(follow, Math.min(5000, 250 * 2 ** Math.min(retries, 5)));
+      }
+    };
+  }
+
+  // --- submissions ---------------------------------------------------------------------------
+  function inSeconds(unix, now) {
+    if (unix === null || unix === undefined) return "";
+    const s = Math.round(unix - now);
+    const abs = Math.abs(s);
+    const text = abs >= 3600 ? `${Math.round(abs / 360) / 10} h` : abs >= 60 ? `${Math.round(abs / 6) / 10} min` : `${abs} s`;
+    return s >= 0 ? `in ${text}` : `${text} ago`;
+  }
+  async function refreshSubmissions() {
+    const data = await getJSON(`${root}/admin/submissions?conversation=${encodeURIComponent(conversationId)}`);
+    const subs = [...data.unsettled, ...data.recent].sort((a, b) => b.accepted_at - a.accepted_at);
+    const tbody = document.querySelector("#submissions tbody");
+    const rows = subs.map((s) => {
+      const tr = el("tr", `status-${s.status}` + (s.attempt > 1 ? " recovered" : ""));
+      tr.dataset.submission = s.id;
+      const lease = s.lease_owner ? `${s.lease_owner} (${inSeconds(s.lease_expires_at, data.now)})` : "";
+      let error = "";
+      if (s.error) {
+        error = `${s.error.type}: ${s.error.message}`;
+        const tools = (s.error.interrupted_tools || []).map((t) => t.name);
+        if (tools.length) error += ` · interrupted: ${tools.join(", ")}`;
+      }
+      const cells = [s.id, s.kind, s.status, `${s.attempt}/${s.max_attempts}`,
+        s.outcome ? "" : inSeconds(s.deadline, data.now), lease, s.outcome || "", error];
+      const names = ["id", "kind", "status", "attempt", "deadline", "lease", "outcome", "error"];
+      cells.forEach((c, i) => tr.append(el("td", names[i], c)));
+      if (s.attempt > 1) tr.querySelector(".attempt").classList.add("recovery");
+      return tr;
+    });
+    tbody.replaceChildren(...rows);
+    const stuck = document.getElementById("stuck");
+    stuck.replaceChildren(...data.stuck.map((s) => el("p", "stuck recovery", `stuck: ${s.submission_id}: ${s.reason}`)));
+  }
+  let pending = null;
+  function soon() {
+    if (pending) return;
+    pending = setTimeout(() => {
+      pending = null;
+      // A background refresh that fails (the server restarting) says so beside the table only.
+      refreshSubmissions().then(
+        () => { refreshNote.textContent = ""; },
+        (err) => { refreshNote.textContent = `not refreshed: ${err.message || err}`; },
+      );
+    }, 150);
+  }
+  setInterval(soon, 3000);
+
+  // --- actions -------------------------------------------------------------------------------
+  function problem(err) { result.textContent = String(err.message || err); result.className = "problem"; }
+  async function post(url, payload) {
+    const r = await fetch(url, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "content-type": "application/json", accept: "application/json" },
+      body: JSON.stringify(payload),
+    });
+    const data = await r.json();
+    if (!r.ok) throw new Error(data.error ? data.error.message : `HTTP ${r.status}`);
+    return data;
+  }
+  document.getElementById("send-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const box = document.getElementById("message");
+    try {
+      const receipt = await post(api, { message: box.value });
+      box.value = "";
+      result.className = "muted";
+      result.textContent = `admitted ${receipt.submission_id}`;
+      if (page.dataset.exists !== "yes") { location.reload(); return; }
+      soon();
+    } catch (err) { problem(err); }
+  });
+  document.getElementById("abort").addEventListener("click", async () => {
+    try {
+      const done = await post(`${api}/abort`, {});
+      result.className = "muted";
+      result.textContent = done.aborted ? `abort requested for ${done.submission_ids.join(", ")}` : "nothing to abort";
+      soon();
+    } catch (err) { problem(err); }
+  });
+
+  // --- start ---------------------------------------------------------------------------------
+  if (page.dataset.exists === "yes") {
+    openNewest().then(follow, (err) => { problem(err); follow(); });
+    soon();
+  } else {
+    setState("no records yet", "");
+  }
+})();

@@ -1,0 +1,137 @@
+"""Agents for the console's browser tests, importable by ``hearth serve consoleapp:app``.
+
+``chores`` runs a durable tool with two steps and settles in well under a second. ``holder``
+calls ``hold``, an ordinary tool that sleeps ``$HEARTH_TEST_HOLD_S`` seconds (default 60): a
+SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells the model so.
+``boss`` delegates to ``chores``, whose start hook counts visits in its state. ``notes`` makes
+ten quick tool calls for each message: long conversations, fast. ``talker`` streams its answer
+slowly, for a SIGKILL to cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
+
+HOLD_S = float(os.environ.get("HEARTH_TEST_HOLD_S", "60"))
+
+
+@hearth.tool(durable=True)
+async def tidy(ctx: hearth.ToolContext, room: str) -> str:
+    """Tidy a room in two durable steps."""
+    assert ctx.step is not None
+    await ctx.step.do("sweep", lambda: f"swept the {room}")
+    await asyncio.sleep(0.2)
+    await ctx.step.do("dust", lambda: f"dusted the {room}")
+    return f"the {room} is tidy"
+
+
+@hearth.tool
+async def hold(seconds: float = HOLD_S) -> str:
+    """Wait a long time (an ordinary tool: its outcome is unknown if the process dies)."""
+    await asyncio.sleep(seconds)
+    return "held"
+
+
+def _result(request: ModelRequest) -> ToolResult | None:
+    """The tool result answering the latest user turn (recovery notes may follow it)."""
+    for message in reversed(request.messages):
+        if isinstance(message, ToolResult):
+            return message
+        if isinstance(message, UserTurn):
+            return None
+    return None
+
+
+def _chores(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"Done: {done.content}.")
+    said = [m.content for m in request.messages if isinstance(m, UserTurn)]
+    return calls(call("tidy", room=str(said[-1]) if said else "kitchen"))
+
+
+def _holder(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"The hold ended: {done.content}")
+    return calls(call("hold"))
+
+
+@hearth.tool
+async def jot(line: int) -> str:
+    """Write one line of a note."""
+    return f"line {line}"
+
+
+def _notes(request: ModelRequest) -> Step:
+    if _result(request) is not None:
+        return reply("noted")
+    return calls(*[call("jot", line=n) for n in range(10)])  # 25 records a message
+
+
+def _boss(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"The helper says: {done.content}")
+    return calls(call("task", agent="chores", prompt="study"))
+
+
+MODELS = [
+    ScriptedModel("chores", _chores),
+    ScriptedModel("holder", _holder),
+    ScriptedModel("notes", _notes),
+    ScriptedModel("boss", _boss),
+    # 60 words, 50 ms apart: three seconds of streaming to cut off.
+    ScriptedModel(
+        "talker", [stream(*[f"word{n} " for n in range(60)], delay=0.05)], repeat_last=True
+    ),
+]
+
+
+@hearth.agent
+def chores(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/chores")
+    ctx.use_tool(tidy)
+    visits, set_visits = ctx.use_state("visits", 0)
+
+    @ctx.on_agent_start
+    async def count_visit(event: hearth.AgentStart) -> None:
+        set_visits(visits + 1)
+
+    return "Do the chores you are asked to do."
+
+
+@hearth.agent
+def boss(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/boss")
+    ctx.use_subagent(chores, description="Does chores")
+    return "Delegate the chores."
+
+
+@hearth.agent
+def holder(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/holder")
+    ctx.use_tool(hold)
+    return "Hold on."
+
+
+@hearth.agent
+def notes(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/notes")
+    ctx.use_tool(jot)
+    return "Take notes."
+
+
+@hearth.agent
+def talker(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/talker")
+    return "Talk slowly."
+
+
+AGENTS = [chores, holder, notes, boss, talker]
+app = hearth.App(AGENTS, providers=MODELS)

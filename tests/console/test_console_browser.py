@@ -1,0 +1,265 @@
+"""The console in a real headless Chromium against real ``hearth serve`` processes.
+
+Every wait is a ``WebDriverWait`` on what the page shows; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import pytest
+from httpharness import ServerProcess
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+pytestmark = pytest.mark.crash
+WAIT_S = 30.0
+TOKEN = "console-secret-token-7f3a"
+
+
+def until(driver: Any, condition: Callable[[Any], Any], timeout: float = WAIT_S) -> Any:
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+
+
+def shown(driver: Any, css: str) -> list[Any]:
+    return list(driver.find_elements(By.CSS_SELECTOR, css))
+
+
+def text_of(driver: Any, css: str) -> str:
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)"
+    return " | ".join(driver.execute_script(script, css))
+
+
+def offsets_taken(driver: Any) -> list[int]:
+    return list(driver.execute_script("return window.hearthConsole.offsets"))
+
+
+def submission_cell(driver: Any, column: str) -> str:
+    """The cell of the newest submission (the table is redrawn as it refreshes: read it in
+    one script, never through element handles that go stale)."""
+    return text_of(driver, f"#submissions tbody tr:first-child td.{column}")
+
+
+class Unavailable:
+    """A stand-in on the server's port that answers every request 503 (a proxy in front of a
+    restarting server), counting the refused SSE requests."""
+
+    def __init__(self, port: int) -> None:
+        outer = self
+        self.streams_refused = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0].endswith("/stream"):
+                    outer.streams_refused += 1
+                self.send_response(503)
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Unavailable:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def admit(server: ServerProcess, path: str, message: str, **headers: str) -> str:
+    r = httpx2.post(f"{server.url}/agents/{path}", json={"message": message}, headers=headers)
+    assert r.status_code == 202, r.text
+    return str(r.json()["submission_id"])
+
+
+def test_a_submission_appears_and_settles_live_without_a_reload(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "chores/home", "kitchen")
+    page.get(f"{server.url}/console/chores/home")
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: text_of(d, "#live-state") == "live")
+    page.execute_script("window.notReloaded = true")
+    second = admit(server, "chores/home", "attic")
+    until(page, lambda d: "attic" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: text_of(d, "li.rec-submission_settled").count("completed") == 2)
+    timeline = text_of(page, "#timeline li")
+    assert "tool call · tidy" in timeline and "step · sweep" in timeline
+    assert "Done: the attic is tidy." in timeline
+    assert "hook seam · on_agent_start" in timeline and "state · visits" in timeline
+    assert text_of(page, "li.rec-tool_outcome .duration").endswith(" ms")
+    until(page, lambda d: second in text_of(d, "#submissions td.id"))
+    row = f'#submissions tr[data-submission="{second}"]'
+    until(page, lambda d: text_of(d, f"{row} td.status") == "settled")
+    assert text_of(page, f"{row} td.attempt") == "1/10"
+    assert page.execute_script("return window.notReloaded") is True
+    taken = offsets_taken(page)
+    assert taken == list(range(taken[0], taken[-1] + 1)) and taken[0] == 0
+    # The list page shows the conversation, and the link leads back here.
+    page.get(f"{server.url}/")
+    link = page.find_element(By.CSS_SELECTOR, 'tr[data-conversation="chores/home"] a')
+    assert link.text == "home"
+
+
+def test_a_child_task_links_to_the_child_conversation_and_back(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "boss/b-1", "get it done")
+    page.get(f"{server.url}/console/boss/b-1")
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    assert "The helper says: Done: the study is tidy." in text_of(page, "li.rec-submission_settled")
+    page.find_element(By.CSS_SELECTOR, "li.rec-child_conversation_linked a").click()
+    # A child runs inside its parent's attempt: its answer is its last assistant message.
+    until(page, lambda d: "Done: the study is tidy." in text_of(d, "li.rec.assistant"))
+    assert "step · sweep" in text_of(page, "li.rec-tool_step_settled")
+    assert page.current_url.startswith(f"{server.url}/console/chores/")
+    assert "child task of boss/b-1" in text_of(page, "li.rec-conversation_created")
+    page.find_element(By.CSS_SELECTOR, "li.rec-conversation_created a").click()
+    until(page, lambda d: d.current_url == f"{server.url}/console/boss/b-1")
+
+
+def test_a_long_conversation_opens_at_its_newest_records_and_pages_backwards(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    with httpx2.Client(base_url=server.url, timeout=10) as http:
+        for n in [*range(20), "the last note"]:
+            text = n if isinstance(n, str) else f"note {n}"
+            sid = http.post("/agents/notes/long", json={"message": text}).json()["submission_id"]
+            # One at a time: a message sent while another runs would join its response.
+            http.get(f"/agents/notes/long/submissions/{sid}?wait=30")
+        newest = http.get("/conversations", params={"agent": "notes"}).json()
+        last_offset = newest["conversations"][0]["last_offset"]
+    assert last_offset > 400  # more than two pages of 200
+    page.get(f"{server.url}/console/notes/long")
+    until(page, lambda d: "the last note" in text_of(d, "li.rec-user_message"))
+
+    def rendered(d: Any) -> list[int]:  # one round trip, not one per element
+        script = "return [...document.querySelectorAll('li.rec')].map(e => +e.dataset.offset)"
+        return list(d.execute_script(script))
+
+    offsets = rendered(page)
+    assert offsets[-1] == last_offset and offsets[0] > 0  # the newest page only
+    assert "note 0" not in text_of(page, "li.rec-user_message")
+    pages = 0
+    while page.find_element(By.ID, "earlier").is_displayed():
+        before = offsets[0]
+        page.find_element(By.ID, "earlier").click()
+        until(page, lambda d, before=before: rendered(d)[0] < before)
+        offsets = rendered(page)
+        pages += 1
+    assert pages == 2 and offsets[0] == 0
+    assert offsets == sorted(set(offsets))  # in order, none twice
+    assert "note 0" in text_of(page, "li.rec-user_message")
+    # No attempt boundary is doubled by paging: one per submission.
+    boundaries = [e.get_attribute("data-submission") for e in shown(page, "li.attempt-boundary")]
+    assert len(boundaries) == len(set(boundaries)) == 21
+
+
+def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    sid = admit(server, "holder/h-1", "hold on")
+    page.get(f"{server.url}/console/holder/h-1")
+    until(page, lambda d: "running…" in text_of(d, "li.rec-assistant_tool_call .status"))
+    until(page, lambda d: text_of(d, "#live-state") == "live")
+    page.execute_script("window.notReloaded = true")
+    server.kill()
+    until(page, lambda d: text_of(d, "#live-state") != "live")
+    # While it restarts, a proxy in front answers 503: the browser gives up on that EventSource
+    # for good, and the page must make a new one itself.
+    with Unavailable(server.port) as proxy:
+        until(page, lambda d: proxy.streams_refused > 0)
+    server.start()  # the same port and database
+    until(page, lambda d: shown(d, 'li.attempt-boundary.recovery[data-attempt="2"]'))
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    assert text_of(page, "#live-state") == "live"
+    interrupted = shown(page, "li.rec-tool_outcome.interrupted.recovery")
+    assert len(interrupted) == 1 and "interrupted" in interrupted[0].text
+    assert shown(page, "li.rec-assistant_tool_call.interrupted")  # the call is marked too
+    assert "The hold ended" in text_of(page, "li.rec-assistant_message_started")
+    until(page, lambda d: submission_cell(d, "attempt") == "2/10")
+    assert text_of(page, "#submissions td.attempt.recovery") == "2/10"
+    assert submission_cell(page, "id") == sid
+    assert page.execute_script("return window.notReloaded") is True
+    taken = offsets_taken(page)
+    assert taken == list(range(0, taken[-1] + 1)), "a duplicate or a gap across the restart"
+
+
+def test_a_stream_cut_off_by_a_sigkill_shows_the_partial_output_and_the_advisory(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "talker/t-1", "tell me")
+    page.get(f"{server.url}/console/talker/t-1")
+    until(page, lambda d: "word3 " in text_of(d, "li.rec.assistant.streaming .text"))
+    server.kill()
+    server.start()
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    cut = text_of(page, 'li.rec.assistant.recovery[data-stop-reason="aborted"]')
+    assert "aborted partial output" in cut and "word3 " in cut and "word59" not in cut
+    assert "stream_interrupted" in text_of(page, "li.rec-signal.recovery")
+    assert shown(page, 'li.attempt-boundary.recovery[data-attempt="2"]')
+    taken = offsets_taken(page)
+    assert taken == list(range(0, taken[-1] + 1))
+
+
+def test_sending_a_message_and_aborting_from_the_page(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    page.get(f"{server.url}/console/holder/fresh")
+    assert text_of(page, "#live-state") == "no records yet"
+    page.find_element(By.ID, "message").send_keys("please wait")
+    page.find_element(By.ID, "send").click()
+    until(page, lambda d: "please wait" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: "running…" in text_of(d, "li.rec-assistant_tool_call .status"))
+    page.find_element(By.ID, "abort").click()
+    until(page, lambda d: "abort requested" in text_of(d, "#action-result"))
+    until(page, lambda d: "settled · aborted" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: submission_cell(d, "outcome") == "aborted")
+    page.find_element(By.ID, "message").send_keys("again")
+    page.find_element(By.ID, "send").click()
+    until(page, lambda d: "again" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: "admitted s_" in text_of(d, "#action-result"))
+
+
+def test_sign_in_works_and_a_wrong_token_is_refused(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server("--token", TOKEN)
+    admit(server, "chores/signed", "garage", authorization=f"Bearer {TOKEN}")
+    page.get(f"{server.url}/console/chores/signed")
+    page.find_element(By.ID, "token").send_keys("not-the-token")
+    page.find_element(By.ID, "sign-in").click()
+    until(page, lambda d: shown(d, "#sign-in-error"))
+    assert page.get_cookies() == []
+    page.find_element(By.ID, "token").send_keys(TOKEN)
+    page.find_element(By.ID, "sign-in").click()
+    # Back on the page asked for, signed in: the API and the EventSource accept the cookie.
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: text_of(d, "#live-state") == "live")
+    assert page.current_url == f"{server.url}/console/chores/signed"
+    [cookie] = page.get_cookies()
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    assert TOKEN not in cookie["value"]
+    page.find_element(By.ID, "message").send_keys("cellar")
+    page.find_element(By.ID, "send").click()  # a POST with the cookie passes the CSRF check
+    until(page, lambda d: "cellar" in text_of(d, "li.rec-user_message"))
+    page.find_element(By.ID, "sign-out").click()
+    until(page, lambda d: shown(d, "#sign-in-form"))
+    assert page.get_cookies() == []
+    assert TOKEN not in server.log.read_text()
