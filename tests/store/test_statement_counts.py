@@ -126,9 +126,25 @@ async def test_a_one_statement_append_by_a_stale_attempt_is_fenced_out(pg_cluste
         clock.advance(10)  # the lease runs out; another owner takes the work over
         [second] = await store.claim("owner-2", 30.0, 1)
         assert second.attempt == first.attempt + 1
+        clock.advance(1)
+        step = UserMessage(id="m1b", message_id="m1b", content="y", submission_id=sub.id)
+        assert await store.append(conv, [step], fence=second.fence) == [2]
+        assert (
+            len(
+                await statements(
+                    store,
+                    lambda: store.append(
+                        conv, [step.with_offset(-1).stamped(sub.id, 2)], fence=second.fence
+                    ),
+                )
+            )
+            >= 1
+        )
+        [row] = await store.list_conversations()
+        assert row.last_activity == clock.now  # the one-statement append stamps activity too
         late = UserMessage(id="m2", message_id="m2", content="late", submission_id=sub.id)
         with pytest.raises(FencedOut):
             await store.append(conv, [late], fence=first.fence)
-        assert [r.id for r in await store.read(conv, after=0)] == ["m1"]
+        assert [r.id for r in await store.read(conv, after=0)] == ["m1", "m1b"]
     finally:
         await store.close()

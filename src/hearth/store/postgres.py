@@ -261,7 +261,7 @@ class PostgresStore(Store):
         expect = self._tails.get(conversation_id)
         if expect is None:
             return None
-        fast = ops.fast_append(conversation_id, batch, expect, fence)
+        fast = ops.fast_append(conversation_id, batch, expect, fence, self._now())
         if fast is None:
             return None
         query, params = fast

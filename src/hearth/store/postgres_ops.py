@@ -343,13 +343,13 @@ async def last_offset(conn: Conn, conversation_id: str) -> int:
 # The fence is checked and the conversation's row locked as in ``check_fence`` and ``append``; if
 # the offset moved meanwhile (another writer appended), nothing is written and the caller takes
 # the general path.
-FAST_APPEND = """
+FAST_APPEND = f"""
 WITH fence AS (
     SELECT 1 FROM submissions
     WHERE id = %(sid)s AND status = 'running' AND attempt = %(attempt)s
     FOR SHARE),
 moved AS (
-    UPDATE conversations SET last_offset = %(last)s
+    UPDATE conversations SET last_offset = %(last)s, last_activity = {NOW}
     WHERE conversation_id = %(c)s AND last_offset = %(expect)s AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1),
 added AS (
@@ -371,7 +371,7 @@ FAST_APPEND_ONE = FAST_APPEND.replace(
 
 
 def fast_append(
-    conversation_id: str, records: list[Record], expect: int, fence: Fence
+    conversation_id: str, records: list[Record], expect: int, fence: Fence, now: float | None
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and parameters that append ``records`` after offset ``expect``, or None when
     the batch needs the general path (it writes state)."""
@@ -383,6 +383,7 @@ def fast_append(
         return FAST_APPEND_ONE, {
             "sid": fence.submission_id,
             "attempt": fence.attempt,
+            "now": now,
             "c": conversation_id,
             "expect": expect,
             "last": expect + 1,
@@ -396,6 +397,7 @@ def fast_append(
     return FAST_APPEND, {
         "sid": fence.submission_id,
         "attempt": fence.attempt,
+        "now": now,
         "c": conversation_id,
         "expect": expect,
         "last": expect + len(records),
