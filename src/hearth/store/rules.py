@@ -17,7 +17,7 @@ from typing import Any
 
 from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError
 from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled
-from hearth.store.rows import RUNNING, Fence, NewSubmission
+from hearth.store.rows import RUNNING, Fence, NewDelivery, NewSubmission
 
 
 def new_submission_id() -> str:
@@ -96,6 +96,29 @@ def state_changes(appended: Iterable[Record]) -> dict[str, Any]:
         if isinstance(record, StateWrite):
             changes[record.name] = record.value
     return changes
+
+
+def delivery_values(
+    delivery: NewDelivery,
+    status: str,
+    submission_ids: list[str],
+    error: dict[str, Any] | None,
+    now: float | None,
+) -> dict[str, Any]:
+    """The named parameters a store writes a ``deliveries`` row with."""
+    return {
+        "channel": delivery.channel,
+        "delivery_id": delivery.delivery_id,
+        "type": delivery.type,
+        "status": status,
+        "data": to_json(delivery.data),
+        "body": delivery.body,
+        "headers": to_json(delivery.headers),
+        "submission_ids": to_json(submission_ids),
+        "error": to_json_or_none(error),
+        "received_at": delivery.received_at,
+        "now": now,
+    }
 
 
 def to_json(value: Any) -> str:
