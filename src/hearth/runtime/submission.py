@@ -31,7 +31,7 @@ class SubmissionPolicy:
         return env.agents.get(self.conversation_id.partition("/")[0])
 
     def input_record(self) -> Record:
-        if self.sub.kind == "signal":
+        if "signal" in self.sub.payload:  # a signal, direct or from a channel or a schedule
             sig = self.sub.payload.get("signal", {})
             return Signal(
                 id=self.input_id,
