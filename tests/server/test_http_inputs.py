@@ -430,3 +430,10 @@ def test_cli_lists_a_channels_deliveries_and_replays_one(
     assert result.exit_code == 0 and "delivery c-2 admitted s_" in result.output
     result = CliRunner().invoke(main, ["inspect", "--url", server.url])
     assert "channel hooks #c-1" in result.output or "channel hooks #c-2" in result.output
+
+
+def test_the_openapi_document_describes_channels_and_schedules(server: ThreadServer) -> None:
+    paths = httpx2.get(f"{server.url}/openapi.json", timeout=10).json()["paths"]
+    assert paths["/channels/{name}"]["post"]["security"] == []
+    assert "401" in paths["/channels/{name}"]["post"]["responses"]
+    assert {"/channels/{name}/deliveries", "/schedules"} <= set(paths)

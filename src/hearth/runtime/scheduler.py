@@ -78,18 +78,22 @@ class Scheduler:
             for s in self.schedules:
                 if s.name not in self.cursors:
                     self.cursors[s.name] = await self.env.store.open_schedule(s.name, s.spec, now)
+        firing = []
+        for s in self.schedules:
+            cursor = self.cursors[s.name]
+            due = None if cursor is None else s.latest_due(cursor.cursor, now)
+            if cursor is not None and due is not None:
+                firing.append((s, cursor, due))
+        # Schedules due at once are admitted at once: their commits share the store's fsyncs.
+        fired = await asyncio.gather(*(self._fire(s, c, due) for s, c, due in firing))
+        for (s, _, _), cursor in zip(firing, fired, strict=True):
+            self.cursors[s.name] = cursor
         wake = now + self.tick_s
         for s in self.schedules:
             cursor = self.cursors[s.name]
-            if cursor is None:
-                continue
-            due = s.latest_due(cursor.cursor, now)
-            if due is not None:
-                cursor = self.cursors[s.name] = await self._fire(s, cursor, due)
-            if cursor is not None:
-                upcoming = s.next_after(max(cursor.cursor, now))
-                if upcoming is not None:
-                    wake = min(wake, upcoming)
+            upcoming = None if cursor is None else s.next_after(max(cursor.cursor, now))
+            if upcoming is not None:
+                wake = min(wake, upcoming)
         return max(0.0, wake - await self.now())
 
     async def _fire(

@@ -87,6 +87,16 @@ KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
 )
 
 
+# Reached only by an app with schedules, so kept apart from ``KILL_POINTS`` (which one scenario
+# reaches in full): chain them with the store's commit points to kill inside the transaction.
+INPUT_POINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "schedule:fire": "an occurrence is due; the transaction admitting it has not begun",
+        "schedule:fired": "the occurrence's transaction returned (admitted, or lost the race)",
+    }
+)
+
+
 def _concrete() -> dict[str, str]:
     points: dict[str, str] = {}
     for method in STORE_WRITES:
@@ -101,4 +111,4 @@ def _concrete() -> dict[str, str]:
 
 KILL_POINTS: Mapping[str, str] = MappingProxyType(_concrete())
 
-__all__ = ["KILL_POINTS", "KILL_POINT_PATTERNS", "RUNNER_SEAMS", "STORE_WRITES"]
+__all__ = ["INPUT_POINTS", "KILL_POINTS", "KILL_POINT_PATTERNS", "RUNNER_SEAMS", "STORE_WRITES"]
