@@ -50,7 +50,8 @@ class SubmissionPolicy:
         queued = await scope.store.list_submissions(scope.conversation_id, statuses=("queued",))
         joined = False
         for sub in queued:
-            if sub.kind != "message" or sub.abort_requested_at is not None:
+            # Any message joins, direct or from a channel or a schedule; a signal never does.
+            if "message" not in sub.payload or sub.abort_requested_at is not None:
                 break  # order is kept: nothing joins past one that cannot
             record = _message_input(sub)
             _faults.reached("before:user_message")
