@@ -152,3 +152,23 @@ def test_channel_names_and_duplicates_are_checked_at_app() -> None:
     twice = [hearth.Channel("c", verify=verify, receive=lambda d: []) for _ in range(2)]
     with pytest.raises(hearth.ConfigurationError, match="two channels are named 'c'"):
         hearth.App([inbox], channels=twice, db="memory")
+
+
+def test_hmac_refuses_timestamps_that_are_not_plain_unix_seconds() -> None:
+    verify = hearth.channels.hmac("k", clock=lambda: 1_900_000_000.0)
+    body = b"{}"
+    for stamp in ("nan", "inf", "-1e9", " ", "1900000000x"):
+        headers = {
+            "x-signature": sign("k", body, stamp),
+            "x-timestamp": stamp,
+            "x-delivery-id": "n",
+        }
+        with pytest.raises(hearth.InvalidSignature):
+            verify(headers, body)
+
+
+def test_a_delivery_id_that_is_not_an_id_is_the_senders_error() -> None:
+    verify = hearth.channels.hmac("k")
+    headers = {"x-signature": sign("k", b"{}"), "x-delivery-id": "../etc"}
+    with pytest.raises(hearth.InvalidInput, match="X-Delivery-Id"):
+        verify(headers, b"{}")

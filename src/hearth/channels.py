@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from hearth.errors import ConfigurationError, InvalidInput, InvalidSignature
+from hearth.ids import ID_RE
 
 if TYPE_CHECKING:
     from hearth.agent import Agent
 
 NAME_PATTERN = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
+_STAMP_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?$")  # unix seconds; never nan or inf
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,13 @@ def _header(headers: Mapping[str, str], name: str) -> str:
     return value
 
 
+def _delivery_id(headers: Mapping[str, str], name: str) -> str:
+    value = _header(headers, name)
+    if not ID_RE.match(value):
+        raise InvalidInput(f"the {name} header must match {ID_RE.pattern}", name)
+    return value
+
+
 def _json(body: bytes, what: str) -> Any:
     try:
         return json.loads(body)
@@ -149,7 +158,7 @@ class GitHubVerifier:
     def __call__(self, headers: Mapping[str, str], body: bytes) -> Delivery:
         signature = headers.get("x-hub-signature-256")
         _check_signature(signature, _signed(self._secret, body), "X-Hub-Signature-256")
-        delivery_id = _header(headers, "X-GitHub-Delivery")
+        delivery_id = _delivery_id(headers, "X-GitHub-Delivery")
         event = _header(headers, "X-GitHub-Event")
         if headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             form = parse_qs(body.decode("utf-8", "replace"))
@@ -189,18 +198,16 @@ class HMACVerifier:
         stamp = headers.get("x-timestamp")
         signed = body
         if stamp is not None:
-            try:
-                at = float(stamp)
-            except ValueError:
-                raise InvalidSignature("the X-Timestamp header is not unix seconds") from None
-            if abs(self._clock() - at) > self.max_age:
+            if not _STAMP_RE.match(stamp.strip()):
+                raise InvalidSignature("the X-Timestamp header is not unix seconds")
+            if abs(self._clock() - float(stamp)) > self.max_age:
                 raise InvalidSignature(
                     f"the X-Timestamp is more than {self.max_age:g} s away from now: a replayed"
                     " or delayed request"
                 )
             signed = stamp.strip().encode() + b"." + body
         _check_signature(headers.get("x-signature"), _signed(self._secret, signed), "X-Signature")
-        delivery_id = _header(headers, "X-Delivery-Id")
+        delivery_id = _delivery_id(headers, "X-Delivery-Id")
         return Delivery(
             id=delivery_id,
             type=headers.get("x-event-type") or "message",

@@ -71,7 +71,10 @@ class Deliveries:
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
             delivery = await _resolved(channel.verify(lowered, body))
-        except (InvalidSignature, InvalidInput):
+        except InvalidSignature as exc:
+            log.warning("channel %s refused a request: %s", name, exc)  # never a secret in it
+            raise
+        except InvalidInput:
             raise
         except Exception as exc:
             log.error("channel %s: verify raised", name, exc_info=exc)
