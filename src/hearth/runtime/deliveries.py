@@ -116,7 +116,7 @@ class Deliveries:
         )
         return await self._route(channel, delivery, new)
 
-    async def list(
+    async def kept(
         self, name: str, *, status: str | None = None, limit: int = LIST_LIMIT
     ) -> list[StoredDelivery]:
         self.channel(name)
@@ -156,8 +156,8 @@ class Deliveries:
     def _submission(self, name: str, delivery_id: str, index: int, d: Any) -> NewSubmission:
         if not isinstance(d, Dispatch):
             raise InvalidInput(f"receive returned {type(d).__name__}, not a hearth.Dispatch")
-        kind_of_input, payload = input_payload(d.message, d.signal)
-        del kind_of_input  # the kind says where it came from; the payload says what it is
+        # The kind says where it came from (a channel); the payload says what it is.
+        _, payload = input_payload(d.message, d.signal)
         return new_submission(
             self.env.agents,
             d.agent_name,

@@ -151,7 +151,7 @@ class Runtime:
         self, channel: str, *, status: str | None = None, limit: int = 100
     ) -> list[StoredDelivery]:
         """The channel's kept deliveries, newest first."""
-        return await self.channels.list(channel, status=status, limit=limit)
+        return await self.channels.kept(channel, status=status, limit=limit)
 
     async def schedules(self) -> list[dict[str, Any]]:
         """Each schedule with its last admitted and its next occurrence (UTC ISO times)."""
