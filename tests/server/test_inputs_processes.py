@@ -97,7 +97,11 @@ def test_two_replicas_admit_every_occurrence_and_every_delivery_once(
 
 @pytest.mark.parametrize(
     "crash_at",
-    ["schedule:fire", "schedule:fire>store:commit-begin", "schedule:fire>store:commit-done"],
+    [
+        "before:store.admit_occurrence",
+        "before:store.admit_occurrence>store:commit-begin",
+        "before:store.admit_occurrence>store:commit-done",
+    ],
     ids=["before-the-admission", "before-its-commit", "after-its-commit"],
 )
 def test_a_kill_while_firing_neither_loses_nor_doubles_the_occurrence(
@@ -118,5 +122,30 @@ def test_a_kill_while_firing_neither_loses_nor_doubles_the_occurrence(
         clock.set(T0 + 121)
         wait_until(lambda: len(ticks(again)) >= 2, 10)
         assert occurrences(again) == [iso(T0 + 60), iso(T0 + 120)]
+    finally:
+        again.kill()
+
+
+def test_a_delivery_committed_just_before_a_kill_is_answered_deduplicated_on_retry(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "hearth.db"
+    crash = "before:store.admit_delivery>store:commit-done"
+    doomed = ServerProcess(
+        db, app="inputsapp:app", env=scheduled_env(tmp_path, HEARTH_CRASH_AT=crash)
+    ).start()
+    body = {"to": [{"id": "k", "message": "once"}]}
+    with pytest.raises(httpx2.TransportError):  # the sender never heard its 202
+        deliver(doomed, "k-1", body)
+    assert doomed.wait(15) == -9
+    again = ServerProcess(db, doomed.port, app="inputsapp:app", env=scheduled_env(tmp_path))
+    try:
+        again.start()
+        retried = deliver(again, "k-1", body)  # the sender retries
+        assert retried.status_code == 202 and retried.json()["deduplicated"] is True
+        subs = httpx2.get(f"{again.url}/agents/triage/k", timeout=10).json()["submissions"]
+        assert [s["id"] for s in subs] == retried.json()["submission_ids"]
+        log = (tmp_path / "receive.log").read_text().splitlines()
+        assert len(log) == 1  # routed once, before the kill; never again
     finally:
         again.kill()

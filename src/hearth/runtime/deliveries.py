@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hearth import _faults
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.errors import (
     ChannelFailed,
@@ -139,7 +140,9 @@ class Deliveries:
                     "channel %s: receive raised on delivery %s", name, new.delivery_id, exc_info=exc
                 )
             error = {"type": type(exc).__name__, "message": str(exc)}
+            _faults.reached("before:store.fail_delivery")
             await self.env.store.fail_delivery(new, error)
+            _faults.reached("after:store.fail_delivery")
             why = str(exc) if ours else f"its receive raised {type(exc).__name__} (see the log)"
             raise ChannelFailed(
                 f"channel {name!r} could not route delivery {new.delivery_id!r}: {why}; it is kept"
@@ -148,7 +151,9 @@ class Deliveries:
                 name,
                 new.delivery_id,
             ) from None
+        _faults.reached("before:store.admit_delivery")
         admission = await self.env.store.admit_delivery(new, subs)
+        _faults.reached("after:store.admit_delivery")
         if not admission.deduplicated:
             self.env.metrics.admitted += len(subs)
         return _receipt(admission.delivery, admission.deduplicated)

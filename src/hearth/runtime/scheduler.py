@@ -77,7 +77,9 @@ class Scheduler:
         if len(self.cursors) < len(self.schedules):
             for s in self.schedules:
                 if s.name not in self.cursors:
+                    _faults.reached("before:store.open_schedule")
                     self.cursors[s.name] = await self.env.store.open_schedule(s.name, s.spec, now)
+                    _faults.reached("after:store.open_schedule")
         firing = []
         for s in self.schedules:
             cursor = self.cursors[s.name]
@@ -109,11 +111,11 @@ class Scheduler:
             idempotency_key=f"schedule:{s.name}:{when}",
             source={"schedule": s.name, "occurrence": when},
         )
-        _faults.reached("schedule:fire")
+        _faults.reached("before:store.admit_occurrence")
         admission = await self.env.store.admit_occurrence(
             s.name, s.spec, cursor.cursor, occurrence, new
         )
-        _faults.reached("schedule:fired")
+        _faults.reached("after:store.admit_occurrence")
         if admission is not None:
             if not admission.deduplicated:
                 self.env.metrics.admitted += 1

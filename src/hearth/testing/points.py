@@ -87,12 +87,25 @@ KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
 )
 
 
-# Reached only by an app with schedules, so kept apart from ``KILL_POINTS`` (which one scenario
-# reaches in full): chain them with the store's commit points to kill inside the transaction.
+# The store writes of inputs from outside (channels, schedules), bracketed the same way. Only an
+# app with channels or schedules reaches them, so they are kept apart from ``STORE_WRITES`` and
+# ``KILL_POINTS`` (which one scenario reaches in full); chain them with the store's commit points
+# to kill inside a transaction (``before:store.admit_occurrence>store:commit-done``).
+INPUT_WRITES: tuple[str, ...] = (
+    "admit_delivery",
+    "fail_delivery",
+    "open_schedule",
+    "admit_occurrence",
+)
+
 INPUT_POINTS: Mapping[str, str] = MappingProxyType(
     {
-        "schedule:fire": "an occurrence is due; the transaction admitting it has not begun",
-        "schedule:fired": "the occurrence's transaction returned (admitted, or lost the race)",
+        f"{when}:store.{method}": f"Store.{method} {what}"
+        for method in INPUT_WRITES
+        for when, what in (
+            ("before", "is about to be called"),
+            ("after", "committed and returned"),
+        )
     }
 )
 
@@ -111,4 +124,11 @@ def _concrete() -> dict[str, str]:
 
 KILL_POINTS: Mapping[str, str] = MappingProxyType(_concrete())
 
-__all__ = ["INPUT_POINTS", "KILL_POINTS", "KILL_POINT_PATTERNS", "RUNNER_SEAMS", "STORE_WRITES"]
+__all__ = [
+    "INPUT_POINTS",
+    "INPUT_WRITES",
+    "KILL_POINTS",
+    "KILL_POINT_PATTERNS",
+    "RUNNER_SEAMS",
+    "STORE_WRITES",
+]
