@@ -44,3 +44,17 @@ def test_the_subagents_example_runs() -> None:
     )
     assert "My researcher reports: What is the capital of Norway? It is Oslo." in out.stdout
     assert "child 0: conversation_created" in out.stdout
+
+
+def test_the_github_issues_example_admits_each_delivery_once() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "github_issues.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "'delivery_id': 'd-ping', 'submission_ids': [], 'deduplicated': False" in out.stdout
+    assert out.stdout.count("'deduplicated': True") == 1
+    assert out.stdout.count("submission channel from {'channel': 'github'") == 2
+    assert "Noted: ada commented: Same here on 1.2." in out.stdout

@@ -23,7 +23,9 @@ def users(request: ModelRequest) -> list[str]:
     return [str(m.content) for m in request.messages if isinstance(m, UserTurn)]
 
 
-def gated_app(gate: asyncio.Event, entered: asyncio.Event) -> tuple[hearth.App, ScriptedModel]:
+def gated_app(
+    gate: asyncio.Event, entered: asyncio.Event, channels: list[hearth.Channel] | None = None
+) -> tuple[hearth.App, ScriptedModel]:
     @hearth.tool
     async def work() -> str:
         """Work until the gate opens."""
@@ -43,7 +45,8 @@ def gated_app(gate: asyncio.Event, entered: asyncio.Event) -> tuple[hearth.App, 
         return calls(call("work"))
 
     model = ScriptedModel("busy", script)
-    return hearth.App([busy], db="memory", providers=[model]), model
+    app = hearth.App([busy], db="memory", providers=[model], channels=channels or [])
+    return app, model
 
 
 async def test_a_message_admitted_while_busy_joins_at_the_next_turn_boundary() -> None:
@@ -105,3 +108,28 @@ async def test_a_queued_message_aborted_before_it_joins_settles_aborted() -> Non
                 await rt.read(receipt, timeout=10)
         history = await rt.history("busy", "c")
     assert [str(r.content) for r in history if isinstance(r, UserMessage)] == ["first"]
+
+
+async def test_a_message_from_a_channel_joins_like_a_direct_one() -> None:
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        return hearth.Delivery(id=body.decode(), type="mail", data={})
+
+    def receive(delivery: hearth.Delivery) -> hearth.Dispatch:
+        if delivery.id == "signal":  # a signal never joins: it waits for its own turn
+            return hearth.Dispatch("busy", "c", signal={"type": "ping", "body": "later"})
+        return hearth.Dispatch("busy", "c", message=f"mail {delivery.id}")
+
+    gate, entered = asyncio.Event(), asyncio.Event()
+    mail = hearth.Channel("mail", verify=verify, receive=receive)
+    app, _ = gated_app(gate, entered, [mail])
+    async with app.run() as rt:
+        host = await rt.dispatch("busy", "c", "first")
+        await asyncio.wait_for(entered.wait(), 10)
+        [joiner] = (await rt.deliver("mail", {}, b"m-1")).submission_ids
+        [signal] = (await rt.deliver("mail", {}, b"signal")).submission_ids
+        gate.set()
+        assert (await rt.read(host, timeout=10)).text == "answered: first + mail m-1"
+        await rt.read(signal, timeout=10)
+        subs = {s.id: s for s in await rt.store.list_submissions("busy/c")}
+    assert (subs[joiner].status, subs[joiner].joined_to) == ("joined", host.submission_id)
+    assert subs[signal].status == "settled" and subs[signal].joined_to is None

@@ -4,19 +4,24 @@ Every input to an agent is admitted durably as a submission and reaches exactly 
 outcome (completed, failed or aborted), through crashes, restarts and redeploys.
 """
 
+from hearth import channels
 from hearth._version import __version__
 from hearth.agent import Agent, AgentContext, Durability, agent
 from hearth.app import App
+from hearth.channels import Channel, Delivery, Dispatch
 from hearth.client import AsyncClient, Client
 from hearth.errors import (
+    ChannelFailed,
     ConfigurationError,
     ConversationNotFound,
+    DeliveryNotFound,
     FencedOut,
     HearthError,
     IdempotencyConflict,
     IntegrityError,
     InvalidId,
     InvalidInput,
+    InvalidSignature,
     ProviderError,
     SchemaTooNew,
     ShuttingDown,
@@ -28,10 +33,12 @@ from hearth.errors import (
     SubmissionFailed,
     SubmissionNotFound,
     UnknownAgent,
+    UnknownChannel,
 )
 from hearth.receipts import AbortResult, Receipt, Reply
 from hearth.runtime.hooks import AgentFinish, AgentStart
 from hearth.runtime.runtime import Runtime
+from hearth.schedules import Schedule
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext, tool
 
@@ -43,9 +50,14 @@ __all__ = [
     "AgentStart",
     "App",
     "AsyncClient",
+    "Channel",
+    "ChannelFailed",
     "Client",
     "ConfigurationError",
     "ConversationNotFound",
+    "Delivery",
+    "DeliveryNotFound",
+    "Dispatch",
     "Durability",
     "FencedOut",
     "HearthError",
@@ -53,10 +65,12 @@ __all__ = [
     "IntegrityError",
     "InvalidId",
     "InvalidInput",
+    "InvalidSignature",
     "ProviderError",
     "Receipt",
     "Reply",
     "Runtime",
+    "Schedule",
     "SchemaTooNew",
     "ShuttingDown",
     "StateWriteDuringRender",
@@ -70,7 +84,9 @@ __all__ = [
     "Tool",
     "ToolContext",
     "UnknownAgent",
+    "UnknownChannel",
     "__version__",
     "agent",
+    "channels",
     "tool",
 ]

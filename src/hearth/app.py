@@ -6,11 +6,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hearth.agent import Agent
+from hearth.channels import Channel
 from hearth.config import Settings, check_db_url, shown_db
 from hearth.errors import ConfigurationError, HearthError, StoreError
 from hearth.providers.base import ModelProvider
@@ -18,6 +19,7 @@ from hearth.providers.registry import ProviderRegistry
 from hearth.runtime.env import Env
 from hearth.runtime.metrics import Metrics
 from hearth.runtime.runtime import Runtime
+from hearth.schedules import Schedule
 from hearth.store import Store, open_store
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class App:
         self,
         agents: Sequence[Agent],
         *,
+        channels: Sequence[Channel] = (),
+        schedules: Sequence[Schedule] = (),
         db: str | None = None,
         providers: Sequence[ModelProvider] = (),
         token: str | None = None,
@@ -56,6 +60,7 @@ class App:
         max_body: int | None = None,
         shutdown_s: float | None = None,
         pg_pool: int | None = None,
+        schedule_clock: Callable[[], float] | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for agent in agents:
@@ -64,6 +69,16 @@ class App:
             if agent.name in self.agents and self.agents[agent.name] is not agent:
                 raise ConfigurationError(f"two agents are named {agent.name!r}")
             self.agents[agent.name] = agent
+        self.channels = _named(channels, Channel, "channel")
+        self.schedules = _named(schedules, Schedule, "schedule")
+        for schedule in self.schedules.values():
+            if schedule.agent not in self.agents:
+                raise ConfigurationError(
+                    f"schedule {schedule.name!r}: no agent named {schedule.agent!r}; declared:"
+                    f" {', '.join(sorted(self.agents))}"
+                )
+        # Tests only: the clock schedules are judged by (default: the store's). Never leases.
+        self.schedule_clock = schedule_clock
         self._given: dict[str, Any] = dict(
             db=db,
             token=token,
@@ -93,7 +108,13 @@ class App:
         """Open the store and start the coordinator; stop gracefully on exit."""
         store = await open_database(self.settings.db, pg_pool=self.settings.pg_pool)
         env = Env(store=store, agents=self.agents, providers=self.providers, metrics=self.metrics)
-        runtime = Runtime(env, self.settings)
+        runtime = Runtime(
+            env,
+            self.settings,
+            channels=list(self.channels.values()),
+            schedules=list(self.schedules.values()),
+            schedule_clock=self.schedule_clock,
+        )
         try:
             await runtime.start()
             yield runtime
@@ -117,6 +138,20 @@ class App:
         from hearth.server import build_asgi
 
         return build_asgi(self, sse_heartbeat_s=sse_heartbeat_s)
+
+
+T = TypeVar("T", Channel, Schedule)
+
+
+def _named(items: Sequence[T], kind: type[T], what: str) -> dict[str, T]:
+    named: dict[str, T] = {}
+    for item in items:
+        if not isinstance(item, kind):
+            raise ConfigurationError(f"App expects hearth.{kind.__name__} {what}s, got {item!r}")
+        if item.name in named:
+            raise ConfigurationError(f"two {what}s are named {item.name!r}")
+        named[item.name] = item
+    return named
 
 
 async def open_database(db: str | None, *, pg_pool: int = 10) -> Store:

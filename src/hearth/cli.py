@@ -272,15 +272,31 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
     out.print(counts)
     if data["unsettled"]:
         table = Table(title="unsettled", title_justify="left")
-        for col in ("submission", "conversation", "status", "attempt", "lease owner"):
+        for col in ("submission", "conversation", "kind", "source", "status", "attempt", "owner"):
             table.add_column(col)
         for sub in data["unsettled"]:
             table.add_row(
                 sub["id"],
                 sub["conversation_id"],
+                sub.get("kind", ""),
+                source_text(sub.get("source")),
                 sub["status"],
                 f"{sub['attempt']}/{sub['max_attempts']}",
                 sub["lease_owner"] or "",
+            )
+        out.print(table)
+    sourced = [sub for sub in data.get("recent", []) if sub.get("source")]
+    if sourced:  # inputs from channels and schedules, with where they came from
+        table = Table(title="recent from channels and schedules", title_justify="left")
+        for col in ("submission", "conversation", "kind", "source", "outcome"):
+            table.add_column(col)
+        for sub in sourced:
+            table.add_row(
+                sub["id"],
+                sub["conversation_id"],
+                sub["kind"],
+                source_text(sub["source"]),
+                sub["outcome"] or "",
             )
         out.print(table)
     for lease in data["leases"]:
@@ -296,6 +312,98 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
             )
     else:
         out.print("no stuck work")
+
+
+def source_text(source: dict[str, Any] | None) -> str:
+    """Where a submission came from, in a few words: ``channel github #d-1``,
+    ``schedule daily @2026-12-04T09:00:00Z``, or nothing for a direct one."""
+    if not source:
+        return ""
+    if "channel" in source:
+        return f"channel {source['channel']} #{source.get('delivery_id')}"
+    if "schedule" in source:
+        return f"schedule {source['schedule']} @{source.get('occurrence')}"
+    return json.dumps(source)
+
+
+# --- schedules and deliveries ------------------------------------------------------------------
+@main.command()
+@url_option
+@token_option
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@friendly
+def schedules(url: str, token: str | None, as_json: bool) -> None:
+    """The app's schedules, with their last and next occurrence (UTC)."""
+    with Client(url, token) as client:
+        data = client.schedules()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    if not data["schedules"]:
+        out.print("no schedules")
+        return
+    table = Table(title="schedules", title_justify="left")
+    for col in ("name", "conversation", "cron", "tz", "last occurrence", "next occurrence"):
+        table.add_column(col)
+    for s in data["schedules"]:
+        table.add_row(
+            s["name"],
+            f"{s['agent']}/{s['id']}",
+            s["cron"],
+            s["tz"],
+            s["last_occurrence"] or "-",
+            s["next_occurrence"] or "-",
+        )
+    out.print(table)
+
+
+@main.command()
+@click.argument("channel")
+@url_option
+@token_option
+@click.option("--status", type=click.Choice(["admitted", "failed"]), default=None)
+@click.option("--replay", "replay_id", default=None, help="Route this failed delivery again.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@friendly
+def deliveries(
+    channel: str,
+    url: str,
+    token: str | None,
+    status: str | None,
+    replay_id: str | None,
+    as_json: bool,
+) -> None:
+    """A channel's deliveries (newest first), or --replay a failed one."""
+    with Client(url, token) as client:
+        if replay_id is not None:
+            done = client.replay(channel, replay_id)
+            if as_json:
+                click.echo(json.dumps(done))
+            else:
+                ids = ", ".join(done["submission_ids"]) or "nothing"
+                again = " (already admitted)" if done["deduplicated"] else ""
+                click.echo(f"delivery {done['delivery_id']} admitted {ids}{again}")
+            return
+        data = client.deliveries(channel, status)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"deliveries of {channel}", title_justify="left")
+    for col in ("delivery", "type", "status", "attempts", "submissions", "error"):
+        table.add_column(col)
+    for d in data["deliveries"]:
+        error = d["error"] or {}
+        table.add_row(
+            d["delivery_id"],
+            d["type"],
+            d["status"],
+            str(d["attempts"]),
+            ", ".join(d["submission_ids"]),
+            escape(f"{error.get('type')}: {_short(error.get('message') or '', 60)}")
+            if error
+            else "",
+        )
+    out.print(table)
 
 
 # --- migrate ---------------------------------------------------------------------------------

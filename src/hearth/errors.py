@@ -32,6 +32,30 @@ class InvalidInput(HearthError, ValueError):
         self.field = field
 
 
+class UnknownChannel(HearthError):
+    """No channel with that name is declared on the app."""
+
+
+class DeliveryNotFound(HearthError):
+    """The channel has kept no delivery with that id."""
+
+
+class InvalidSignature(HearthError):
+    """A channel request is not signed as its channel requires (HTTP 401): nothing is
+    admitted. Raise it from your own ``verify`` to refuse a request."""
+
+
+class ChannelFailed(HearthError):
+    """A channel could not route a delivery: its ``verify`` or ``receive`` raised, or
+    ``receive`` named an unknown agent or a bad id (HTTP 500, so the sender retries). Nothing
+    was admitted; a delivery that passed ``verify`` is kept as ``failed`` to be replayed."""
+
+    def __init__(self, message: str, channel: str, delivery_id: str | None = None) -> None:
+        super().__init__(message)
+        self.channel = channel
+        self.delivery_id = delivery_id
+
+
 class ConversationNotFound(HearthError):
     """The conversation has never been admitted any input."""
 

@@ -173,7 +173,9 @@ async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -
     async with opened(pg_cluster.conninfo, schema):
         pass
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version \d+"):
+    with pytest.raises(
+        SchemaTooNew, match=rf"schema version 99; this hearth knows version {SCHEMA_VERSION}"
+    ):
         await PostgresStore(pg_cluster.conninfo, schema=schema).open()
 
 
@@ -199,6 +201,25 @@ async def test_a_page_of_100000_conversations_is_read_through_an_index(
     async with opened(pg_cluster.conninfo, schema) as store:
         page = await store.list_conversations("b", before=(60001.0, "b/c-60001"), limit=3)
         assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
+
+
+async def test_a_version_1_schema_gains_sources_deliveries_and_schedules(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        old = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+    pg_cluster.sql(  # as version 1 left it
+        f"ALTER TABLE {schema}.submissions DROP COLUMN source;"
+        f" DROP TABLE {schema}.deliveries; DROP TABLE {schema}.schedules;"
+        f" UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        assert await store.get_submission(old.id) == old
+        assert (await store.open_schedule("daily", "0 9 * * *|UTC", 10.0)).cursor == 10.0
+        assert await store.list_deliveries("hooks") == []
+    version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert version == str(SCHEMA_VERSION)
 
 
 # --- offsets under concurrent writers --------------------------------------------------------

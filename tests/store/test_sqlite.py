@@ -19,6 +19,7 @@ from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, Stor
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, SQLiteStore, Store, open_store, rules
 from hearth.store.rules import settlement
+from hearth.store.sqlite_schema import SCHEMA_VERSION
 from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -227,12 +228,37 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     store = await opened(path)
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        conn.execute(f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
     conn.close()
     with pytest.raises(
-        SchemaTooNew, match=r"newer hearth \(schema 4; this hearth knows schema 3\)"
+        SchemaTooNew,
+        match=rf"newer hearth \(schema {SCHEMA_VERSION + 1}; this hearth knows schema"
+        rf" {SCHEMA_VERSION}\)",
     ):
         await opened(path)
+
+
+async def test_a_schema_3_file_gains_sources_deliveries_and_schedules(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        old = (await store.admit(new("support/c-1"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 3 left it
+        conn.execute("ALTER TABLE submissions DROP COLUMN source")
+        conn.execute("DROP TABLE deliveries")
+        conn.execute("DROP TABLE schedules")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.close()
+    store = await opened(path)
+    try:
+        assert (await store.get_submission(old.id)) == old
+        cursor = await store.open_schedule("daily", "0 9 * * *|UTC", 10.0)
+        assert cursor.cursor == 10.0
+        assert await store.list_deliveries("hooks") == []
+    finally:
+        await store.close()
 
 
 async def test_a_file_that_is_not_a_database_is_a_store_error(tmp_path: Path) -> None:

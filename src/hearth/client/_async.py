@@ -48,6 +48,18 @@ class AsyncClient(BaseClient[httpx2.AsyncClient]):
         "next": cursor}``; pass ``next`` back as ``after`` for the next page (None: the last)."""
         return await _do(self._http, self._conversations_call(agent, status, after, limit))
 
+    async def schedules(self) -> dict[str, Any]:
+        """The app's schedules with their last and next occurrence."""
+        return await _do(self._http, self._schedules_call())
+
+    async def deliveries(self, channel: str, status: str | None = None) -> dict[str, Any]:
+        """A channel's kept deliveries, newest first."""
+        return await _do(self._http, self._deliveries_call(channel, status))
+
+    async def replay(self, channel: str, delivery_id: str) -> dict[str, Any]:
+        """Route a failed delivery again, after a fix."""
+        return await _do(self._http, self._replay_call(channel, delivery_id))
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

@@ -233,6 +233,17 @@ class BaseClient(Generic[HTTP]):
         params = {k: v for k, v in given.items() if v is not None}
         return Call(Request("GET", "/conversations", params=params or None), as_is)
 
+    def _schedules_call(self) -> Call[dict[str, Any]]:
+        return Call(Request("GET", "/schedules"), as_is)
+
+    def _deliveries_call(self, channel: str, status: str | None) -> Call[dict[str, Any]]:
+        params = {"status": status} if status else None
+        return Call(Request("GET", f"/channels/{channel}/deliveries", params=params), as_is)
+
+    def _replay_call(self, channel: str, delivery_id: str) -> Call[dict[str, Any]]:
+        path = f"/channels/{channel}/deliveries/{delivery_id}/replay"
+        return Call(Request("POST", path), as_is)
+
 
 class BaseConversation(Generic[HTTP]):
     """What both conversation shells share: the conversation's name and the calls about it."""

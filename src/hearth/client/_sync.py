@@ -50,6 +50,18 @@ class Client(BaseClient[httpx2.Client]):
         "next": cursor}``; pass ``next`` back as ``after`` for the next page (None: the last)."""
         return _do(self._http, self._conversations_call(agent, status, after, limit))
 
+    def schedules(self) -> dict[str, Any]:
+        """The app's schedules with their last and next occurrence."""
+        return _do(self._http, self._schedules_call())
+
+    def deliveries(self, channel: str, status: str | None = None) -> dict[str, Any]:
+        """A channel's kept deliveries, newest first."""
+        return _do(self._http, self._deliveries_call(channel, status))
+
+    def replay(self, channel: str, delivery_id: str) -> dict[str, Any]:
+        """Route a failed delivery again, after a fix."""
+        return _do(self._http, self._replay_call(channel, delivery_id))
+
     def close(self) -> None:
         self._http.close()
 

@@ -24,7 +24,9 @@ _NOTE_TEXT = {"stream_interrupted": STREAM_INTERRUPTED_NOTE}
 
 
 def signal_text(sig: Signal) -> str:
-    return sig.body or _NOTE_TEXT.get(sig.signal_type, sig.signal_type.replace("_", " "))
+    text = sig.body or _NOTE_TEXT.get(sig.signal_type, sig.signal_type.replace("_", " "))
+    when = sig.attributes.get("scheduled_for")  # a schedule's signal says which occurrence
+    return text if when is None else f"{text} (scheduled for {when})"
 
 
 def build_context(records: Sequence[Record]) -> tuple[str | None, list[Message]]:

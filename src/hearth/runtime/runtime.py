@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from hearth import _faults
 from hearth.agent import Agent
+from hearth.channels import Channel
 from hearth.config import Settings
 from hearth.errors import (
     ConversationNotFound,
@@ -18,7 +19,6 @@ from hearth.errors import (
     InvalidInput,
     ShuttingDown,
     SubmissionNotFound,
-    UnknownAgent,
 )
 from hearth.receipts import (
     MAX_IDEMPOTENCY_KEY,
@@ -29,15 +29,19 @@ from hearth.receipts import (
     reply_or_raise,
 )
 from hearth.records import Record
+from hearth.runtime.admission import declared, input_payload, new_submission
 from hearth.runtime.coordinator import Coordinator
+from hearth.runtime.deliveries import Deliveries, DeliveryReceipt
 from hearth.runtime.env import Env
+from hearth.runtime.scheduler import Scheduler
 from hearth.runtime.shared_reads import SharedReads
+from hearth.schedules import Schedule, iso
 from hearth.store.base import (
     UNSETTLED,
     ConversationInfo,
     ConversationSummary,
-    NewSubmission,
     Store,
+    StoredDelivery,
     Submission,
     all_submissions,
 )
@@ -55,13 +59,23 @@ class Runtime:
             reply = await rt.read(receipt)
     """
 
-    def __init__(self, env: Env, settings: Settings) -> None:
+    def __init__(
+        self,
+        env: Env,
+        settings: Settings,
+        *,
+        channels: Sequence[Channel] = (),
+        schedules: Sequence[Schedule] = (),
+        schedule_clock: Callable[[], float] | None = None,
+    ) -> None:
         self.env = env
         self.store: Store = env.store
         self.settings = settings
         self.coordinator = Coordinator(env, settings)
         self.shutting_down = False
         self.tail_reads = SharedReads(env.store)
+        self.channels = Deliveries(env, {c.name: c for c in channels})
+        self.scheduler = Scheduler(env, schedules, schedule_clock)
 
     @property
     def agents(self) -> dict[str, Agent]:
@@ -69,21 +83,18 @@ class Runtime:
 
     async def start(self) -> None:
         await self.coordinator.start()
+        self.scheduler.start()
 
     async def stop(self) -> None:
         """Graceful shutdown: admit nothing more, interrupt running work without settling it,
         and release its leases so that the next owner resumes it at once."""
         self.shutting_down = True
+        await self.scheduler.stop()
         await self.coordinator.stop()
 
     # --- admission ------------------------------------------------------------------------
     def agent(self, name: str) -> Agent:
-        agent = self.env.agents.get(name)
-        if agent is None:
-            raise UnknownAgent(
-                f"no agent named {name!r}; declared: {', '.join(sorted(self.env.agents))}"
-            )
-        return agent
+        return declared(self.env.agents, name)
 
     async def dispatch(
         self,
@@ -95,9 +106,9 @@ class Runtime:
         idempotency_key: str | None = None,
     ) -> Receipt:
         """Admit one input durably and return at once with its receipt."""
-        declared = self.agent(agent)
+        self.agent(agent)
         check_id(id)
-        kind, payload = _payload(message, signal)
+        kind, payload = input_payload(message, signal)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str)
             or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
@@ -110,14 +121,8 @@ class Runtime:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
         _faults.reached("before:store.admit")
         admission = await self.store.admit(
-            NewSubmission(
-                conversation_id=f"{agent}/{id}",
-                agent=agent,
-                kind=kind,
-                payload=payload,
-                idempotency_key=idempotency_key,
-                max_attempts=declared.durability.max_attempts,
-                timeout=float(declared.durability.timeout),
+            new_submission(
+                self.env.agents, agent, id, kind, payload, idempotency_key=idempotency_key
             )
         )
         _faults.reached("after:store.admit")
@@ -131,6 +136,54 @@ class Runtime:
             accepted_at=sub.accepted_at,
             deduplicated=admission.deduplicated,
         )
+
+    # --- inputs from outside: channels and schedules ----------------------------------------
+    async def deliver(
+        self, channel: str, headers: Mapping[str, str], body: bytes
+    ) -> DeliveryReceipt:
+        """Verify a request to ``channel`` and admit every dispatch it routes to, once per
+        delivery id (``POST /channels/{name}``)."""
+        self.channels.channel(channel)
+        if self.shutting_down:
+            raise ShuttingDown("the runtime is shutting down and admits no new work")
+        return await self.channels.deliver(channel, headers, body)
+
+    async def replay_delivery(self, channel: str, delivery_id: str) -> DeliveryReceipt:
+        """Route a failed delivery of ``channel`` again (after a fix)."""
+        self.channels.channel(channel)
+        if self.shutting_down:
+            raise ShuttingDown("the runtime is shutting down and admits no new work")
+        return await self.channels.replay(channel, delivery_id)
+
+    async def deliveries(
+        self, channel: str, *, status: str | None = None, limit: int = 100
+    ) -> list[StoredDelivery]:
+        """The channel's kept deliveries, newest first."""
+        return await self.channels.kept(channel, status=status, limit=limit)
+
+    async def schedules(self) -> list[dict[str, Any]]:
+        """Each schedule with its last admitted and its next occurrence (UTC ISO times)."""
+        cursors = {c.name: c for c in await self.store.list_schedules()}
+        now = await self.scheduler.now()
+        out = []
+        for s in self.scheduler.schedules:
+            cursor = cursors.get(s.name)
+            current = cursor is not None and cursor.spec == s.spec
+            last = cursor.last_occurrence if cursor is not None and current else None
+            after = max(now, cursor.cursor) if cursor is not None and current else now
+            upcoming = s.next_after(after)
+            out.append(
+                {
+                    "name": s.name,
+                    "agent": s.agent,
+                    "id": s.id,
+                    "cron": s.cron,
+                    "tz": s.tz,
+                    "last_occurrence": None if last is None else iso(last),
+                    "next_occurrence": None if upcoming is None else iso(upcoming),
+                }
+            )
+        return out
 
     # --- outcomes -------------------------------------------------------------------------
     async def submission(self, submission_id: str) -> Submission:
@@ -286,28 +339,6 @@ class Runtime:
 
 _RECHECK_S = 1.0  # when a settlement wait first looks again, in case an event was lost
 _RECHECK_MAX_S = 8.0  # the longest pause between two such looks
-
-
-def _payload(message: str | None, signal: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    if (message is None) == (signal is None):
-        raise InvalidInput("give exactly one of message or signal")
-    if message is not None:
-        if not isinstance(message, str) or not message:
-            raise InvalidInput("message must be a non-empty string", "message")
-        return "message", {"message": message}
-    assert signal is not None
-    if not isinstance(signal, dict):
-        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal")
-    if not isinstance(signal.get("type"), str) or not signal["type"]:
-        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal.type")
-    body = signal.get("body", "")
-    attributes = signal.get("attributes")
-    if not isinstance(body, str):
-        raise InvalidInput("signal.body must be a string", "signal.body")
-    if attributes is not None and not isinstance(attributes, dict):
-        raise InvalidInput("signal.attributes must be an object", "signal.attributes")
-    signal = {"type": signal["type"], "body": body, "attributes": attributes or {}}
-    return "signal", {"signal": signal}
 
 
 __all__ = ["HearthError", "Runtime"]

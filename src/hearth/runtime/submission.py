@@ -31,7 +31,7 @@ class SubmissionPolicy:
         return env.agents.get(self.conversation_id.partition("/")[0])
 
     def input_record(self) -> Record:
-        if self.sub.kind == "signal":
+        if "signal" in self.sub.payload:  # a signal, direct or from a channel or a schedule
             sig = self.sub.payload.get("signal", {})
             return Signal(
                 id=self.input_id,
@@ -50,7 +50,8 @@ class SubmissionPolicy:
         queued = await scope.store.list_submissions(scope.conversation_id, statuses=("queued",))
         joined = False
         for sub in queued:
-            if sub.kind != "message" or sub.abort_requested_at is not None:
+            # Any message joins, direct or from a channel or a schedule; a signal never does.
+            if "message" not in sub.payload or sub.abort_requested_at is not None:
                 break  # order is kept: nothing joins past one that cannot
             record = _message_input(sub)
             _faults.reached("before:user_message")

@@ -1,4 +1,4 @@
-"""Reading a JSON request body: media type, size limit (enforced while reading), parsing."""
+"""Reading a request body: size limit (enforced while reading); for JSON, media type and parsing."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ async def read_json(request: Request, max_body: int) -> Any:
             "unsupported_media_type",
             "send the body as JSON, with the header Content-Type: application/json",
         )
+    return parse_json(await read_body(request, max_body))
+
+
+async def read_body(request: Request, max_body: int) -> bytes:
+    """The raw body, or an ``ApiError`` (413 over ``max_body``, 400)."""
     too_big = ApiError(
         413,
         "payload_too_large",
@@ -61,7 +66,7 @@ async def read_json(request: Request, max_body: int) -> Any:
         raise ApiError(400, "invalid_request", "the client went away mid-body") from None
     if size > max_body:
         raise too_big
-    return parse_json(b"".join(chunks))
+    return b"".join(chunks)
 
 
 async def _drain(request: Request) -> None:

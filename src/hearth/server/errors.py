@@ -12,16 +12,20 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from hearth.errors import (
+    ChannelFailed,
     ConfigurationError,
     ConversationNotFound,
+    DeliveryNotFound,
     HearthError,
     IdempotencyConflict,
     InvalidId,
     InvalidInput,
+    InvalidSignature,
     ShuttingDown,
     StoreError,
     SubmissionNotFound,
     UnknownAgent,
+    UnknownChannel,
 )
 
 log = logging.getLogger("hearth.server")
@@ -63,6 +67,9 @@ def error_response(
 # The statuses of hearth's own errors; anything unlisted is a server fault (500).
 _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (UnknownAgent, 404, "unknown_agent"),
+    (UnknownChannel, 404, "unknown_channel"),
+    (DeliveryNotFound, 404, "delivery_not_found"),
+    (InvalidSignature, 401, "invalid_signature"),
     (ConversationNotFound, 404, "conversation_not_found"),
     (SubmissionNotFound, 404, "submission_not_found"),
     (InvalidId, 400, "invalid_id"),
@@ -78,6 +85,9 @@ def api_error(exc: BaseException) -> ApiError:
     """The answer for an exception raised while serving a request."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, ChannelFailed):  # the sender retries on a 5xx; its log has the cause
+        where = {"channel": exc.channel, "delivery_id": exc.delivery_id}
+        return ApiError(500, "channel_failed", str(exc), where)
     for kind, status, name in _MAPPED:
         if isinstance(exc, kind):
             headers = {"Retry-After": "1"} if status == 503 else None

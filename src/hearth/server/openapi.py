@@ -326,6 +326,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
             }
         },
     }
+    paths.update(_input_paths())
     return {
         "openapi": "3.1.0",
         "info": {"title": "hearth", "version": __version__},
@@ -339,4 +340,71 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
             },
         },
         "security": [{"bearer": []}, {"session": []}],
+    }
+
+
+def _input_paths() -> dict[str, Any]:
+    """Channels and schedules (docs/channels.md)."""
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    receipt = {
+        "type": "object",
+        "properties": {
+            "delivery_id": {"type": "string"},
+            "submission_ids": {"type": "array", "items": {"type": "string"}},
+            "deduplicated": {"type": "boolean"},
+        },
+    }
+    failed = _json(_ref("Error"), "verify or receive failed (channel_failed): nothing admitted")
+    return {
+        "/channels/{name}": {
+            "parameters": [name],
+            "post": {
+                "summary": "A webhook delivery, authenticated by the channel's verify",
+                "security": [],
+                "requestBody": {"required": True, "content": {"*/*": {"schema": {}}}},
+                "responses": {
+                    "202": _json(receipt, "every dispatch admitted, once per delivery id"),
+                    "401": _json(_ref("Error"), "missing or wrong signature"),
+                    "500": failed,
+                    **_errors(400, 404, 413, 503),
+                },
+            },
+        },
+        "/channels/{name}/deliveries": {
+            "parameters": [
+                name,
+                {"name": "status", "in": "query", "schema": {"enum": ["admitted", "failed"]}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}},
+                {"name": "full", "in": "query", "schema": {"type": "boolean"}},
+            ],
+            "get": {
+                "summary": "The channel's kept deliveries, newest first",
+                "responses": {"200": {"description": "deliveries"}, **_errors(400, 401, 404)},
+            },
+        },
+        "/channels/{name}/deliveries/{delivery_id}/replay": {
+            "parameters": [
+                name,
+                {
+                    "name": "delivery_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string"},
+                },
+            ],
+            "post": {
+                "summary": "Route a failed delivery again (an admitted one is only answered)",
+                "responses": {
+                    "202": _json(receipt, "admitted"),
+                    "500": failed,
+                    **_errors(401, 404, 503),
+                },
+            },
+        },
+        "/schedules": {
+            "get": {
+                "summary": "Each schedule with its last and next occurrence (UTC ISO)",
+                "responses": {"200": {"description": "schedules"}, **_errors(401)},
+            }
+        },
     }

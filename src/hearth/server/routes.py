@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.runtime.runtime import Runtime
-from hearth.server import console, ops
+from hearth.server import console, inputs, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
@@ -52,6 +52,10 @@ def routes() -> list[tuple[str, Endpoint, list[str]]]:
         (base + "/stream", stream, ["GET"]),
         (base + "/submissions/{sid}", get_submission, ["GET"]),
         (base + "/abort", abort, ["POST"]),
+        ("/channels/{name}", inputs.deliver, ["POST"]),
+        ("/channels/{name}/deliveries", inputs.list_deliveries, ["GET"]),
+        ("/channels/{name}/deliveries/{delivery_id}/replay", inputs.replay, ["POST"]),
+        ("/schedules", inputs.schedules, ["GET"]),
     ]
 
 

@@ -17,6 +17,8 @@ def submission_view(sub: Submission) -> dict[str, Any]:
     return {
         "id": sub.id,
         "conversation_id": sub.conversation_id,
+        "kind": sub.kind,
+        "source": sub.source,
         "status": sub.status,
         "outcome": sub.outcome,
         "error": sub.error,

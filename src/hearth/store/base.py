@@ -31,8 +31,12 @@ from hearth.store.rows import (
     Admission,
     ConversationInfo,
     ConversationSummary,
+    DeliveryAdmission,
     Fence,
+    NewDelivery,
     NewSubmission,
+    ScheduleCursor,
+    StoredDelivery,
     Submission,
 )
 
@@ -238,6 +242,50 @@ class Store(ABC):
         False (nothing written) when it is not queued in that conversation."""
         ...
 
+    # --- inputs from outside: channel deliveries and schedule cursors -------------------------
+    @abstractmethod
+    async def admit_delivery(
+        self, delivery: NewDelivery, submissions: Sequence[NewSubmission]
+    ) -> DeliveryAdmission:
+        """Admit every one of ``submissions`` (as ``admit`` does, in order) and write the
+        delivery's row ``admitted`` with their ids, all in one transaction. When the delivery
+        (``channel``, ``delivery_id``) is already admitted, nothing is written and its first
+        result comes back with ``deduplicated=True``; a ``failed`` one is admitted now. Two
+        processes admitting the same delivery at once admit it once."""
+
+    @abstractmethod
+    async def fail_delivery(self, delivery: NewDelivery, error: dict[str, Any]) -> StoredDelivery:
+        """Keep a delivery whose routing failed: its row becomes ``failed`` with ``error`` and
+        one more attempt. An ``admitted`` delivery is left as it is (and returned)."""
+
+    @abstractmethod
+    async def get_delivery(self, channel: str, delivery_id: str) -> StoredDelivery | None:
+        """The delivery's row, or None."""
+
+    @abstractmethod
+    async def list_deliveries(
+        self, channel: str, *, status: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[StoredDelivery]:
+        """The channel's deliveries, newest first, optionally of one status."""
+
+    @abstractmethod
+    async def open_schedule(self, name: str, spec: str, now: float) -> ScheduleCursor:
+        """The schedule's cursor: created at ``now`` for a schedule never seen (nothing before
+        it is ever admitted), moved to ``now`` when its ``spec`` (cron and zone) changed, else
+        as stored. Atomic; of processes opening a changed schedule at once, one moves it."""
+
+    @abstractmethod
+    async def admit_occurrence(
+        self, name: str, spec: str, cursor: float, occurrence: float, new: NewSubmission
+    ) -> Admission | None:
+        """Compare and set: when the schedule's cursor is still ``cursor`` under ``spec``,
+        move it (and ``last_occurrence``) to ``occurrence`` and admit ``new``, in one
+        transaction. None, with nothing written, when another process moved it first."""
+
+    @abstractmethod
+    async def list_schedules(self) -> list[ScheduleCursor]:
+        """Every schedule cursor, by name."""
+
 
 async def all_submissions(
     store: Store, conversation_id: str | None = None, statuses: Sequence[str] | None = None
@@ -265,10 +313,14 @@ __all__ = [
     "Admission",
     "ConversationInfo",
     "ConversationSummary",
+    "DeliveryAdmission",
     "Fence",
+    "NewDelivery",
     "NewSubmission",
+    "ScheduleCursor",
     "Store",
     "StoreEvents",
+    "StoredDelivery",
     "StreamNotifier",
     "Submission",
     "all_submissions",

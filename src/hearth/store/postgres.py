@@ -54,10 +54,16 @@ from hearth.store.rows import (
     Admission,
     ConversationInfo,
     ConversationSummary,
+    DeliveryAdmission,
     Fence,
+    NewDelivery,
     NewSubmission,
+    ScheduleCursor,
+    StoredDelivery,
     Submission,
     conversation_from_row,
+    cursor_from_row,
+    delivery_from_row,
     submission_from_row,
     summary_from_row,
 )
@@ -468,6 +474,64 @@ class PostgresStore(Store):
             lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self._now()),
             resolve=lambda conn: readback.joined(conn, submission_id, host),
         )
+
+    # --- channel deliveries and schedule cursors ------------------------------------------------
+    async def admit_delivery(
+        self, delivery: NewDelivery, submissions: Sequence[NewSubmission]
+    ) -> DeliveryAdmission:
+        # ids chosen here, so an unknown outcome can be read back
+        chosen = [(new, rules.new_submission_id()) for new in submissions]
+        ids = [sid for _, sid in chosen]
+        return await self._write(
+            lambda conn, outbox: ops.admit_delivery(conn, delivery, chosen, outbox, self._now()),
+            resolve=lambda conn: readback.delivery(
+                conn, delivery.channel, delivery.delivery_id, ids
+            ),
+            budget_s=ADMIT_WAIT_S,
+        )
+
+    async def fail_delivery(self, delivery: NewDelivery, error: dict[str, Any]) -> StoredDelivery:
+        return await self._write(
+            lambda conn, _: ops.fail_delivery(conn, delivery, error, self._now())
+        )
+
+    async def get_delivery(self, channel: str, delivery_id: str) -> StoredDelivery | None:
+        return await self._read(lambda conn: ops.delivery_row(conn, channel, delivery_id))
+
+    async def list_deliveries(
+        self, channel: str, *, status: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[StoredDelivery]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT * FROM deliveries WHERE channel = %(ch)s"
+                " AND (%(st)s::text IS NULL OR status = %(st)s)"
+                " ORDER BY received_at DESC, delivery_id LIMIT %(l)s",
+                {"ch": channel, "st": status, "l": max(limit, 0)},
+            )
+        )
+        return [delivery_from_row(row) for row in rows]
+
+    async def open_schedule(self, name: str, spec: str, now: float) -> ScheduleCursor:
+        return await self._write(lambda conn, _: ops.open_schedule(conn, name, spec, now))
+
+    async def admit_occurrence(
+        self, name: str, spec: str, cursor: float, occurrence: float, new: NewSubmission
+    ) -> Admission | None:
+        sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
+        return await self._write(
+            lambda conn, outbox: ops.admit_occurrence(
+                conn, name, spec, cursor, occurrence, (new, sid), outbox, self._now()
+            ),
+            resolve=lambda conn: readback.admission(conn, sid),
+            budget_s=ADMIT_WAIT_S,
+        )
+
+    async def list_schedules(self) -> list[ScheduleCursor]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(conn, "SELECT * FROM schedules ORDER BY name", {})
+        )
+        return [cursor_from_row(row) for row in rows]
 
 
 def _named(name: str) -> str:

@@ -17,12 +17,20 @@ from hearth.records import ConversationCreated, Record
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
+    DELIVERY_ADMITTED,
+    DELIVERY_FAILED,
     JOINED,
     QUEUED,
     RUNNING,
     Admission,
+    DeliveryAdmission,
     Fence,
+    NewDelivery,
     NewSubmission,
+    ScheduleCursor,
+    StoredDelivery,
+    cursor_from_row,
+    delivery_from_row,
     submission_from_row,
 )
 from hearth.store.rows import SETTLED as SETTLED_STATUS
@@ -194,10 +202,10 @@ async def admit(
         conn,
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
         " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
-        " is_head) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s,"
+        " is_head, source) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s,"
         f" %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
         "SELECT 1 FROM submissions WHERE conversation_id = %(c)s"
-        " AND status IN ('queued', 'running'))) RETURNING *",
+        " AND status IN ('queued', 'running')), %(source)s) RETURNING *",
         {
             "id": submission_id,
             "c": conversation_id,
@@ -209,6 +217,7 @@ async def admit(
             "max": new.max_attempts,
             "timeout": new.timeout,
             "now": now,
+            "source": rules.to_json_or_none(new.source),
         },
     )
     assert row is not None
@@ -336,6 +345,124 @@ async def last_offset(conn: Conn, conversation_id: str) -> int:
         {"c": conversation_id},
     )
     return -1 if row is None else int(row["last_offset"])
+
+
+# --- channel deliveries and schedule cursors ---------------------------------------------------
+async def delivery_row(
+    conn: Conn, channel: str, delivery_id: str, *, lock: bool = False
+) -> StoredDelivery | None:
+    row = await fetchone(
+        conn,
+        "SELECT * FROM deliveries WHERE channel = %(ch)s AND delivery_id = %(d)s"
+        + (" FOR UPDATE" if lock else ""),
+        {"ch": channel, "d": delivery_id},
+    )
+    return None if row is None else delivery_from_row(row)
+
+
+# A delivery routed again keeps its first body and arrival; each routing counts one attempt.
+UPSERT_DELIVERY = f"""
+INSERT INTO deliveries (channel, delivery_id, type, status, data, body, headers, submission_ids,
+    error, attempts, received_at, updated_at)
+VALUES (%(channel)s, %(delivery_id)s, %(type)s, %(status)s, %(data)s, %(body)s, %(headers)s,
+    %(submission_ids)s, %(error)s, 1, %(received_at)s, {NOW})
+ON CONFLICT (channel, delivery_id) DO UPDATE SET
+    status = excluded.status, submission_ids = excluded.submission_ids, error = excluded.error,
+    attempts = deliveries.attempts + 1, updated_at = excluded.updated_at
+"""
+
+# Claims the delivery's key first: a second process admitting it at once waits here for the
+# first one's transaction, then finds the delivery admitted.
+CLAIM_DELIVERY = f"""
+INSERT INTO deliveries (channel, delivery_id, type, status, data, body, headers, submission_ids,
+    error, attempts, received_at, updated_at)
+VALUES (%(channel)s, %(delivery_id)s, %(type)s, 'pending', %(data)s, %(body)s, %(headers)s,
+    '[]', NULL, 0, %(received_at)s, {NOW})
+ON CONFLICT (channel, delivery_id) DO NOTHING
+"""
+
+
+async def admit_delivery(
+    conn: Conn,
+    delivery: NewDelivery,
+    submissions: list[tuple[NewSubmission, str]],
+    outbox: Outbox,
+    now: float | None,
+) -> DeliveryAdmission:
+    values = rules.delivery_values(
+        delivery, DELIVERY_ADMITTED, [sid for _, sid in submissions], None, now
+    )
+    await conn.execute(CLAIM_DELIVERY.encode(), values)
+    known = await delivery_row(conn, delivery.channel, delivery.delivery_id, lock=True)
+    if known is not None and known.status == DELIVERY_ADMITTED:
+        return DeliveryAdmission(known, True)
+    # Conversation rows are locked in one global order, so that two deliveries admitted at once
+    # to the same conversations cannot deadlock; the ids keep the dispatches' order.
+    ids = [""] * len(submissions)
+    for i in sorted(range(len(submissions)), key=lambda i: submissions[i][0].conversation_id):
+        new, sid = submissions[i]
+        ids[i] = (await admit(conn, new, sid, outbox, now)).submission.id
+    values["submission_ids"] = rules.to_json(ids)
+    await conn.execute(UPSERT_DELIVERY.encode(), values)
+    stored = await delivery_row(conn, delivery.channel, delivery.delivery_id)
+    assert stored is not None
+    return DeliveryAdmission(stored, False)
+
+
+async def fail_delivery(
+    conn: Conn, delivery: NewDelivery, error: dict[str, Any], now: float | None
+) -> StoredDelivery:
+    await conn.execute(
+        CLAIM_DELIVERY.encode(), rules.delivery_values(delivery, DELIVERY_FAILED, [], error, now)
+    )
+    known = await delivery_row(conn, delivery.channel, delivery.delivery_id, lock=True)
+    if known is None or known.status != DELIVERY_ADMITTED:
+        await conn.execute(
+            UPSERT_DELIVERY.encode(),
+            rules.delivery_values(delivery, DELIVERY_FAILED, [], error, now),
+        )
+    stored = await delivery_row(conn, delivery.channel, delivery.delivery_id)
+    assert stored is not None
+    return stored
+
+
+async def open_schedule(conn: Conn, name: str, spec: str, now: float) -> ScheduleCursor:
+    values = {"n": name, "s": spec, "c": now, "now": now}
+    await conn.execute(
+        "INSERT INTO schedules (name, spec, cursor, last_occurrence, updated_at)"
+        " VALUES (%(n)s, %(s)s, %(c)s, NULL, %(now)s) ON CONFLICT (name) DO NOTHING",
+        values,
+    )
+    await conn.execute(
+        "UPDATE schedules SET spec = %(s)s, cursor = %(c)s, updated_at = %(now)s"
+        " WHERE name = %(n)s AND spec <> %(s)s",
+        values,
+    )
+    row = await fetchone(conn, "SELECT * FROM schedules WHERE name = %(n)s", values)
+    assert row is not None
+    return cursor_from_row(row)
+
+
+async def admit_occurrence(
+    conn: Conn,
+    name: str,
+    spec: str,
+    cursor: float,
+    occurrence: float,
+    admission: tuple[NewSubmission, str],
+    outbox: Outbox,
+    now: float | None,
+) -> Admission | None:
+    moved = await fetchone(
+        conn,
+        f"UPDATE schedules SET cursor = %(o)s, last_occurrence = %(o)s, updated_at = {NOW}"
+        " WHERE name = %(n)s AND spec = %(s)s AND cursor = %(c)s RETURNING 1 AS ok",
+        {"o": occurrence, "n": name, "s": spec, "c": cursor, "now": now},
+    )
+    if moved is None:
+        return None
+    new, submission_id = admission
+    return await admit(conn, new, submission_id, outbox, now)
 
 
 # A fenced append in one statement, for the common case: the appender knows the conversation's

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from hearth.records import Record
 from hearth.store.postgres_ops import Conn, fetchall, fetchone
-from hearth.store.rows import RUNNING, Admission, Fence, Submission, submission_from_row
+from hearth.store.rows import (
+    DELIVERY_ADMITTED,
+    RUNNING,
+    Admission,
+    DeliveryAdmission,
+    Fence,
+    Submission,
+    delivery_from_row,
+    submission_from_row,
+)
 
 
 async def admission(conn: Conn, submission_id: str) -> Admission | None:
@@ -74,3 +83,19 @@ async def appended_offsets(
             return None
         offsets.append(found[0])
     return offsets
+
+
+async def delivery(
+    conn: Conn, channel: str, delivery_id: str, submission_ids: list[str]
+) -> DeliveryAdmission | None:
+    """The delivery's row when it is admitted: by this write when it holds the submission ids
+    this write chose, else by another one."""
+    row = await fetchone(
+        conn,
+        "SELECT * FROM deliveries WHERE channel = %(ch)s AND delivery_id = %(d)s",
+        {"ch": channel, "d": delivery_id},
+    )
+    if row is None or row["status"] != DELIVERY_ADMITTED:
+        return None
+    stored = delivery_from_row(row)
+    return DeliveryAdmission(stored, stored.submission_ids != submission_ids)

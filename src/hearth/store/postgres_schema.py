@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 2  # 2: conversations.last_activity, indexed for the conversation list
+SCHEMA_VERSION = 3  # 2: conversations.last_activity; 3: submissions.source, inputs tables
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     settled_at double precision,
     joined_to text,
     is_head boolean NOT NULL DEFAULT false,
+    source text,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -84,7 +85,30 @@ CREATE INDEX IF NOT EXISTS submissions_by_owner ON submissions (lease_owner)
 CREATE INDEX IF NOT EXISTS submissions_by_claim ON submissions (claim_token)
     WHERE claim_token IS NOT NULL;
 CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
-    WHERE joined_to IS NOT NULL
+    WHERE joined_to IS NOT NULL;
+CREATE TABLE IF NOT EXISTS deliveries (
+    channel text NOT NULL,
+    delivery_id text NOT NULL,
+    type text NOT NULL,
+    status text NOT NULL,
+    data text NOT NULL,
+    body text NOT NULL,
+    headers text NOT NULL,
+    submission_ids text NOT NULL,
+    error text,
+    attempts integer NOT NULL,
+    received_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    PRIMARY KEY (channel, delivery_id)
+);
+CREATE INDEX IF NOT EXISTS deliveries_by_time ON deliveries (channel, received_at);
+CREATE TABLE IF NOT EXISTS schedules (
+    name text PRIMARY KEY,
+    spec text NOT NULL,
+    cursor double precision NOT NULL,
+    last_occurrence double precision,
+    updated_at double precision NOT NULL
+)
 """
 
 
@@ -109,6 +133,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
         for statement in _TABLES.split(";"):
             if statement.strip():
                 await conn.execute(statement.encode())
+        if found is not None and found < 3:
+            await _add_sources(conn)
         await conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -127,6 +153,12 @@ async def _add_activity(conn: psycopg.AsyncConnection[Any]) -> None:
         " MAX(COALESCE(s.settled_at, s.started_at, s.accepted_at)) FROM submissions s"
         " WHERE s.conversation_id = c.conversation_id), 0))"
     )
+
+
+async def _add_sources(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Version 2 → 3: submissions say where they came from (``source``); the new tables came
+    with ``_TABLES``. Idempotent, so it may run on any older schema."""
+    await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS source text")
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -14,6 +14,8 @@ RUNNING = "running"
 SETTLED = "settled"
 JOINED = "joined"
 UNSETTLED = (QUEUED, RUNNING)
+DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admitted
+DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Submission:
 
     id: str
     conversation_id: str
-    kind: str  # message | signal
+    kind: str  # message | signal | channel | scheduled
     payload: dict[str, Any]
     idempotency_key: str | None
     status: str  # queued | running | settled | joined
@@ -49,6 +51,8 @@ class Submission:
     settled_at: float | None
     seq: int = 0  # admission order across the store
     joined_to: str | None = None
+    # where it came from: {"channel", "delivery_id"}, {"schedule", "occurrence"}, or None
+    source: dict[str, Any] | None = None
 
     @property
     def agent(self) -> str:
@@ -79,6 +83,7 @@ class Submission:
             "started_at": self.started_at,
             "settled_at": self.settled_at,
             "joined_to": self.joined_to,
+            "source": self.source,
         }
 
 
@@ -101,6 +106,75 @@ class NewSubmission:
     max_attempts: int = 10
     timeout: float = 3600.0
     parent: dict[str, str] | None = None
+    source: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    """A channel delivery as verified: what ``admit_delivery`` and ``fail_delivery`` keep."""
+
+    channel: str
+    delivery_id: str
+    type: str
+    data: Any  # JSON
+    body: str  # the raw body, as text
+    headers: dict[str, str]  # the headers that matter (never a signature or a token)
+    received_at: float  # unix seconds
+
+
+@dataclass(frozen=True)
+class StoredDelivery:
+    """A ``deliveries`` row: ``admitted`` (its submissions are admitted) or ``failed``."""
+
+    channel: str
+    delivery_id: str
+    type: str
+    status: str  # admitted | failed
+    data: Any
+    body: str
+    headers: dict[str, str]
+    submission_ids: list[str]
+    error: dict[str, Any] | None
+    attempts: int  # how many times routing ran
+    received_at: float
+    updated_at: float
+
+    def to_json(self, *, full: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "channel": self.channel,
+            "delivery_id": self.delivery_id,
+            "type": self.type,
+            "status": self.status,
+            "submission_ids": self.submission_ids,
+            "error": self.error,
+            "attempts": self.attempts,
+            "received_at": self.received_at,
+            "updated_at": self.updated_at,
+        }
+        if full:
+            out.update(data=self.data, body=self.body, headers=self.headers)
+        return out
+
+
+@dataclass(frozen=True)
+class DeliveryAdmission:
+    """What ``admit_delivery`` answers: the delivery's submissions, and whether the delivery
+    had been admitted before (then nothing new was written)."""
+
+    delivery: StoredDelivery
+    deduplicated: bool
+
+
+@dataclass(frozen=True)
+class ScheduleCursor:
+    """A schedule's durable cursor: occurrences at or before ``cursor`` are never admitted;
+    ``spec`` is the cron and zone the cursor was kept for."""
+
+    name: str
+    spec: str
+    cursor: float  # unix seconds
+    last_occurrence: float | None
+    updated_at: float
 
 
 @dataclass
@@ -164,6 +238,36 @@ def submission_from_row(row: Row) -> Submission:
         settled_at=_real(row["settled_at"]),
         seq=int(row["seq"]),
         joined_to=row["joined_to"],
+        source=None if row["source"] is None else json.loads(row["source"]),
+    )
+
+
+def delivery_from_row(row: Row) -> StoredDelivery:
+    """The ``StoredDelivery`` a ``deliveries`` row holds."""
+    return StoredDelivery(
+        channel=row["channel"],
+        delivery_id=row["delivery_id"],
+        type=row["type"],
+        status=row["status"],
+        data=json.loads(row["data"]),
+        body=row["body"],
+        headers=json.loads(row["headers"]),
+        submission_ids=json.loads(row["submission_ids"]),
+        error=None if row["error"] is None else json.loads(row["error"]),
+        attempts=int(row["attempts"]),
+        received_at=float(row["received_at"]),
+        updated_at=float(row["updated_at"]),
+    )
+
+
+def cursor_from_row(row: Row) -> ScheduleCursor:
+    """The ``ScheduleCursor`` a ``schedules`` row holds."""
+    return ScheduleCursor(
+        name=row["name"],
+        spec=row["spec"],
+        cursor=float(row["cursor"]),
+        last_occurrence=_real(row["last_occurrence"]),
+        updated_at=float(row["updated_at"]),
     )
 
 

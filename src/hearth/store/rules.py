@@ -23,6 +23,7 @@ from hearth.store.rows import (
     IDLE,
     RUNNING,
     Fence,
+    NewDelivery,
     NewSubmission,
 )
 
@@ -103,6 +104,29 @@ def state_changes(appended: Iterable[Record]) -> dict[str, Any]:
         if isinstance(record, StateWrite):
             changes[record.name] = record.value
     return changes
+
+
+def delivery_values(
+    delivery: NewDelivery,
+    status: str,
+    submission_ids: list[str],
+    error: dict[str, Any] | None,
+    now: float | None,
+) -> dict[str, Any]:
+    """The named parameters a store writes a ``deliveries`` row with."""
+    return {
+        "channel": delivery.channel,
+        "delivery_id": delivery.delivery_id,
+        "type": delivery.type,
+        "status": status,
+        "data": to_json(delivery.data),
+        "body": delivery.body,
+        "headers": to_json(delivery.headers),
+        "submission_ids": to_json(submission_ids),
+        "error": to_json_or_none(error),
+        "received_at": delivery.received_at,
+        "now": now,
+    }
 
 
 def to_json(value: Any) -> str:

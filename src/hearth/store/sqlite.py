@@ -34,10 +34,16 @@ from hearth.store.rows import (
     Admission,
     ConversationInfo,
     ConversationSummary,
+    DeliveryAdmission,
     Fence,
+    NewDelivery,
     NewSubmission,
+    ScheduleCursor,
+    StoredDelivery,
     Submission,
     conversation_from_row,
+    cursor_from_row,
+    delivery_from_row,
     submission_from_row,
     summary_from_row,
 )
@@ -306,6 +312,55 @@ class SQLiteStore(Store):
         return await self._write(
             lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self.clock())
         )
+
+    # --- channel deliveries and schedule cursors ------------------------------------------------
+    async def admit_delivery(
+        self, delivery: NewDelivery, submissions: Sequence[NewSubmission]
+    ) -> DeliveryAdmission:
+        subs = list(submissions)
+        return await self._write(
+            lambda conn, outbox: ops.admit_delivery(conn, delivery, subs, outbox, self.clock())
+        )
+
+    async def fail_delivery(self, delivery: NewDelivery, error: dict[str, Any]) -> StoredDelivery:
+        return await self._write(
+            lambda conn, _: ops.fail_delivery(conn, delivery, error, self.clock())
+        )
+
+    async def get_delivery(self, channel: str, delivery_id: str) -> StoredDelivery | None:
+        return await self._read(lambda conn: ops.delivery_row(conn, channel, delivery_id))
+
+    async def list_deliveries(
+        self, channel: str, *, status: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[StoredDelivery]:
+        def work(conn: sqlite3.Connection) -> list[StoredDelivery]:
+            rows = conn.execute(
+                "SELECT * FROM deliveries WHERE channel = ? AND (? IS NULL OR status = ?)"
+                " ORDER BY received_at DESC, delivery_id LIMIT ?",
+                (channel, status, status, max(limit, 0)),
+            )
+            return [delivery_from_row(row) for row in rows]
+
+        return await self._read(work)
+
+    async def open_schedule(self, name: str, spec: str, now: float) -> ScheduleCursor:
+        return await self._write(lambda conn, _: ops.open_schedule(conn, name, spec, now))
+
+    async def admit_occurrence(
+        self, name: str, spec: str, cursor: float, occurrence: float, new: NewSubmission
+    ) -> Admission | None:
+        return await self._write(
+            lambda conn, outbox: ops.admit_occurrence(
+                conn, name, spec, cursor, occurrence, new, outbox, self.clock()
+            )
+        )
+
+    async def list_schedules(self) -> list[ScheduleCursor]:
+        def work(conn: sqlite3.Connection) -> list[ScheduleCursor]:
+            rows = conn.execute("SELECT * FROM schedules ORDER BY name")
+            return [cursor_from_row(row) for row in rows]
+
+        return await self._read(work)
 
 
 def _named(name: str) -> str:

@@ -15,12 +15,20 @@ from hearth.records import ConversationCreated, Record
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
+    DELIVERY_ADMITTED,
+    DELIVERY_FAILED,
     JOINED,
     QUEUED,
     RUNNING,
     Admission,
+    DeliveryAdmission,
     Fence,
+    NewDelivery,
     NewSubmission,
+    ScheduleCursor,
+    StoredDelivery,
+    cursor_from_row,
+    delivery_from_row,
     submission_from_row,
 )
 from hearth.store.rows import SETTLED as SETTLED_STATUS
@@ -145,7 +153,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
         " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
-        " is_head) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?) RETURNING *",
+        " is_head, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?) RETURNING *",
         (
             rules.new_submission_id(),
             conversation_id,
@@ -159,6 +167,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             new.timeout,
             now,
             0 if busy else 1,
+            rules.to_json_or_none(new.source),
         ),
     ).fetchone()
     admitted = submission_from_row(row)
@@ -279,3 +288,88 @@ def submission_row(conn: sqlite3.Connection, submission_id: str) -> sqlite3.Row 
         "SELECT * FROM submissions WHERE id = ?", (submission_id,)
     ).fetchone()
     return row
+
+
+# --- channel deliveries and schedule cursors ---------------------------------------------------
+def delivery_row(conn: sqlite3.Connection, channel: str, delivery_id: str) -> StoredDelivery | None:
+    row = conn.execute(
+        "SELECT * FROM deliveries WHERE channel = ? AND delivery_id = ?", (channel, delivery_id)
+    ).fetchone()
+    return None if row is None else delivery_from_row(row)
+
+
+def admit_delivery(
+    conn: sqlite3.Connection,
+    delivery: NewDelivery,
+    submissions: list[NewSubmission],
+    outbox: Outbox,
+    now: float,
+) -> DeliveryAdmission:
+    known = delivery_row(conn, delivery.channel, delivery.delivery_id)
+    if known is not None and known.status == DELIVERY_ADMITTED:
+        return DeliveryAdmission(known, True)
+    ids = [admit(conn, new, outbox, now).submission.id for new in submissions]
+    values = rules.delivery_values(delivery, DELIVERY_ADMITTED, ids, None, now)
+    conn.execute(UPSERT_DELIVERY, values)
+    stored = delivery_row(conn, delivery.channel, delivery.delivery_id)
+    assert stored is not None
+    return DeliveryAdmission(stored, False)
+
+
+def fail_delivery(
+    conn: sqlite3.Connection, delivery: NewDelivery, error: dict[str, Any], now: float
+) -> StoredDelivery:
+    known = delivery_row(conn, delivery.channel, delivery.delivery_id)
+    if known is None or known.status != DELIVERY_ADMITTED:
+        conn.execute(
+            UPSERT_DELIVERY, rules.delivery_values(delivery, DELIVERY_FAILED, [], error, now)
+        )
+    stored = delivery_row(conn, delivery.channel, delivery.delivery_id)
+    assert stored is not None
+    return stored
+
+
+# A delivery routed again keeps its first body and arrival; each routing counts one attempt.
+UPSERT_DELIVERY = """
+INSERT INTO deliveries (channel, delivery_id, type, status, data, body, headers, submission_ids,
+    error, attempts, received_at, updated_at)
+VALUES (:channel, :delivery_id, :type, :status, :data, :body, :headers, :submission_ids,
+    :error, 1, :received_at, :now)
+ON CONFLICT (channel, delivery_id) DO UPDATE SET
+    status = excluded.status, submission_ids = excluded.submission_ids, error = excluded.error,
+    attempts = deliveries.attempts + 1, updated_at = excluded.updated_at
+"""
+
+
+def open_schedule(conn: sqlite3.Connection, name: str, spec: str, now: float) -> ScheduleCursor:
+    conn.execute(
+        "INSERT INTO schedules (name, spec, cursor, last_occurrence, updated_at)"
+        " VALUES (?, ?, ?, NULL, ?) ON CONFLICT (name) DO NOTHING",
+        (name, spec, now, now),
+    )
+    conn.execute(
+        "UPDATE schedules SET spec = ?, cursor = ?, updated_at = ? WHERE name = ? AND spec <> ?",
+        (spec, now, now, name, spec),
+    )
+    row = conn.execute("SELECT * FROM schedules WHERE name = ?", (name,)).fetchone()
+    return cursor_from_row(row)
+
+
+def admit_occurrence(
+    conn: sqlite3.Connection,
+    name: str,
+    spec: str,
+    cursor: float,
+    occurrence: float,
+    new: NewSubmission,
+    outbox: Outbox,
+    now: float,
+) -> Admission | None:
+    moved = conn.execute(
+        "UPDATE schedules SET cursor = ?, last_occurrence = ?, updated_at = ?"
+        " WHERE name = ? AND spec = ? AND cursor = ?",
+        (occurrence, occurrence, now, name, spec, cursor),
+    ).rowcount
+    if not moved:
+        return None
+    return admit(conn, new, outbox, now)

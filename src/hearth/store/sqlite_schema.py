@@ -8,9 +8,10 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
+# 4: submissions.source; the deliveries and schedules tables (channels and schedules)
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -70,6 +71,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     settled_at REAL,
     joined_to TEXT,
     is_head INTEGER NOT NULL DEFAULT 0,
+    source TEXT,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -78,6 +80,29 @@ CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions (status);
 CREATE INDEX IF NOT EXISTS submissions_heads ON submissions (seq) WHERE is_head = 1;
 CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
     WHERE joined_to IS NOT NULL;
+CREATE TABLE IF NOT EXISTS deliveries (
+    channel TEXT NOT NULL,
+    delivery_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    status TEXT NOT NULL,
+    data TEXT NOT NULL,
+    body TEXT NOT NULL,
+    headers TEXT NOT NULL,
+    submission_ids TEXT NOT NULL,
+    error TEXT,
+    attempts INTEGER NOT NULL,
+    received_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (channel, delivery_id)
+);
+CREATE INDEX IF NOT EXISTS deliveries_by_time ON deliveries (channel, received_at);
+CREATE TABLE IF NOT EXISTS schedules (
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    cursor REAL NOT NULL,
+    last_occurrence REAL,
+    updated_at REAL NOT NULL
+);
 """
 
 
@@ -143,6 +168,14 @@ def _add_activity(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_sources(conn: sqlite3.Connection) -> None:
+    """Schema 3 → 4: submissions say where they came from (channel, schedule) in ``source``.
+    The new tables come with ``_SCHEMA``."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "source" not in columns:
+        conn.execute("ALTER TABLE submissions ADD COLUMN source TEXT")
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -162,6 +195,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 _add_heads(conn)
             if found < 3:
                 _add_activity(conn)
+            if found < 4:
+                _add_sources(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

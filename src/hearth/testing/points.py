@@ -87,6 +87,29 @@ KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
 )
 
 
+# The store writes of inputs from outside (channels, schedules), bracketed the same way. Only an
+# app with channels or schedules reaches them, so they are kept apart from ``STORE_WRITES`` and
+# ``KILL_POINTS`` (which one scenario reaches in full); chain them with the store's commit points
+# to kill inside a transaction (``before:store.admit_occurrence>store:commit-done``).
+INPUT_WRITES: tuple[str, ...] = (
+    "admit_delivery",
+    "fail_delivery",
+    "open_schedule",
+    "admit_occurrence",
+)
+
+INPUT_POINTS: Mapping[str, str] = MappingProxyType(
+    {
+        f"{when}:store.{method}": f"Store.{method} {what}"
+        for method in INPUT_WRITES
+        for when, what in (
+            ("before", "is about to be called"),
+            ("after", "committed and returned"),
+        )
+    }
+)
+
+
 def _concrete() -> dict[str, str]:
     points: dict[str, str] = {}
     for method in STORE_WRITES:
@@ -101,4 +124,11 @@ def _concrete() -> dict[str, str]:
 
 KILL_POINTS: Mapping[str, str] = MappingProxyType(_concrete())
 
-__all__ = ["KILL_POINTS", "KILL_POINT_PATTERNS", "RUNNER_SEAMS", "STORE_WRITES"]
+__all__ = [
+    "INPUT_POINTS",
+    "INPUT_WRITES",
+    "KILL_POINTS",
+    "KILL_POINT_PATTERNS",
+    "RUNNER_SEAMS",
+    "STORE_WRITES",
+]

@@ -1,0 +1,66 @@
+"""What every source of submissions shares on its way to the store: the shape of an input
+(a message or a signal) and the ``NewSubmission`` for a declared agent's conversation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hearth.agent import Agent
+from hearth.errors import InvalidInput, UnknownAgent
+from hearth.ids import check_id
+from hearth.store.base import NewSubmission
+
+
+def declared(agents: dict[str, Agent], name: str) -> Agent:
+    """The agent named ``name``; ``UnknownAgent`` listing the declared ones otherwise."""
+    agent = agents.get(name)
+    if agent is None:
+        raise UnknownAgent(f"no agent named {name!r}; declared: {', '.join(sorted(agents))}")
+    return agent
+
+
+def input_payload(message: Any, signal: Any) -> tuple[str, dict[str, Any]]:
+    """``(kind, payload)`` of a direct input: exactly one of a non-empty message or a signal
+    ``{"type", "body", "attributes"}``; ``InvalidInput`` naming the field otherwise."""
+    if (message is None) == (signal is None):
+        raise InvalidInput("give exactly one of message or signal")
+    if message is not None:
+        if not isinstance(message, str) or not message:
+            raise InvalidInput("message must be a non-empty string", "message")
+        return "message", {"message": message}
+    if not isinstance(signal, dict):
+        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal")
+    if not isinstance(signal.get("type"), str) or not signal["type"]:
+        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal.type")
+    body = signal.get("body", "")
+    attributes = signal.get("attributes")
+    if not isinstance(body, str):
+        raise InvalidInput("signal.body must be a string", "signal.body")
+    if attributes is not None and not isinstance(attributes, dict):
+        raise InvalidInput("signal.attributes must be an object", "signal.attributes")
+    signal = {"type": signal["type"], "body": body, "attributes": attributes or {}}
+    return "signal", {"signal": signal}
+
+
+def new_submission(
+    agents: dict[str, Agent],
+    agent: str,
+    id: str,
+    kind: str,
+    payload: dict[str, Any],
+    *,
+    idempotency_key: str | None = None,
+    source: dict[str, Any] | None = None,
+) -> NewSubmission:
+    """The row to admit for ``agent``'s conversation ``id``, with the agent's durability."""
+    durability = declared(agents, agent).durability
+    return NewSubmission(
+        conversation_id=f"{agent}/{check_id(id)}",
+        agent=agent,
+        kind=kind,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        max_attempts=durability.max_attempts,
+        timeout=float(durability.timeout),
+        source=source,
+    )

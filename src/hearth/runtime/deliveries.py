@@ -1,0 +1,218 @@
+"""Channel deliveries on their way to admission: verify, look the delivery up, route it, admit
+every dispatch at once (SPEC §14).
+
+The ``deliveries`` row is read before ``receive`` runs, so a redelivery of an admitted delivery
+never routes again (routing that changed since cannot admit twice), and it is written in the
+admission's own transaction, so two processes given the same delivery at once admit it once.
+A delivery whose routing fails is kept as ``failed``, to be routed again by a redelivery or a
+replay once the code is fixed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hearth import _faults
+from hearth.channels import Channel, Delivery, Dispatch
+from hearth.errors import (
+    ChannelFailed,
+    DeliveryNotFound,
+    HearthError,
+    InvalidInput,
+    InvalidSignature,
+    UnknownChannel,
+)
+from hearth.ids import ID_RE
+from hearth.runtime.admission import input_payload, new_submission
+from hearth.runtime.env import Env
+from hearth.store.base import LIST_LIMIT, NewDelivery, NewSubmission, StoredDelivery
+from hearth.store.rows import DELIVERY_ADMITTED
+
+log = logging.getLogger("hearth.channels")
+
+
+@dataclass(frozen=True)
+class DeliveryReceipt:
+    """What a channel answers once a delivery is admitted (HTTP 202)."""
+
+    delivery_id: str
+    submission_ids: list[str]
+    deduplicated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "delivery_id": self.delivery_id,
+            "submission_ids": self.submission_ids,
+            "deduplicated": self.deduplicated,
+        }
+
+
+class Deliveries:
+    """The app's channels, and how their deliveries are admitted."""
+
+    def __init__(self, env: Env, channels: Mapping[str, Channel]) -> None:
+        self.env = env
+        self.channels = dict(channels)
+
+    def channel(self, name: str) -> Channel:
+        channel = self.channels.get(name)
+        if channel is None:
+            declared = ", ".join(sorted(self.channels)) or "none"
+            raise UnknownChannel(f"no channel named {name!r}; declared: {declared}")
+        return channel
+
+    async def deliver(self, name: str, headers: Mapping[str, str], body: bytes) -> DeliveryReceipt:
+        """Verify one request to channel ``name`` and admit what it routes to, once."""
+        channel = self.channel(name)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        try:
+            delivery = await _resolved(channel.verify(lowered, body))
+        except InvalidSignature as exc:
+            log.warning("channel %s refused a request: %s", name, exc)  # never a secret in it
+            raise
+        except InvalidInput:
+            raise
+        except Exception as exc:
+            log.error("channel %s: verify raised", name, exc_info=exc)
+            raise ChannelFailed(
+                f"channel {name!r} could not verify the request: its verify raised"
+                f" {type(exc).__name__} (see the server log)",
+                name,
+            ) from None
+        new = _kept(name, delivery, body)
+        known = await self.env.store.get_delivery(name, new.delivery_id)
+        if known is not None and known.status == DELIVERY_ADMITTED:
+            return _receipt(known, True)
+        return await self._route(channel, delivery, new)
+
+    async def replay(self, name: str, delivery_id: str) -> DeliveryReceipt:
+        """Route a kept delivery again (a failed one, after a fix); an admitted one is only
+        answered again."""
+        channel = self.channel(name)
+        known = await self.env.store.get_delivery(name, delivery_id)
+        if known is None:
+            raise DeliveryNotFound(f"channel {name!r} has no delivery {delivery_id!r}")
+        if known.status == DELIVERY_ADMITTED:
+            return _receipt(known, True)
+        delivery = Delivery(
+            id=known.delivery_id,
+            type=known.type,
+            data=known.data,
+            received_at=known.received_at,
+            headers=dict(known.headers),
+        )
+        new = NewDelivery(
+            channel=name,
+            delivery_id=known.delivery_id,
+            type=known.type,
+            data=known.data,
+            body=known.body,
+            headers=dict(known.headers),
+            received_at=known.received_at,
+        )
+        return await self._route(channel, delivery, new)
+
+    async def kept(
+        self, name: str, *, status: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[StoredDelivery]:
+        self.channel(name)
+        return await self.env.store.list_deliveries(name, status=status, limit=limit)
+
+    async def _route(
+        self, channel: Channel, delivery: Delivery, new: NewDelivery
+    ) -> DeliveryReceipt:
+        name = channel.name
+        try:
+            routed = await _resolved(channel.receive(delivery))
+            subs = [
+                self._submission(name, delivery.id, i, d) for i, d in enumerate(_listed(routed))
+            ]
+        except Exception as exc:
+            # A routing bug is fixed in code, then the delivery replayed: keep it meanwhile.
+            ours = isinstance(exc, HearthError)
+            if not ours:
+                log.error(
+                    "channel %s: receive raised on delivery %s", name, new.delivery_id, exc_info=exc
+                )
+            error = {"type": type(exc).__name__, "message": str(exc)}
+            _faults.reached("before:store.fail_delivery")
+            await self.env.store.fail_delivery(new, error)
+            _faults.reached("after:store.fail_delivery")
+            why = str(exc) if ours else f"its receive raised {type(exc).__name__} (see the log)"
+            raise ChannelFailed(
+                f"channel {name!r} could not route delivery {new.delivery_id!r}: {why}; it is kept"
+                f" as failed: replay it with POST /channels/{name}/deliveries/"
+                f"{new.delivery_id}/replay",
+                name,
+                new.delivery_id,
+            ) from None
+        _faults.reached("before:store.admit_delivery")
+        admission = await self.env.store.admit_delivery(new, subs)
+        _faults.reached("after:store.admit_delivery")
+        if not admission.deduplicated:
+            self.env.metrics.admitted += len(subs)
+        return _receipt(admission.delivery, admission.deduplicated)
+
+    def _submission(self, name: str, delivery_id: str, index: int, d: Any) -> NewSubmission:
+        if not isinstance(d, Dispatch):
+            raise InvalidInput(f"receive returned {type(d).__name__}, not a hearth.Dispatch")
+        # The kind says where it came from (a channel); the payload says what it is.
+        _, payload = input_payload(d.message, d.signal)
+        return new_submission(
+            self.env.agents,
+            d.agent_name,
+            d.id,
+            "channel",
+            payload,
+            idempotency_key=f"channel:{name}:{delivery_id}:{index}",
+            source={"channel": name, "delivery_id": delivery_id},
+        )
+
+
+async def _resolved(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _listed(routed: Any) -> list[Any]:
+    if routed is None:
+        return []
+    if isinstance(routed, Dispatch):
+        return [routed]
+    return list(routed)
+
+
+def _kept(name: str, delivery: Any, body: bytes) -> NewDelivery:
+    """The delivery as it is kept; a ``verify`` that returned something else is a bug in it."""
+
+    def bad(why: str) -> ChannelFailed:
+        return ChannelFailed(f"channel {name!r}: verify {why}", name)
+
+    if not isinstance(delivery, Delivery):
+        raise bad(f"returned {type(delivery).__name__}, not a hearth.Delivery")
+    if not isinstance(delivery.id, str) or not ID_RE.match(delivery.id):
+        raise bad(f"returned the delivery id {delivery.id!r}, which must match {ID_RE.pattern}")
+    if not isinstance(delivery.type, str):
+        raise bad("returned a delivery whose type is not a string")
+    try:
+        json.dumps(delivery.data)
+        headers = {str(k): str(v) for k, v in dict(delivery.headers).items()}
+    except (TypeError, ValueError):
+        raise bad("returned a delivery whose data is not JSON") from None
+    return NewDelivery(
+        channel=name,
+        delivery_id=delivery.id,
+        type=delivery.type,
+        data=delivery.data,
+        body=body.decode("utf-8", "replace"),
+        headers=headers,
+        received_at=float(delivery.received_at),
+    )
+
+
+def _receipt(stored: StoredDelivery, deduplicated: bool) -> DeliveryReceipt:
+    return DeliveryReceipt(stored.delivery_id, list(stored.submission_ids), deduplicated)

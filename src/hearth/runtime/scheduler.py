@@ -1,0 +1,134 @@
+"""The scheduler: admits each occurrence of the app's schedules once, across every process
+that shares the store (SPEC §14).
+
+Every schedule has a durable cursor (``Store.open_schedule``): no occurrence at or before it is
+ever admitted. An occurrence is admitted together with moving the cursor to it, by compare and
+set (``Store.admit_occurrence``), so of several processes that wake for it, one admits it and
+the others find the cursor moved. Occurrences missed while no process ran are coalesced into
+one catch-up, for the latest of them; a schedule never seen, or whose cron or zone changed,
+starts from now.
+
+The clock is the store's (``Store.now()``), unless a test injects one: the scheduler reads it,
+nothing else does (leases never see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from hearth import _faults
+from hearth.runtime.admission import new_submission
+from hearth.runtime.env import Env
+from hearth.schedules import Schedule, iso
+from hearth.store.base import ScheduleCursor
+
+log = logging.getLogger("hearth.scheduler")
+
+TICK_S = 1.0  # the longest sleep between two looks at the clock
+INJECTED_TICK_S = 0.05  # an injected clock may jump at any moment: look often
+RETRY_S = 1.0  # after a store error
+
+
+class Scheduler:
+    """One task per process that fires the app's schedules when they are due."""
+
+    def __init__(
+        self,
+        env: Env,
+        schedules: Sequence[Schedule],
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.env = env
+        self.schedules = list(schedules)
+        self.clock = clock
+        self.tick_s = TICK_S if clock is None else INJECTED_TICK_S
+        self.cursors: dict[str, ScheduleCursor | None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def now(self) -> float:
+        return self.clock() if self.clock is not None else await self.env.store.now()
+
+    def start(self) -> None:
+        if self.schedules and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="hearth-scheduler")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                wake = await self.tick()
+            except Exception as exc:  # the store is away, say: look again soon
+                log.warning("the scheduler could not fire its schedules: %s", exc)
+                wake = RETRY_S
+            await asyncio.sleep(wake)
+
+    async def tick(self) -> float:
+        """Fire whatever is due now; return how long to sleep before the next look."""
+        now = await self.now()
+        if len(self.cursors) < len(self.schedules):
+            for s in self.schedules:
+                if s.name not in self.cursors:
+                    _faults.reached("before:store.open_schedule")
+                    self.cursors[s.name] = await self.env.store.open_schedule(s.name, s.spec, now)
+                    _faults.reached("after:store.open_schedule")
+        firing = []
+        for s in self.schedules:
+            cursor = self.cursors[s.name]
+            due = None if cursor is None else s.latest_due(cursor.cursor, now)
+            if cursor is not None and due is not None:
+                firing.append((s, cursor, due))
+        # Schedules due at once are admitted at once: their commits share the store's fsyncs.
+        fired = await asyncio.gather(*(self._fire(s, c, due) for s, c, due in firing))
+        for (s, _, _), cursor in zip(firing, fired, strict=True):
+            self.cursors[s.name] = cursor
+        wake = now + self.tick_s
+        for s in self.schedules:
+            cursor = self.cursors[s.name]
+            upcoming = None if cursor is None else s.next_after(max(cursor.cursor, now))
+            if upcoming is not None:
+                wake = min(wake, upcoming)
+        return max(0.0, wake - await self.now())
+
+    async def _fire(
+        self, s: Schedule, cursor: ScheduleCursor, occurrence: float
+    ) -> ScheduleCursor | None:
+        when = iso(occurrence)
+        new = new_submission(
+            self.env.agents,
+            s.agent,
+            s.id,
+            "scheduled",
+            s.payload(occurrence),
+            idempotency_key=f"schedule:{s.name}:{when}",
+            source={"schedule": s.name, "occurrence": when},
+        )
+        _faults.reached("before:store.admit_occurrence")
+        admission = await self.env.store.admit_occurrence(
+            s.name, s.spec, cursor.cursor, occurrence, new
+        )
+        _faults.reached("after:store.admit_occurrence")
+        if admission is not None:
+            if not admission.deduplicated:
+                self.env.metrics.admitted += 1
+            log.info("schedule %s: admitted the occurrence %s", s.name, when)
+            return ScheduleCursor(s.name, s.spec, occurrence, occurrence, cursor.updated_at)
+        # Another process moved the cursor first: follow it.
+        fresh = {c.name: c for c in await self.env.store.list_schedules()}.get(s.name)
+        if fresh is None or fresh.spec != s.spec:
+            log.warning(
+                "schedule %s was changed by another process (now %s); this process no longer"
+                " fires it",
+                s.name,
+                None if fresh is None else fresh.spec,
+            )
+            return None
+        return fresh

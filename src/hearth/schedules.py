@@ -1,0 +1,160 @@
+"""Schedules: cron occurrences that admit submissions (SPEC §14).
+
+``Schedule(name, agent, id, cron=..., tz=..., message=... | signal=...)`` admits one submission
+of kind ``scheduled`` per occurrence, exactly once across any number of processes. The cron
+expression (five fields) is evaluated by ``cronsim``, which follows Debian's cron, DST included:
+a time skipped when the clocks go forward fires at the jump, a time repeated when they go back
+fires once.
+
+Example::
+
+    morning = hearth.Schedule(
+        "morning-digest", "digest", "team", cron="0 9 * * 1-5", tz="Europe/Paris",
+        message="Write today's digest.",
+    )
+    app = hearth.App([digest], schedules=[morning])
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from cronsim import CronSim, CronSimError
+
+from hearth.errors import ConfigurationError, HearthError
+from hearth.ids import check_id
+
+if TYPE_CHECKING:
+    from hearth.agent import Agent
+
+NAME_PATTERN = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
+# How far back a catch-up looks at first; widened until it finds the latest missed occurrence,
+# so coalescing a long outage costs a few windows, not one step per missed occurrence.
+_WINDOWS = (timedelta(hours=1), timedelta(days=2), timedelta(days=63), timedelta(days=800))
+_MAX_STEPS = 100_000  # cron can name no time at all (30 February): give up, never spin
+
+
+class Schedule:
+    """Admit ``message`` (or ``signal``) to conversation ``agent/id`` at every occurrence of
+    ``cron`` in the time zone ``tz`` (an IANA name, default UTC)."""
+
+    def __init__(
+        self,
+        name: str,
+        agent: str | Agent,
+        id: str,
+        *,
+        cron: str,
+        tz: str = "UTC",
+        message: str | None = None,
+        signal: dict[str, Any] | None = None,
+    ) -> None:
+        def bad(why: str) -> ConfigurationError:
+            return ConfigurationError(f"schedule {name!r}: {why}")
+
+        if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+            raise ConfigurationError(
+                f"schedule name {name!r} must match {NAME_PATTERN} (lowercase, dashes)"
+            )
+        self.name = name
+        self.agent = agent if isinstance(agent, str) else agent.name
+        try:
+            self.id = check_id(id)
+        except HearthError as exc:
+            raise bad(str(exc)) from None
+        if (message is None) == (signal is None):
+            raise bad("give exactly one of message= or signal=")
+        if message is not None and (not isinstance(message, str) or not message):
+            raise bad("message must be a non-empty string")
+        if signal is not None and (
+            not isinstance(signal, dict) or not isinstance(signal.get("type"), str)
+        ):
+            raise bad("signal must be an object with a string 'type'")
+        self.message = message
+        self.signal = signal
+        if not isinstance(cron, str) or len(cron.split()) != 5:
+            raise bad(f"cron {cron!r} must have five fields: minute hour day month weekday")
+        self.cron = " ".join(cron.split())
+        try:
+            self.zone: tzinfo = ZoneInfo(tz)
+        except Exception:  # ZoneInfoNotFoundError, or a malformed key (ValueError)
+            raise bad(f"unknown time zone {tz!r}; use an IANA name like 'Europe/Paris'") from None
+        self.tz = tz
+        try:
+            next(CronSim(self.cron, datetime.now(self.zone)))
+        except CronSimError as exc:
+            raise bad(f"invalid cron expression {cron!r}: {exc}") from None
+        except StopIteration:
+            raise bad(f"cron {cron!r} never fires") from None
+
+    def __repr__(self) -> str:
+        return f"Schedule({self.name!r}, {self.agent!r}, {self.id!r}, cron={self.cron!r})"
+
+    @property
+    def spec(self) -> str:
+        """What a change of restarts the schedule from now: its cron and its zone."""
+        return f"{self.cron}|{self.tz}"
+
+    def next_after(self, t: float) -> float | None:
+        """The first occurrence strictly after ``t`` (unix seconds), or None if none."""
+        for at in self._from(t):
+            return at
+        return None
+
+    def latest_due(self, after: float, now: float) -> float | None:
+        """The latest occurrence in ``(after, now]``: the one to admit, the earlier ones
+        coalesced into it. None when nothing is due."""
+        if now <= after:
+            return None
+        for window in _WINDOWS:
+            start = max(after, now - window.total_seconds())
+            latest = None
+            for at in self._from(start):
+                if at > now:
+                    break
+                latest = at
+            if latest is not None or start == after:
+                return latest
+        latest = None
+        for at in self._from(after):
+            if at > now:
+                break
+            latest = at
+        return latest
+
+    def _from(self, t: float) -> Iterator[float]:
+        """Occurrences strictly after ``t``, as unix seconds, in order."""
+        start = datetime.fromtimestamp(t, UTC).astimezone(self.zone)
+        # cronsim, like cron, may name the first instance of a repeated hour after a start in
+        # its second instance: such a time is not after ``t``, and is skipped.
+        for n, at in enumerate(CronSim(self.cron, start)):
+            if n > _MAX_STEPS:
+                return
+            stamp = at.timestamp()
+            if stamp > t:
+                yield stamp
+
+    def payload(self, occurrence: float) -> dict[str, Any]:
+        """The submission's payload for one occurrence: the message or the signal, and
+        ``scheduled_for`` (UTC ISO), which a signal also carries in its attributes."""
+        when = iso(occurrence)
+        if self.signal is not None:
+            sig = self.signal
+            attributes = {**(sig.get("attributes") or {}), "scheduled_for": when}
+            signal = {"type": sig["type"], "body": sig.get("body", ""), "attributes": attributes}
+            return {"signal": signal, "scheduled_for": when}
+        return {"message": self.message, "scheduled_for": when}
+
+
+def iso(t: float) -> str:
+    """Unix seconds as a UTC ISO time, ``2026-12-04T09:00:00Z``."""
+    stamp = datetime.fromtimestamp(t, UTC)
+    text = stamp.isoformat(timespec="milliseconds" if stamp.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+__all__ = ["Schedule", "iso"]

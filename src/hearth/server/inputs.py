@@ -1,0 +1,59 @@
+"""The routes of inputs from outside (docs/channels.md): channel deliveries and schedules.
+
+``POST /channels/{name}`` is authenticated by its channel's ``verify`` (a webhook sender has no
+bearer token); the other routes here are operators' and stay behind the token."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.server.body import read_body
+from hearth.server.context import ServerContext
+from hearth.server.errors import ApiError
+
+MAX_LIST = 1000
+_STATUSES = ("admitted", "failed")
+
+
+async def deliver(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    name = request.path_params["name"]
+    rt.channels.channel(name)  # 404 before the body is read
+    if server.shutting_down:
+        raise ApiError(
+            503,
+            "shutting_down",
+            "the server is shutting down and admits no new work",
+            headers={"Retry-After": "1"},
+        )
+    body = await read_body(request, server.settings.max_body)
+    receipt = await rt.deliver(name, dict(request.headers), body)
+    return JSONResponse(receipt.to_json(), status_code=202)
+
+
+async def list_deliveries(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    status = request.query_params.get("status") or None
+    if status is not None and status not in _STATUSES:
+        raise ApiError(
+            400, "invalid_request", "status must be admitted or failed", {"field": "status"}
+        )
+    raw = request.query_params.get("limit") or "100"
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST:
+        raise ApiError(400, "invalid_request", f"limit must be 1-{MAX_LIST}", {"field": "limit"})
+    full = request.query_params.get("full") in ("1", "true")
+    found = await rt.deliveries(request.path_params["name"], status=status, limit=int(raw))
+    return JSONResponse({"deliveries": [d.to_json(full=full) for d in found]})
+
+
+async def replay(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    path = request.path_params
+    receipt = await rt.replay_delivery(path["name"], path["delivery_id"])
+    return JSONResponse(receipt.to_json(), status_code=202)
+
+
+async def schedules(server: ServerContext, request: Request) -> Response:
+    rt = await server.runtime()
+    return JSONResponse({"schedules": await rt.schedules()})

@@ -1,0 +1,174 @@
+"""Channels in-process: the built-in verifiers (signed as the senders document), and routing
+through ``Runtime.deliver`` with sync or async callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import urlencode
+
+import pytest
+
+import hearth
+from hearth.channels import sign
+from hearth.testing import ScriptedModel, reply
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@hearth.agent
+def inbox(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/inbox")
+    return "Read the mail."
+
+
+MODELS = [ScriptedModel("inbox", [reply("ok")], repeat_last=True)]
+
+
+def test_the_github_signature_matches_githubs_documented_example() -> None:
+    # GitHub's docs: secret "It's a Secret to Everybody", payload "Hello, World!".
+    expected = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+    assert sign("It's a Secret to Everybody", b"Hello, World!") == expected
+    verify = hearth.channels.github("It's a Secret to Everybody")
+    with pytest.raises(hearth.InvalidInput, match="not JSON"):  # signed, but not a payload
+        verify(
+            {
+                "x-hub-signature-256": expected,
+                "x-github-delivery": "d",
+                "x-github-event": "ping",
+            },
+            b"Hello, World!",
+        )
+
+
+def test_github_form_encoded_payloads_are_read_too() -> None:
+    body = urlencode({"payload": json.dumps({"zen": "Keep it simple."})}).encode()
+    verify = hearth.channels.github("s3")
+    delivery = verify(
+        {
+            "x-hub-signature-256": sign("s3", body),
+            "x-github-delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+            "x-github-event": "ping",
+            "content-type": "application/x-www-form-urlencoded",
+        },
+        body,
+    )
+    assert (delivery.type, delivery.data) == ("ping", {"zen": "Keep it simple."})
+    assert delivery.headers["x-github-delivery"] == "72d3162e-cc78-11e3-81ab-4c9367dc0958"
+
+
+def test_a_verifier_without_a_secret_names_the_variable_not_a_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GITHUB_WEBHOOK_SECRET", raising=False)
+    with pytest.raises(hearth.ConfigurationError, match=r"\$GITHUB_WEBHOOK_SECRET"):
+        hearth.channels.github()
+    monkeypatch.setenv("HEARTH_WEBHOOK_SECRET", "from-the-environment")
+    verify = hearth.channels.hmac()
+    body = b"{}"
+    headers = {"x-signature": sign("from-the-environment", body), "x-delivery-id": "e-1"}
+    assert verify(headers, body).type == "message"
+    assert "from-the-environment" not in repr(verify)
+
+
+def test_hmac_timestamps_are_judged_both_ways_against_max_age() -> None:
+    now = 1_900_000_000.0
+    verify = hearth.channels.hmac("k", max_age=60, clock=lambda: now)
+    body = b'{"a": 1}'
+
+    def headers(stamp: float) -> dict[str, str]:
+        text = str(int(stamp))
+        return {"x-signature": sign("k", body, text), "x-timestamp": text, "x-delivery-id": "t"}
+
+    assert verify(headers(now - 59), body).data == {"a": 1}
+    for stamp in (now - 61, now + 61):
+        with pytest.raises(hearth.InvalidSignature, match="60 s"):
+            verify(headers(stamp), body)
+
+
+async def test_async_callbacks_and_concurrent_redeliveries_admit_once() -> None:
+    calls: list[str] = []
+
+    async def verify(headers: object, body: bytes) -> hearth.Delivery:
+        await asyncio.sleep(0)
+        return hearth.Delivery(id="x-1", type="mail", data=json.loads(body))
+
+    async def receive(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
+        calls.append(delivery.id)
+        await asyncio.sleep(0.01)
+        return [hearth.Dispatch(inbox, "box", message=delivery.data["subject"])]
+
+    channel = hearth.Channel("mail", verify=verify, receive=receive)
+    app = hearth.App([inbox], channels=[channel], db="memory", providers=MODELS)
+    async with app.run() as rt:
+        body = json.dumps({"subject": "hi"}).encode()
+        results = await asyncio.gather(*(rt.deliver("mail", {}, body) for _ in range(5)))
+        assert sorted(r.deduplicated for r in results) == [False, True, True, True, True]
+        assert len({tuple(r.submission_ids) for r in results}) == 1
+        assert len(await rt.submissions()) == 1
+
+
+async def test_a_verify_that_raises_or_returns_garbage_admits_and_keeps_nothing() -> None:
+    def crashing(headers: object, body: bytes) -> hearth.Delivery:
+        raise KeyError("boom")
+
+    def bad_id(headers: object, body: bytes) -> hearth.Delivery:
+        return hearth.Delivery(id="has spaces", type="t", data={})
+
+    def never(delivery: hearth.Delivery) -> None:
+        raise AssertionError("receive must not run")
+
+    app = hearth.App(
+        [inbox],
+        channels=[
+            hearth.Channel("crashing", verify=crashing, receive=never),
+            hearth.Channel("bad-id", verify=bad_id, receive=never),
+        ],
+        db="memory",
+        providers=MODELS,
+    )
+    async with app.run() as rt:
+        with pytest.raises(hearth.ChannelFailed, match="verify raised KeyError"):
+            await rt.deliver("crashing", {}, b"{}")
+        with pytest.raises(hearth.ChannelFailed, match="'has spaces'"):
+            await rt.deliver("bad-id", {}, b"{}")
+        with pytest.raises(hearth.UnknownChannel):
+            await rt.deliver("nope", {}, b"{}")
+        assert await rt.deliveries("crashing") == [] and await rt.deliveries("bad-id") == []
+        assert await rt.submissions() == []
+
+
+def test_channel_names_and_duplicates_are_checked_at_app() -> None:
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        return hearth.Delivery(id="x", type="t", data={})
+
+    with pytest.raises(hearth.ConfigurationError, match="channel name 'Bad_Name'"):
+        hearth.Channel("Bad_Name", verify=verify, receive=lambda d: [])
+    twice = [hearth.Channel("c", verify=verify, receive=lambda d: []) for _ in range(2)]
+    with pytest.raises(hearth.ConfigurationError, match="two channels are named 'c'"):
+        hearth.App([inbox], channels=twice, db="memory")
+
+
+def test_hmac_refuses_timestamps_that_are_not_plain_unix_seconds() -> None:
+    verify = hearth.channels.hmac("k", clock=lambda: 1_900_000_000.0)
+    body = b"{}"
+    for stamp in ("nan", "inf", "-1e9", " ", "1900000000x"):
+        headers = {
+            "x-signature": sign("k", body, stamp),
+            "x-timestamp": stamp,
+            "x-delivery-id": "n",
+        }
+        with pytest.raises(hearth.InvalidSignature):
+            verify(headers, body)
+
+
+def test_a_delivery_id_that_is_not_an_id_is_the_senders_error() -> None:
+    verify = hearth.channels.hmac("k")
+    headers = {"x-signature": sign("k", b"{}"), "x-delivery-id": "../etc"}
+    with pytest.raises(hearth.InvalidInput, match="X-Delivery-Id"):
+        verify(headers, b"{}")

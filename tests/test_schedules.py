@@ -1,0 +1,199 @@
+"""Schedules: cron occurrences in a time zone, DST included, fired once by the scheduler over a
+real store and an injected clock (no sleeping)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+import hearth
+from hearth.providers.registry import ProviderRegistry
+from hearth.runtime.env import Env
+from hearth.runtime.scheduler import Scheduler
+from hearth.schedules import iso
+from hearth.store.sqlite import SQLiteStore
+from hearth.testing import ScriptedModel, reply
+from hearth.testing.clock import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+
+@hearth.agent
+def digest(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/digest")
+    return "Write the digest."
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def paris(**options: object) -> hearth.Schedule:
+    return hearth.Schedule(
+        "nightly", digest, "team", cron="30 2 * * *", tz="Europe/Paris", message="go", **options
+    )
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SQLiteStore]:
+    made = SQLiteStore(":memory:")
+    await made.open()
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def scheduler(store: SQLiteStore, clock: ManualClock, *schedules: hearth.Schedule) -> Scheduler:
+    env = Env(
+        store=store,
+        agents={"digest": digest},
+        providers=ProviderRegistry([ScriptedModel("digest", [reply("ok")])]),
+    )
+    return Scheduler(env, schedules, clock)
+
+
+async def fired(store: SQLiteStore) -> list[str]:
+    return [s.payload["scheduled_for"] for s in await store.list_submissions()]
+
+
+# --- the cron arithmetic ---------------------------------------------------------------------
+
+
+def test_spring_forward_fires_at_the_jump() -> None:
+    # 2026-03-29: Paris goes from 02:00 CET to 03:00 CEST; 02:30 does not exist that night.
+    assert iso(paris().next_after(at("2026-03-28T12:00:00"))) == "2026-03-29T01:00:00Z"
+
+
+def test_fall_back_fires_once_at_the_first_0230() -> None:
+    # 2026-10-25: 02:00-03:00 happens twice (CEST, then CET); 02:30 fires once, the first time.
+    s = paris()
+    first = s.next_after(at("2026-10-24T12:00:00"))
+    assert iso(first) == "2026-10-25T00:30:00Z"
+    assert iso(s.next_after(first)) == "2026-10-26T01:30:00Z"
+    # Even from inside the repeated hour, the second 02:30 is not an occurrence.
+    assert iso(s.next_after(at("2026-10-25T01:29:00"))) == "2026-10-26T01:30:00Z"
+
+
+def test_the_latest_due_occurrence_is_the_catch_up() -> None:
+    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+    assert every.latest_due(at("2026-01-01T00:00:00"), at("2026-01-01T00:00:59")) is None
+    late = every.latest_due(at("2026-01-01T00:00:00"), at("2026-03-01T10:30:30"))
+    assert iso(late or 0) == "2026-03-01T10:30:00Z"
+    yearly = hearth.Schedule("y", digest, "x", cron="0 0 1 1 *", message="y")
+    due = yearly.latest_due(at("2020-06-01T00:00:00"), at("2026-06-01T00:00:00"))
+    assert iso(due or 0) == "2026-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"cron": "61 * * * *"}, "invalid cron expression"),
+        ({"cron": "* * * *"}, "five fields"),
+        ({"tz": "Mars/Olympus"}, "unknown time zone"),
+        ({"tz": "../etc/passwd"}, "unknown time zone"),
+    ],
+)
+def test_a_bad_cron_or_zone_is_a_configuration_error_naming_the_schedule(
+    options: dict[str, str], says: str
+) -> None:
+    given = {"cron": "0 9 * * *", "tz": "UTC", **options}
+    with pytest.raises(hearth.ConfigurationError, match=rf"schedule 'bad'.*{says}"):
+        hearth.App(
+            [digest],
+            db="memory",
+            schedules=[hearth.Schedule("bad", digest, "x", message="m", **given)],
+        )
+
+
+def test_a_schedule_for_an_undeclared_agent_is_refused_at_app() -> None:
+    other = hearth.Schedule("lost", "ghost", "x", cron="* * * * *", message="m")
+    with pytest.raises(hearth.ConfigurationError, match="schedule 'lost': no agent named 'ghost'"):
+        hearth.App([digest], db="memory", schedules=[other])
+    twice = [paris(), paris()]
+    with pytest.raises(hearth.ConfigurationError, match="two schedules are named 'nightly'"):
+        hearth.App([digest], db="memory", schedules=twice)
+
+
+# --- the scheduler, over a real store, on an injected clock -----------------------------------
+
+
+async def test_the_dst_days_fire_each_night_once(store: SQLiteStore) -> None:
+    clock = ManualClock(at("2026-03-27T12:00:00"))
+    sched = scheduler(store, clock, paris())
+    await sched.tick()
+    # Step through both DST weekends a minute at a time around the nights, hourly otherwise.
+    for start, end in (("2026-03-27T12:00:00", "2026-03-31T12:00:00"),):
+        t = at(start)
+        while t < at(end):
+            clock.set(t)
+            await sched.tick()
+            t += 60
+    clock.set(at("2026-10-23T12:00:00"))
+    await sched.tick()  # the catch-up of the months between: one, for the latest
+    t = at("2026-10-23T12:01:00")
+    while t < at("2026-10-27T12:00:00"):
+        clock.set(t)
+        await sched.tick()
+        t += 60
+    assert await fired(store) == [
+        "2026-03-28T01:30:00Z",
+        "2026-03-29T01:00:00Z",  # 03:00 CEST: the skipped 02:30 fires at the jump
+        "2026-03-30T00:30:00Z",
+        "2026-03-31T00:30:00Z",
+        "2026-10-23T00:30:00Z",  # the catch-up for 2026-03-31 → 2026-10-23, coalesced
+        "2026-10-24T00:30:00Z",
+        "2026-10-25T00:30:00Z",  # the first 02:30 (CEST); the second (CET) does not fire
+        "2026-10-26T01:30:00Z",
+        "2026-10-27T01:30:00Z",
+    ]
+
+
+async def test_a_first_start_catches_nothing_up_and_a_restart_catches_up_once(
+    store: SQLiteStore,
+) -> None:
+    clock = ManualClock(at("2026-05-01T10:00:30"))
+    every = hearth.Schedule("m", digest, "x", cron="*/5 * * * *", message="m")
+    await scheduler(store, clock, every).tick()
+    assert await fired(store) == []
+    clock.set(at("2026-05-01T11:07:00"))  # no process ran for an hour: one catch-up
+    later = scheduler(store, clock, every)
+    await later.tick()
+    await later.tick()
+    assert await fired(store) == ["2026-05-01T11:05:00Z"]
+
+
+async def test_a_changed_cron_starts_from_now(store: SQLiteStore) -> None:
+    clock = ManualClock(at("2026-05-01T10:00:30"))
+    every = hearth.Schedule("m", digest, "x", cron="*/5 * * * *", message="m")
+    await scheduler(store, clock, every).tick()
+    clock.set(at("2026-05-01T11:07:00"))
+    hourly = hearth.Schedule("m", digest, "x", cron="0 * * * *", message="m")
+    changed = scheduler(store, clock, hourly)
+    await changed.tick()
+    assert await fired(store) == []  # 11:00 passed under the old cron: not caught up
+    clock.set(at("2026-05-01T12:00:00"))
+    await changed.tick()
+    assert await fired(store) == ["2026-05-01T12:00:00Z"]
+
+
+async def test_two_schedulers_on_one_store_fire_each_occurrence_once(store: SQLiteStore) -> None:
+    clock = ManualClock(at("2026-05-01T10:00:30"))
+    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+    a, b = scheduler(store, clock, every), scheduler(store, clock, every)
+    await a.tick()
+    await b.tick()
+    for minute in range(1, 21):
+        clock.set(at("2026-05-01T10:00:30") + 60 * minute)
+        await b.tick()  # b read the cursor before a moved it
+        await a.tick()
+        await b.tick()
+    assert len(await fired(store)) == 20
+    assert len(set(await fired(store))) == 20
