@@ -18,7 +18,7 @@ from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
-from hearth.store.postgres_schema import migrate
+from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
 
 pytestmark = pytest.mark.anyio
@@ -126,7 +126,7 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == "1"
+    assert version == str(SCHEMA_VERSION)
 
 
 async def test_opening_a_current_schema_takes_no_table_lock(pg_cluster: Cluster) -> None:
@@ -150,8 +150,26 @@ async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -
     async with opened(pg_cluster.conninfo, schema):
         pass
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version 1"):
+    with pytest.raises(
+        SchemaTooNew, match=rf"schema version 99; this hearth knows version {SCHEMA_VERSION}"
+    ):
         await PostgresStore(pg_cluster.conninfo, schema=schema).open()
+
+
+async def test_a_version_1_schema_gets_the_traceparent_column(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        old = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+    pg_cluster.sql(f"ALTER TABLE {schema}.submissions DROP COLUMN traceparent")
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'")
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with opened(pg_cluster.conninfo, schema) as store:
+        assert (await store.get_submission(old.id)).traceparent is None  # type: ignore[union-attr]
+        fresh = NewSubmission("support/c-9", "support", "message", {"t": 2}, traceparent=parent)
+        sid = (await store.admit(fresh)).submission.id
+        assert (await store.get_submission(sid)).traceparent == parent  # type: ignore[union-attr]
+    version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert version == str(SCHEMA_VERSION)
 
 
 # --- offsets under concurrent writers --------------------------------------------------------

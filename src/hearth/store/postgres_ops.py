@@ -192,10 +192,10 @@ async def admit(
         conn,
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
         " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
-        " is_head) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s,"
-        f" %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
+        " is_head, traceparent) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s,"
+        f" %(digest)s, %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
         "SELECT 1 FROM submissions WHERE conversation_id = %(c)s"
-        " AND status IN ('queued', 'running'))) RETURNING *",
+        " AND status IN ('queued', 'running')), %(traceparent)s) RETURNING *",
         {
             "id": submission_id,
             "c": conversation_id,
@@ -207,6 +207,7 @@ async def admit(
             "max": new.max_attempts,
             "timeout": new.timeout,
             "now": now,
+            "traceparent": new.traceparent,
         },
     )
     assert row is not None

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: submissions.traceparent (the W3C trace context of the admission)
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     settled_at double precision,
     joined_to text,
     is_head boolean NOT NULL DEFAULT false,
+    traceparent text,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -99,6 +100,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             # Nothing to do, and no DDL: even ``CREATE INDEX IF NOT EXISTS`` locks its table,
             # which can deadlock with a peer process already using it.
             return
+        if found is not None and found < 2:
+            await _add_traceparent(conn)
         for statement in _TABLES.split(";"):
             if statement.strip():
                 await conn.execute(statement.encode())
@@ -107,6 +110,11 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+
+
+async def _add_traceparent(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Version 1 → 2: the W3C trace context of each admission (older rows have none)."""
+    await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS traceparent text")
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -49,6 +49,7 @@ class Submission:
     settled_at: float | None
     seq: int = 0  # admission order across the store
     joined_to: str | None = None
+    traceparent: str | None = None  # W3C trace context of the admission: attempts continue it
 
     @property
     def agent(self) -> str:
@@ -79,6 +80,7 @@ class Submission:
             "started_at": self.started_at,
             "settled_at": self.settled_at,
             "joined_to": self.joined_to,
+            "traceparent": self.traceparent,
         }
 
 
@@ -101,6 +103,7 @@ class NewSubmission:
     max_attempts: int = 10
     timeout: float = 3600.0
     parent: dict[str, str] | None = None
+    traceparent: str | None = None  # W3C ``traceparent`` of the admission, kept on the row
 
 
 @dataclass
@@ -142,6 +145,7 @@ def submission_from_row(row: Row) -> Submission:
         settled_at=_real(row["settled_at"]),
         seq=int(row["seq"]),
         joined_to=row["joined_to"],
+        traceparent=row["traceparent"],
     )
 
 

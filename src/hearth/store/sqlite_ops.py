@@ -145,7 +145,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
         " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
-        " is_head) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?) RETURNING *",
+        " is_head, traceparent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?) RETURNING *",
         (
             rules.new_submission_id(),
             conversation_id,
@@ -159,6 +159,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             new.timeout,
             now,
             0 if busy else 1,
+            new.traceparent,
         ),
     ).fetchone()
     admitted = submission_from_row(row)

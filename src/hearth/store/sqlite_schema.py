@@ -8,7 +8,8 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 2  # 2: submissions.is_head marks each conversation's claimable head
+SCHEMA_VERSION = 3  # 2: submissions.is_head marks each conversation's claimable head
+# 3: submissions.traceparent keeps the W3C trace context of the admission
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -63,6 +64,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     settled_at REAL,
     joined_to TEXT,
     is_head INTEGER NOT NULL DEFAULT 0,
+    traceparent TEXT,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -126,6 +128,13 @@ def _add_heads(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_traceparent(conn: sqlite3.Connection) -> None:
+    """Schema 2 → 3: the W3C trace context of each admission (older rows have none)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "traceparent" not in columns:
+        conn.execute("ALTER TABLE submissions ADD COLUMN traceparent TEXT")
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -143,6 +152,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 )
             if found < 2:
                 _add_heads(conn)
+            if found < 3:
+                _add_traceparent(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
