@@ -56,6 +56,8 @@ class App:
         max_body: int | None = None,
         shutdown_s: float | None = None,
         pg_pool: int | None = None,
+        max_streams: int | None = None,
+        log_format: str | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for agent in agents:
@@ -76,6 +78,8 @@ class App:
             max_body=max_body,
             shutdown_s=shutdown_s,
             pg_pool=pg_pool,
+            max_streams=max_streams,
+            log_format=log_format,
         )
         self.settings = Settings.resolve(**self._given)
         self.providers = ProviderRegistry(providers, builtins=_builtin_providers)

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth import telemetry
 from hearth.runtime.runtime import Runtime
 from hearth.server import ops
 from hearth.server.body import read_json
@@ -62,7 +63,11 @@ async def admit(server: ServerContext, request: Request) -> Response:
         )
     body = await read_json(request, server.settings.max_body)
     message, signal, key = parse_admission(body)
-    receipt = await rt.dispatch(agent, id, message, signal=signal, idempotency_key=key)
+    # A malformed traceparent is ignored (W3C): the submission then starts a trace of its own.
+    traceparent = telemetry.parse_traceparent(request.headers.get("traceparent"))
+    receipt = await rt.dispatch(
+        agent, id, message, signal=signal, idempotency_key=key, traceparent=traceparent
+    )
     root = request.scope.get("root_path", "")
     stream_url = f"{root}/agents/{agent}/{id}/stream?offset={receipt.offset}"
     return JSONResponse(
