@@ -63,9 +63,15 @@ class HearthASGI:
         self._stopper: asyncio.Task[None] | None = None
         # Admission is the hot path: it skips the router (same handler, same answers).
         self._admit = self._endpoint(admit)
+        # One route per path, whatever its methods: a 405 then names them all in ``Allow``.
+        by_path: dict[str, dict[str, Endpoint]] = {}
+        for path, fn, methods in routes():
+            for method in methods:
+                by_path.setdefault(path, {})[method] = fn
         self._router = Starlette(
             routes=[
-                Route(path, self._endpoint(fn), methods=methods) for path, fn, methods in routes()
+                Route(path, self._by_method(endpoints), methods=list(endpoints))
+                for path, endpoints in by_path.items()
             ],
             exception_handlers={HTTPException: _http_exception},
             lifespan=self.lifespan,
@@ -178,6 +184,14 @@ class HearthASGI:
             )
             await response(scope, receive, send)
             return
+        if scope["type"] == "http" and _encoded_slash(scope):
+            response = error_response(
+                400,
+                "invalid_id",
+                "an agent name, conversation id or submission id cannot contain '/'",
+            )
+            await response(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             found = _ADMISSION_PATH.fullmatch(route_path(scope))
             if found:
@@ -198,6 +212,18 @@ class HearthASGI:
                     return hmac.compare_digest(given.strip(), token.encode())
         return False
 
+    def _by_method(
+        self, endpoints: dict[str, Endpoint]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        handlers = {method: self._endpoint(fn) for method, fn in endpoints.items()}
+        if "GET" in handlers:
+            handlers.setdefault("HEAD", handlers["GET"])
+
+        async def handle(request: Request) -> Response:
+            return await handlers[request.method](request)
+
+        return handle
+
     def _endpoint(self, fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             try:
@@ -215,6 +241,15 @@ def route_path(scope: Scope) -> str:
     if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
         return path[len(root) :] or "/"
     return path
+
+
+def _encoded_slash(scope: Scope) -> bool:
+    """Whether an ``/agents`` path has a ``%2F`` in a segment: an id with a slash in it, which
+    the router would otherwise read as more segments."""
+    raw = scope.get("raw_path")
+    if not raw or not route_path(scope).startswith("/agents/"):
+        return False
+    return b"%2f" in bytes(raw).lower()
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -21,6 +21,7 @@ from hearth.server.tail import PAGE_LIMIT, json_page, sse_response, wait_for_set
 from hearth.server.views import snapshot, submission_view
 
 MAX_WAIT_S = 300.0
+MAX_OFFSET = 2**62  # far past any real stream, and inside every database's integer
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
@@ -136,12 +137,30 @@ async def stream(server: ServerContext, request: Request) -> Response:
             raise ApiError(
                 503, "shutting_down", "the server is shutting down", headers={"Retry-After": "1"}
             )
+        limit = server.settings.max_streams
+        if server.sse_streams >= limit:
+            raise ApiError(
+                503,
+                "too_many_streams",
+                f"this server process already has {limit} open streams (HEARTH_MAX_STREAMS);"
+                " retry later, or read JSON pages with ?wait= instead",
+                {"max_streams": limit},
+                headers={"Retry-After": "5"},
+            )
+        server.count_sse(+1)  # taken now, with no await since the check: the cap holds
         return sse_response(
-            rt, conversation_id, after, server.closing, server.sse_heartbeat_s, server.count_sse
+            rt,
+            conversation_id,
+            after,
+            server.closing,
+            server.sse_heartbeat_s,
+            release=lambda: server.count_sse(-1),
         )
-    limit = _int_param(request.query_params.get("limit"), "limit", default=PAGE_LIMIT, low=1)
+    limit = _int_param(
+        request.query_params.get("limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT
+    )
     wait = _wait_param(request)
-    page = await json_page(rt, conversation_id, after, min(limit, PAGE_LIMIT), wait, server.closing)
+    page = await json_page(rt, conversation_id, after, limit, wait, server.closing)
     return JSONResponse(page)
 
 
@@ -164,8 +183,9 @@ async def abort(server: ServerContext, request: Request) -> Response:
 
 
 # --- query parameters ------------------------------------------------------------------------
-def _int_param(raw: str | None, name: str, *, default: int, low: int) -> int:
-    high = 2**62
+def _int_param(
+    raw: str | None, name: str, *, default: int, low: int, high: int = MAX_OFFSET
+) -> int:
     if raw is None or raw == "":
         return default
     try:
@@ -189,8 +209,11 @@ def _wait_param(request: Request) -> float:
         wait = float(raw)
     except ValueError:
         wait = math.nan
-    if not math.isfinite(wait) or wait < 0:
+    if not math.isfinite(wait) or not 0 <= wait <= MAX_WAIT_S:
         raise ApiError(
-            400, "invalid_request", "wait must be a number of seconds ≥ 0", {"field": "wait"}
+            400,
+            "invalid_request",
+            f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}",
+            {"field": "wait"},
         )
-    return min(wait, MAX_WAIT_S)
+    return wait
