@@ -237,3 +237,12 @@ def test_405_names_every_allowed_method(
         r = http.request(method, path)
         assert refused(r, 405) == "method_not_allowed"
         assert {m.strip() for m in r.headers["allow"].split(",")} == allow
+
+
+@pytest.mark.parametrize(
+    "query", ["limit=5&limit=7", "offset=1&offset=", "wait=0&wait=1", "offset=", "limit=", "wait="]
+)
+def test_a_query_parameter_given_twice_or_empty_is_400(server: ThreadServer, query: str) -> None:
+    with server.client() as http:
+        http.post("/agents/echo/c-1", json={"message": "hi"})
+        assert refused(http.get(f"/agents/echo/c-1/stream?{query}")) == "invalid_request"

@@ -35,6 +35,7 @@ from hearth.server.context import Closing, Endpoint
 from hearth.server.errors import ApiError, api_error, error_response
 from hearth.server.host import RuntimeHost
 from hearth.server.routes import admit, routes
+from hearth.server.tail import MAX_WAIT_S
 
 log = logging.getLogger("hearth.server")
 _ADMISSION_PATH = re.compile(r"/agents/([^/]+)/([^/]+)")
@@ -46,7 +47,11 @@ class HearthASGI:
     """The HTTP API (docs/http.md) as an ASGI callable. Make one with ``app.asgi()``."""
 
     def __init__(
-        self, target: RuntimeHost | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+        self,
+        target: RuntimeHost | Runtime,
+        *,
+        sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        max_wait_s: float = MAX_WAIT_S,
     ):
         if isinstance(target, Runtime):
             self._app: RuntimeHost | None = None
@@ -55,6 +60,7 @@ class HearthASGI:
             self._app = target
             self._runtime = None
         self.sse_heartbeat_s = sse_heartbeat_s
+        self.max_wait_s = max_wait_s  # the longest ?wait= long-poll; longer is a 400
         self.closing = Closing()
         self.sse_streams = 0
         self._starting: asyncio.Future[Runtime] | None = None

@@ -17,11 +17,16 @@ from hearth.server import ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.tail import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
+from hearth.server.tail import (
+    MAX_OFFSET,
+    MAX_WAIT_S,
+    PAGE_LIMIT,
+    json_page,
+    sse_response,
+    wait_for_settlement,
+)
 from hearth.server.views import snapshot, submission_view
 
-MAX_WAIT_S = 300.0
-MAX_OFFSET = 2**62  # far past any real stream, and inside every database's integer
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
@@ -102,7 +107,10 @@ def parse_admission(body: Any) -> tuple[Any, Any, Any]:
         unknown = sorted(set(signal) - _SIGNAL_KEYS)
         if unknown:
             raise bad(f"unknown signal field(s): {', '.join(unknown)}", "signal")
-    return message, signal, body.get("idempotency_key")
+    key = body.get("idempotency_key")
+    if "idempotency_key" in body and not isinstance(key, str):
+        raise bad("idempotency_key must be a string of 1-256 characters", "idempotency_key")
+    return message, signal, key
 
 
 def _given(body: dict[str, Any], name: str) -> Any:
@@ -127,7 +135,7 @@ async def get_snapshot(server: ServerContext, request: Request) -> Response:
 async def stream(server: ServerContext, request: Request) -> Response:
     rt, agent, id = await _runtime_for(server, request)
     conversation_id = rt.conversation_id(agent, id)
-    after = _int_param(request.query_params.get("offset"), "offset", default=-1, low=-1)
+    after = _int_param(query(request, "offset"), "offset", default=-1, low=-1)
     resume = request.headers.get("last-event-id")
     if resume is not None and resume.strip():
         after = _int_param(resume.strip(), "Last-Event-ID", default=-1, low=-1)
@@ -157,9 +165,9 @@ async def stream(server: ServerContext, request: Request) -> Response:
             release=lambda: server.count_sse(-1),
         )
     limit = _int_param(
-        request.query_params.get("limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT
+        query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT
     )
-    wait = _wait_param(request)
+    wait = _wait_param(request, server.max_wait_s)
     page = await json_page(rt, conversation_id, after, limit, wait, server.closing)
     return JSONResponse(page)
 
@@ -169,7 +177,7 @@ async def get_submission(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     path = request.path_params
     sub = await rt.conversation_submission(path["agent"], path["id"], path["sid"])
-    wait = _wait_param(request)
+    wait = _wait_param(request, server.max_wait_s)
     if wait > 0 and sub.outcome is None:
         sub = await wait_for_settlement(rt, sub, wait, server.closing)
     return JSONResponse(submission_view(sub))
@@ -183,10 +191,18 @@ async def abort(server: ServerContext, request: Request) -> Response:
 
 
 # --- query parameters ------------------------------------------------------------------------
+def query(request: Request, name: str) -> str | None:
+    """The one value of a query parameter, or None when absent; given twice is a 400 (which
+    one would count?)."""
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, "invalid_request", f"give {name} once", {"field": name})
+    return values[0] if values else None
+
 def _int_param(
     raw: str | None, name: str, *, default: int, low: int, high: int = MAX_OFFSET
 ) -> int:
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -201,19 +217,19 @@ def _int_param(
     return value
 
 
-def _wait_param(request: Request) -> float:
-    raw = request.query_params.get("wait")
-    if raw is None or raw == "":
+def _wait_param(request: Request, longest: float = MAX_WAIT_S) -> float:
+    raw = query(request, "wait")
+    if raw is None:
         return 0.0
     try:
         wait = float(raw)
     except ValueError:
         wait = math.nan
-    if not math.isfinite(wait) or not 0 <= wait <= MAX_WAIT_S:
+    if not math.isfinite(wait) or not 0 <= wait <= longest:
         raise ApiError(
             400,
             "invalid_request",
-            f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}",
+            f"wait must be a number of seconds from 0 to {longest:g}",
             {"field": "wait"},
         )
     return wait

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
 PAGE_LIMIT = 1000  # records in one JSON page
+MAX_WAIT_S = 300.0  # the longest long-poll (?wait=); longer is refused (400)
+MAX_OFFSET = 2**62  # far past any real stream, and inside every database's integer
 _SSE_BATCH = 500  # records read per step while an SSE stream catches up
 _RECHECK_S = 5.0  # how often an idle reader looks at ``shutting_down`` set from elsewhere
 
