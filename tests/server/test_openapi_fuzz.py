@@ -81,7 +81,8 @@ def test_schemathesis_finds_nothing_wrong(tmp_path: Path, token: str | None) -> 
     assert rc == 0 and "No issues found" in output, summary
     assert case_count(output) >= 300, summary
     # The run, for the record (pytest -s shows it).
-    print(f"schemathesis ({'token' if token else 'no token'}): {case_count(output)} cases, 0 issues")
+    mode = "token" if token else "no token"
+    print(f"schemathesis ({mode}): {case_count(output)} cases, 0 issues")
 
 
 def test_schemathesis_reports_a_planted_server_error(
