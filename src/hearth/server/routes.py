@@ -164,9 +164,7 @@ async def stream(server: ServerContext, request: Request) -> Response:
             server.sse_heartbeat_s,
             release=lambda: server.count_sse(-1),
         )
-    limit = _int_param(
-        query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT
-    )
+    limit = _int_param(query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT)
     wait = _wait_param(request, server.max_wait_s)
     page = await json_page(rt, conversation_id, after, limit, wait, server.closing)
     return JSONResponse(page)
@@ -198,6 +196,7 @@ def query(request: Request, name: str) -> str | None:
     if len(values) > 1:
         raise ApiError(400, "invalid_request", f"give {name} once", {"field": name})
     return values[0] if values else None
+
 
 def _int_param(
     raw: str | None, name: str, *, default: int, low: int, high: int = MAX_OFFSET

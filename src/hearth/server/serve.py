@@ -24,6 +24,7 @@ from hearth import logs
 from hearth.server.asgi import DEFAULT_HEARTBEAT_S, HearthASGI
 from hearth.server.errors import ApiError
 from hearth.server.host import RuntimeHost
+from hearth.server.protocol import HeadTimeoutH11Protocol
 
 log = logging.getLogger("hearth.server")
 
@@ -113,6 +114,7 @@ def make_server(
         timeout_graceful_shutdown=max(int(settings.shutdown_s * 0.8), 1),
         timeout_keep_alive=5,
         server_header=False,
+        http=HeadTimeoutH11Protocol,  # a stalled request head cannot hold its connection
         **extra,
     )
     return HearthServer(config, asgi, settings.shutdown_s, hard_exit=hard_exit)
