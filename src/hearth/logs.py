@@ -64,6 +64,42 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class Redact(logging.Filter):
+    """Replaces secrets in a record's message (a token a client put in a URL, say, on its way
+    into the access log) before any handler writes it."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s and len(s) >= 4]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = message
+        for secret in self.secrets:
+            clean = clean.replace(secret, "[redacted]")
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact(*secrets: str | None) -> None:
+    """Install ``Redact`` for these secrets on every handler there is now (hearth's, uvicorn's,
+    the root logger's, Python's last-resort one)."""
+    keep = [s for s in secrets if s]
+    if not keep:
+        return
+    handlers = {logging.lastResort} if logging.lastResort is not None else set()
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            handlers.update(logger.handlers)
+    for handler in handlers:
+        if handler is None:
+            continue
+        for old in [f for f in handler.filters if isinstance(f, Redact)]:
+            handler.removeFilter(old)
+        handler.addFilter(Redact(keep))
+
+
 def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
     """Send hearth's log lines (and every other library's) to stderr in ``log_format``.
 

@@ -57,6 +57,8 @@ def test_no_secret_in_any_log_line_answer_or_metric(tmp_path: Path) -> None:
             for path in ("/metrics", "/admin/submissions", "/openapi.json", "/healthz", "/"):
                 answers.append(http.get(path).text)
             answers.append(http.post("/agents/chat/x%0A", json={"message": "hi"}).text)
+            # A client that also puts the token in a URL: the access log line is redacted.
+            answers.append(http.get(f"/metrics?token={TOKEN}").text)
             answers.append(http.post("/agents/chat/y", content=b"{", headers={}).text)
         refused = httpx2.get(f"{server.url}/agents/chat/recovered/submissions/{sid}")
         assert refused.status_code == 401

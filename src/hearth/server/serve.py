@@ -117,6 +117,7 @@ def make_server(
         http=HeadTimeoutH11Protocol,  # a stalled request head cannot hold its connection
         **extra,
     )
+    logs.redact(settings.token)  # uvicorn's handlers exist now (made by Config)
     return HearthServer(config, asgi, settings.shutdown_s, hard_exit=hard_exit)
 
 
