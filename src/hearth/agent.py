@@ -158,7 +158,7 @@ class Agent:
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__.replace("_", "-")
-        if not NAME_RE.match(self.name):
+        if not NAME_RE.fullmatch(self.name):
             raise ConfigurationError(
                 f"agent name {self.name!r} must match {NAME_RE.pattern} (lowercase, dashes)"
             )

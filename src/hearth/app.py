@@ -61,6 +61,8 @@ class App:
         shutdown_s: float | None = None,
         pg_pool: int | None = None,
         schedule_clock: Callable[[], float] | None = None,
+        max_streams: int | None = None,
+        log_format: str | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for agent in agents:
@@ -91,6 +93,8 @@ class App:
             max_body=max_body,
             shutdown_s=shutdown_s,
             pg_pool=pg_pool,
+            max_streams=max_streams,
+            log_format=log_format,
         )
         self.settings = Settings.resolve(**self._given)
         self.providers = ProviderRegistry(providers, builtins=_builtin_providers)

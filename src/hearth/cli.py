@@ -108,6 +108,12 @@ def main() -> None:
 @click.option("--max-body", type=int, help="Largest request body in bytes (HEARTH_MAX_BODY).")
 @click.option("--shutdown-s", type=float, help="Longest graceful exit (HEARTH_SHUTDOWN_S).")
 @click.option("--pg-pool", type=int, help="PostgreSQL connections per process (HEARTH_PG_POOL).")
+@click.option("--max-streams", type=int, help="Open SSE streams per process (HEARTH_MAX_STREAMS).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text or one JSON object each (HEARTH_LOG_FORMAT).",
+)
 @click.option("--reload", is_flag=True, help="Restart when code changes (development).")
 @click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's log level.")

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from hearth.errors import ConfigurationError
 
+LOG_FORMATS = ("text", "json")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -26,6 +28,8 @@ class Settings:
     max_body: int = 1024 * 1024
     shutdown_s: float = 30.0
     pg_pool: int = 10  # connections per process to a PostgreSQL store
+    max_streams: int = 2000  # open SSE streams per process; past it, 503
+    log_format: str = "text"  # "text" or "json" (one JSON object per line)
 
     @classmethod
     def resolve(cls, env: dict[str, str] | None = None, **given: Any) -> Settings:
@@ -54,6 +58,12 @@ class Settings:
             raise ConfigurationError("workers must be at least 1")
         if self.pg_pool < 1:
             raise ConfigurationError("pg_pool must be at least 1 connection")
+        if self.max_streams < 1:
+            raise ConfigurationError("max_streams must be at least 1")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigurationError(
+                f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}"
+            )
         if self.max_body < 1:
             raise ConfigurationError("max_body must be at least 1 byte")
         if self.heartbeat_s >= self.lease_s:

@@ -12,7 +12,7 @@ MAX_IDEMPOTENCY_KEY = 256
 
 def check_id(id: str) -> str:
     """``id`` unchanged when it is a valid conversation id, else ``InvalidId``."""
-    if not isinstance(id, str) or not ID_RE.match(id):
+    if not isinstance(id, str) or not ID_RE.fullmatch(id):
         raise InvalidId(
             f"conversation id {id!r} must match {ID_RE.pattern} (1-128 letters, digits, . _ : -)"
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from hearth import _faults
@@ -24,8 +26,12 @@ class Steps:
         tool_call_id: str,
         recorded: dict[str, Any],
         record: Callable[[str, Any], Awaitable[None]],
+        around: Callable[[str], AbstractContextManager[None]] = lambda name: (
+            contextlib.nullcontext()
+        ),
     ) -> None:
         self.tool_call_id = tool_call_id
+        self._around = around  # wraps each step that runs: its trace span and its latency
         self._recorded = dict(recorded)
         self._record = record
         self._used: set[str] = set()
@@ -38,15 +44,16 @@ class Steps:
         self._used.add(name)
         if name in self._recorded:
             return self._recorded[name]
-        _faults.reached(f"step:{name}")
-        value = fn()
-        if inspect.isawaitable(value):
-            value = await value
-        try:
-            value = json.loads(json.dumps(value))
-        except (TypeError, ValueError) as exc:
-            raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
-        _faults.reached(f"step-done:{name}")
-        await self._record(name, value)
+        with self._around(name):
+            _faults.reached(f"step:{name}")
+            value = fn()
+            if inspect.isawaitable(value):
+                value = await value
+            try:
+                value = json.loads(json.dumps(value))
+            except (TypeError, ValueError) as exc:
+                raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
+            _faults.reached(f"step-done:{name}")
+            await self._record(name, value)
         self._recorded[name] = value
         return value

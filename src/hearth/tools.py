@@ -17,6 +17,7 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_type_hints, overload
@@ -28,6 +29,8 @@ from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
 
 _TOOL_NAME_LIMIT = 64
+# What the model providers accept as a function name (ASCII only), matched in full.
+_TOOL_NAME_RE = re.compile(rf"[A-Za-z0-9_-]{{1,{_TOOL_NAME_LIMIT}}}")
 
 
 @dataclass
@@ -53,11 +56,7 @@ class Tool:
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
-        if (
-            not self.name
-            or len(self.name) > _TOOL_NAME_LIMIT
-            or not all(c.isalnum() or c in "_-" for c in self.name)
-        ):
+        if not isinstance(self.name, str) or not _TOOL_NAME_RE.fullmatch(self.name):
             raise ConfigurationError(
                 f"tool name {self.name!r} must be 1-{_TOOL_NAME_LIMIT} letters, digits, _ or -"
             )

@@ -326,7 +326,7 @@ async def test_server_errors_are_transient(
 @pytest.mark.parametrize(
     ("status", "message"),
     [
-        (401, "Incorrect API key provided: sk-test."),
+        (401, "Incorrect API key provided: the key you sent."),
         (403, "Project does not have access to model m"),
         (400, "Invalid value for 'messages[1].role'"),
         (404, "The model `m` does not exist"),
@@ -344,6 +344,16 @@ async def test_client_errors_are_terminal_with_the_providers_message(
     _, error = await collect(provider, hello)
     assert (error.kind, error.status, error.retry_after) == ("terminal", status, None)
     assert message in str(error)
+
+
+async def test_an_error_that_quotes_the_key_has_it_redacted(
+    server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
+) -> None:
+    assert provider.api_key == "sk-test"
+    server.error(401, {"error": {"message": "Incorrect API key provided: sk-test."}})
+    _, error = await collect(provider, hello)
+    assert "sk-test" not in str(error)
+    assert "Incorrect API key provided: [redacted]." in str(error)
 
 
 async def test_a_plain_string_error_body_is_used_as_the_message(

@@ -332,6 +332,19 @@ async def test_the_same_idempotency_key_and_payload_return_the_first_submission(
     assert len(await store.list_submissions(CONV)) == 1
 
 
+async def test_the_traceparent_of_the_admission_is_kept_through_claims(store: Store) -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    first = (await store.admit(new(key="k1", traceparent=parent))).submission
+    plain = (await store.admit(new(OTHER))).submission
+    assert first.traceparent == parent and plain.traceparent is None
+    claimed = {s.id: s for s in await store.claim("owner-1", 30.0, 10)}
+    assert claimed[first.id].traceparent == parent  # what a recovery attempt continues
+    assert claimed[plain.id].traceparent is None
+    other = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    again = await store.admit(new(key="k1", traceparent=other))
+    assert again.deduplicated and again.submission.traceparent == parent  # the first trace
+
+
 async def test_deduplication_holds_after_settlement(store: Store) -> None:
     first = await store.admit(new(key="k1"))
     [sub] = await store.claim("owner-1", 30.0, 1)

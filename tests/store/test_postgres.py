@@ -218,6 +218,20 @@ async def test_a_version_1_schema_gains_sources_deliveries_and_schedules(
         assert await store.get_submission(old.id) == old
         assert (await store.open_schedule("daily", "0 9 * * *|UTC", 10.0)).cursor == 10.0
         assert await store.list_deliveries("hooks") == []
+
+
+async def test_a_version_3_schema_gets_the_traceparent_column(pg_cluster: Cluster) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        old = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+    pg_cluster.sql(f"ALTER TABLE {schema}.submissions DROP COLUMN traceparent")
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '3' WHERE key = 'schema_version'")
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with opened(pg_cluster.conninfo, schema) as store:
+        assert (await store.get_submission(old.id)).traceparent is None  # type: ignore[union-attr]
+        fresh = NewSubmission("support/c-9", "support", "message", {"t": 2}, traceparent=parent)
+        sid = (await store.admit(fresh)).submission.id
+        assert (await store.get_submission(sid)).traceparent == parent  # type: ignore[union-attr]
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
     assert version == str(SCHEMA_VERSION)
 

@@ -228,14 +228,41 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     store = await opened(path)
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute(f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),)
+        )
     conn.close()
-    with pytest.raises(
-        SchemaTooNew,
-        match=rf"newer hearth \(schema {SCHEMA_VERSION + 1}; this hearth knows schema"
-        rf" {SCHEMA_VERSION}\)",
-    ):
+    newer = (
+        rf"newer hearth \(schema {SCHEMA_VERSION + 1}; this hearth knows schema {SCHEMA_VERSION}\)"
+    )
+    with pytest.raises(SchemaTooNew, match=newer):
         await opened(path)
+
+
+async def test_a_schema_4_file_gets_the_traceparent_column(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        old = (await store.admit(new("support/c-1"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 4 left it: no traceparent
+        conn.execute("ALTER TABLE submissions DROP COLUMN traceparent")
+        conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    conn.close()
+    store = await opened(path)
+    try:
+        assert (await store.get_submission(old.id)).traceparent is None  # type: ignore[union-attr]
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        fresh = NewSubmission("support/c-2", "support", "message", {"t": 1}, traceparent=parent)
+        admitted = (await store.admit(fresh)).submission
+        assert (await store.get_submission(admitted.id)).traceparent == parent  # type: ignore[union-attr]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert version == (str(SCHEMA_VERSION),)
 
 
 async def test_a_schema_3_file_gains_sources_deliveries_and_schedules(tmp_path: Path) -> None:
@@ -247,6 +274,7 @@ async def test_a_schema_3_file_gains_sources_deliveries_and_schedules(tmp_path: 
         await store.close()
     with sqlite3.connect(path) as conn:  # as schema 3 left it
         conn.execute("ALTER TABLE submissions DROP COLUMN source")
+        conn.execute("ALTER TABLE submissions DROP COLUMN traceparent")
         conn.execute("DROP TABLE deliveries")
         conn.execute("DROP TABLE schedules")
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")

@@ -25,6 +25,7 @@ from hearth.sse import SSEEvent
 CONNECT_S = 5.0
 STREAM_READ_S = 45.0  # three missed heartbeats: the connection is dead, reconnect
 WAIT_SLACK_S = 30.0  # beyond a long-poll's ``wait``, for the answer to arrive
+MAX_WAIT_S = 300.0  # the server refuses a longer long-poll (HTTP 400)
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 2.0
 
@@ -271,7 +272,7 @@ class BaseConversation(Generic[HTTP]):
         return Call(Request("POST", self._base, json=payload), receipt_from)
 
     def _submission_call(self, submission_id: str, wait: float | None) -> Call[dict[str, Any]]:
-        params = {"wait": wait} if wait else None
+        params = {"wait": min(wait, MAX_WAIT_S)} if wait else None
         timeout = httpx2.Timeout((wait or 0) + WAIT_SLACK_S, connect=CONNECT_S)
         path = submission_path(self._base, submission_id)
         return Call(Request("GET", path, params=params, timeout=timeout), as_is)

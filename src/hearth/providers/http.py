@@ -70,6 +70,13 @@ async def post_sse(
         ) from exc
 
 
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced."""
+    if not secret or len(secret) < 4:
+        return text
+    return text.replace(secret, "[redacted]")
+
+
 class ClientSlot:
     """A provider's httpx2 client: the one it was given, or one it makes on first use.
 
@@ -205,13 +212,20 @@ class HTTPProvider(ABC):
         headers = self.request_headers()
         body = self.request_body(request)
         answer = self.new_answer()
+        key = self.api_key
+
+        def on_error(status: int, text: str, headers: httpx2.Headers) -> ProviderError:
+            # Some APIs quote the key they were sent in their error; it must not travel on into
+            # the submission's error, the log or a client's answer.
+            return self.error_response(status, redact(text, key), headers)
+
         events = post_sse(
             self._client.get(),
             f"{self.base_url}{self.stream_path}",
             body=body,
             headers=headers,
             provider=self.name,
-            on_error=self.error_response,
+            on_error=on_error,
         )
         try:
             async with aclosing(events):

@@ -51,6 +51,7 @@ def new_submission(
     *,
     idempotency_key: str | None = None,
     source: dict[str, Any] | None = None,
+    traceparent: str | None = None,
 ) -> NewSubmission:
     """The row to admit for ``agent``'s conversation ``id``, with the agent's durability."""
     durability = declared(agents, agent).durability
@@ -63,4 +64,5 @@ def new_submission(
         max_attempts=durability.max_attempts,
         timeout=float(durability.timeout),
         source=source,
+        traceparent=traceparent,
     )

@@ -8,13 +8,15 @@ commit together with its ``tool_results_committed`` record, or not at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pydantic
 
-from hearth import _faults
+from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.errors import FencedOut
 from hearth.records import AssistantToolCall, Record, StateWrite, ToolOutcome, ToolStepSettled
@@ -88,7 +90,15 @@ class ToolBatch:
         self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer
     ) -> None:
         started = time.monotonic()
-        outcome = await self._call_outcome(call, verdict, buffer, started)
+        attributes: dict[str, str | int | float | bool] = {
+            "hearth.tool": call.name,
+            "hearth.tool_call_id": call.tool_call_id,
+            "hearth.resumed": verdict is not CallPlan.RUN,
+        }
+        with telemetry.span("hearth.tool_call", attributes=attributes) as span:
+            outcome = await self._call_outcome(call, verdict, buffer, started)
+            if outcome.is_error:
+                telemetry.mark_error(span, "the tool call failed")
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
@@ -147,15 +157,24 @@ class ToolBatch:
         metrics = self.scope.env.metrics
 
         async def record(name: str, value: Any) -> None:
-            t0 = time.perf_counter()
             await self.journal.append(
                 ToolStepSettled(
                     id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
                 )
             )
-            metrics.observe_step(time.perf_counter() - t0)
 
-        return Steps(call.tool_call_id, recorded, record)
+        @contextlib.contextmanager
+        def around(name: str) -> Iterator[None]:
+            # A step that runs (not one replayed from its record): its span and its latency.
+            t0 = time.perf_counter()
+            attributes: dict[str, str | int | float | bool] = {"hearth.step": name}
+            try:
+                with telemetry.span("hearth.step", attributes=attributes):
+                    yield
+            finally:
+                metrics.observe_step(time.perf_counter() - t0)
+
+        return Steps(call.tool_call_id, recorded, record, around)
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hearth import _faults
+from hearth import _faults, logs, telemetry
 from hearth.config import Settings
 from hearth.errors import FencedOut, StoreUnavailable
 from hearth.runtime.env import Env
@@ -195,6 +195,30 @@ class Coordinator:
         _faults.reached("after:store.release")
 
     async def _supervise(self, claim: _Claim) -> None:
+        sub = claim.sub
+        attributes: dict[str, str | int | float | bool] = {
+            "hearth.submission_id": sub.id,
+            "hearth.conversation_id": sub.conversation_id,
+            "hearth.attempt": sub.attempt,
+            "hearth.max_attempts": sub.max_attempts,
+            "hearth.owner": self.owner,
+        }
+        # Every attempt, here or in another process after a crash, continues the admission's
+        # trace; the ids go on each log line written while it runs.
+        parent = telemetry.context_of(sub.traceparent)
+        t0 = time.perf_counter()
+        with (
+            logs.ids(conversation_id=sub.conversation_id, submission_id=sub.id),
+            telemetry.span("hearth.attempt", parent=parent, attributes=attributes) as span,
+        ):
+            try:
+                await self._supervise_claim(claim)
+            finally:
+                if claim.reason is not None:
+                    span.set_attribute("hearth.interrupted", claim.reason)
+                self.env.metrics.observe_attempt(time.perf_counter() - t0)
+
+    async def _supervise_claim(self, claim: _Claim) -> None:
         sub = claim.sub
         metrics = self.env.metrics
         metrics.running += 1

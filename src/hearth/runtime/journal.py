@@ -3,7 +3,8 @@ the records this attempt has seen."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hearth import _faults
@@ -15,10 +16,17 @@ from hearth.store.rules import settlement
 class Journal:
     """Appends for one attempt of one submission, fenced by its claim."""
 
-    def __init__(self, store: Store, conversation_id: str, fence: Fence) -> None:
+    def __init__(
+        self,
+        store: Store,
+        conversation_id: str,
+        fence: Fence,
+        observe: Callable[[float], None] = lambda seconds: None,
+    ) -> None:
         self.store = store
         self.conversation_id = conversation_id
         self.fence = fence
+        self.observe = observe  # told how long each append took (the append histogram)
         self.records: list[Record] = []  # what this attempt has read, in stream order
 
     @property
@@ -43,7 +51,9 @@ class Journal:
         for t in types:
             _faults.reached(f"before:{t}")
         _faults.reached("before:store.append")
+        t0 = time.perf_counter()
         offsets = await self.store.append(self.conversation_id, stamped, fence=self.fence)
+        self.observe(time.perf_counter() - t0)
         _faults.reached("after:store.append")
         for t in types:
             _faults.reached(f"after:{t}")
@@ -70,9 +80,11 @@ class Journal:
         for r in [*before, record]:
             _faults.reached(f"before:{r.type}")
         _faults.reached("before:store.settle")
+        t0 = time.perf_counter()
         offset = await self.store.settle(
             self.fence, record, outcome=outcome, error=error, reply=reply, records_before=before
         )
+        self.observe(time.perf_counter() - t0)
         _faults.reached("after:store.settle")
         for r in [*before, record]:
             _faults.reached(f"after:{r.type}")

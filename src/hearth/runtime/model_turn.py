@@ -7,10 +7,11 @@ record, so a turn cut off mid-stream leaves its partial text and no half-made ca
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from typing import Any
 
-from hearth import _faults
+from hearth import _faults, telemetry
 from hearth.agent import Rendered
 from hearth.errors import ProviderError
 from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
@@ -73,33 +74,47 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
     stop_reason = "stop"
     usage: dict[str, int] | None = None
     error: dict[str, Any] | None = None
-    try:
-        _faults.reached("model:start")
-        async with contextlib.aclosing(provider.stream(request)) as events:
-            async for event in events:
-                _faults.reached("model:chunk")
-                if isinstance(event, TextDelta):
-                    if event.text:
-                        await ensure_started()
-                        await writer.add(event.text)
-                elif isinstance(event, ToolCallEvent):
-                    c = event.call
-                    calls.append(
-                        AssistantToolCall(
-                            id=f"{mid}:call:{c.id}",
-                            message_id=mid,
-                            tool_call_id=c.id,
-                            name=c.name,
-                            arguments=c.arguments,
+    attributes: dict[str, str | int | float | bool] = {
+        "gen_ai.request.model": model,
+        "hearth.model": rendered.model,
+        "hearth.message_id": mid,
+    }
+    t0 = time.perf_counter()
+    with telemetry.span("hearth.model_call", attributes=attributes) as span:
+        try:
+            _faults.reached("model:start")
+            async with contextlib.aclosing(provider.stream(request)) as events:
+                async for event in events:
+                    _faults.reached("model:chunk")
+                    if isinstance(event, TextDelta):
+                        if event.text:
+                            await ensure_started()
+                            await writer.add(event.text)
+                    elif isinstance(event, ToolCallEvent):
+                        c = event.call
+                        calls.append(
+                            AssistantToolCall(
+                                id=f"{mid}:call:{c.id}",
+                                message_id=mid,
+                                tool_call_id=c.id,
+                                name=c.name,
+                                arguments=c.arguments,
+                            )
                         )
-                    )
-                else:
-                    stop_reason, usage = event.stop_reason, event.usage
-    except ProviderError as exc:
-        # A failed stream keeps its text but none of its calls.
-        calls, stop_reason, usage, error = [], "error", None, exc.to_json()
-    finally:
-        writer.abandon()
+                    else:
+                        stop_reason, usage = event.stop_reason, event.usage
+        except ProviderError as exc:
+            # A failed stream keeps its text but none of its calls.
+            calls, stop_reason, usage, error = [], "error", None, exc.to_json()
+            telemetry.mark_error(span, f"provider error: {exc.kind}")
+        finally:
+            writer.abandon()
+            scope.env.metrics.observe_model_call(time.perf_counter() - t0)
+        span.set_attribute("hearth.stop_reason", "tool_use" if calls else stop_reason)
+        span.set_attribute("hearth.tool_calls", len(calls))
+        for name, count in (usage or {}).items():
+            if isinstance(count, int):
+                span.set_attribute(f"gen_ai.usage.{name}", count)
     _faults.reached("model:end")
     await writer.close()
     await ensure_started()

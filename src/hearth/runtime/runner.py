@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hearth import _faults
+from hearth import _faults, telemetry
 from hearth.agent import Agent, Rendered
 from hearth.errors import ConfigurationError, FencedOut, ProviderError
 from hearth.records import Compaction, Record, ToolOutcome
@@ -49,10 +49,14 @@ class Attempt:
         self.store = env.store
         self.conversation_id = self.policy.conversation_id
         self.agent_name, _, self.id = self.conversation_id.partition("/")
-        self.journal = Journal(env.store, self.conversation_id, sub.fence)
+        self.journal = Journal(
+            env.store, self.conversation_id, sub.fence, env.metrics.observe_append
+        )
         self.input_id = self.policy.input_id
         self.depth = self.policy.depth
         self.log = self.policy.log
+        self._turn_span: telemetry.Span | None = None
+        self._turns = 0
 
     # --- the loop -------------------------------------------------------------------------
     @property
@@ -60,6 +64,29 @@ class Attempt:
         return self.policy.agent(self.env)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self._end_turn()
+
+    def _turn(self, *, begin: bool) -> telemetry.Span:
+        """The span of the current turn: a model call and the tool calls of its answer. A
+        recovered attempt that starts at a tool batch opens one for it."""
+        if begin or self._turn_span is None:
+            self._end_turn()
+            self._turns += 1
+            self._turn_span = telemetry.start(
+                "hearth.turn",
+                {"hearth.conversation_id": self.conversation_id, "hearth.turn": self._turns},
+            )
+        return self._turn_span
+
+    def _end_turn(self) -> None:
+        if self._turn_span is not None:
+            self._turn_span.end()
+            self._turn_span = None
+
+    async def _run(self) -> None:
         compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
         after = compaction.first_kept_offset - 1 if isinstance(compaction, Compaction) else -1
         await self.journal.load(after)
@@ -146,19 +173,23 @@ class Attempt:
                 await finish_seam(self, d.message_id, rendered)
             case Action.CONTINUE:
                 if not await self.policy.join_queued(self):
-                    await model_turn(self, rendered)
+                    with telemetry.use(self._turn(begin=True)):
+                        await model_turn(self, rendered)
             case Action.CONTINUE_PARTIAL:
                 await note_interrupted_stream(self, d.message_id)
-                await model_turn(self, rendered)
+                with telemetry.use(self._turn(begin=True)):
+                    await model_turn(self, rendered)
             case Action.RETRY_TRANSIENT:
                 if d.partial:
                     await note_interrupted_stream(self, d.message_id)
                 self.log.info("transient provider error; retrying in %.1fs", d.delay)
                 await asyncio.sleep(d.delay)
-                await model_turn(self, rendered)
+                with telemetry.use(self._turn(begin=True)):
+                    await model_turn(self, rendered)
             case Action.RUN_TOOLS:
                 assert d.message_id is not None
-                await self._tool_batch(d.message_id, rendered)
+                with telemetry.use(self._turn(begin=False)):
+                    await self._tool_batch(d.message_id, rendered)
             case Action.COMPACT:
                 try:
                     compacted = await self._compact(rendered)

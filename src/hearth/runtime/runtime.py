@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from hearth import _faults
+from hearth import _faults, telemetry
 from hearth.agent import Agent
 from hearth.channels import Channel
 from hearth.config import Settings
@@ -104,8 +104,13 @@ class Runtime:
         *,
         signal: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        traceparent: str | None = None,
     ) -> Receipt:
-        """Admit one input durably and return at once with its receipt."""
+        """Admit one input durably and return at once with its receipt.
+
+        ``traceparent`` (W3C Trace Context) makes the submission's trace a child of the caller's;
+        without it the admission's span continues the current span, if any. Every attempt at the
+        submission continues that trace."""
         self.agent(agent)
         check_id(id)
         kind, payload = input_payload(message, signal)
@@ -119,13 +124,31 @@ class Runtime:
             )
         if self.shutting_down:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
-        _faults.reached("before:store.admit")
-        admission = await self.store.admit(
-            new_submission(
-                self.env.agents, agent, id, kind, payload, idempotency_key=idempotency_key
+        attributes: dict[str, str | int | float | bool] = {
+            "hearth.agent": agent,
+            "hearth.conversation_id": f"{agent}/{id}",
+            "hearth.kind": kind,
+        }
+        parent = telemetry.context_of(traceparent)
+        with telemetry.span(
+            "hearth.submission", parent=parent, kind=telemetry.SpanKind.PRODUCER,
+            attributes=attributes,
+        ) as span:  # fmt: skip
+            _faults.reached("before:store.admit")
+            admission = await self.store.admit(
+                new_submission(
+                    self.env.agents,
+                    agent,
+                    id,
+                    kind,
+                    payload,
+                    idempotency_key=idempotency_key,
+                    traceparent=telemetry.current_traceparent(),
+                )
             )
-        )
-        _faults.reached("after:store.admit")
+            _faults.reached("after:store.admit")
+            span.set_attribute("hearth.submission_id", admission.submission.id)
+            span.set_attribute("hearth.deduplicated", admission.deduplicated)
         if not admission.deduplicated:
             self.env.metrics.admitted += 1
         sub = admission.submission

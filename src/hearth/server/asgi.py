@@ -37,6 +37,7 @@ from hearth.server.errors import ApiError, api_error, error_response
 from hearth.server.host import RuntimeHost
 from hearth.server.routes import admit, routes
 from hearth.server.session import same_origin, session_cookie, session_valid
+from hearth.server.tail import MAX_WAIT_S
 
 log = logging.getLogger("hearth.server")
 _ADMISSION_PATH = re.compile(r"/agents/([^/]+)/([^/]+)")
@@ -49,7 +50,11 @@ class HearthASGI:
     """The HTTP API (docs/http.md) as an ASGI callable. Make one with ``app.asgi()``."""
 
     def __init__(
-        self, target: RuntimeHost | Runtime, *, sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S
+        self,
+        target: RuntimeHost | Runtime,
+        *,
+        sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        max_wait_s: float = MAX_WAIT_S,
     ):
         if isinstance(target, Runtime):
             self._app: RuntimeHost | None = None
@@ -58,6 +63,7 @@ class HearthASGI:
             self._app = target
             self._runtime = None
         self.sse_heartbeat_s = sse_heartbeat_s
+        self.max_wait_s = max_wait_s  # the longest ?wait= long-poll; longer is a 400
         self.closing = Closing()
         self.sse_streams = 0
         self._starting: asyncio.Future[Runtime] | None = None
@@ -66,9 +72,15 @@ class HearthASGI:
         self._stopper: asyncio.Task[None] | None = None
         # Admission is the hot path: it skips the router (same handler, same answers).
         self._admit = self._endpoint(admit)
+        # One route per path, whatever its methods: a 405 then names them all in ``Allow``.
+        by_path: dict[str, dict[str, Endpoint]] = {}
+        for path, fn, methods in routes():
+            for method in methods:
+                by_path.setdefault(path, {})[method] = fn
         self._router = Starlette(
             routes=[
-                Route(path, self._endpoint(fn), methods=methods) for path, fn, methods in routes()
+                Route(path, self._by_method(endpoints), methods=list(endpoints))
+                for path, endpoints in by_path.items()
             ],
             exception_handlers={HTTPException: _http_exception},
             lifespan=self.lifespan,
@@ -177,6 +189,14 @@ class HearthASGI:
             if refused is not None:
                 await refused(scope, receive, send)
                 return
+        if scope["type"] == "http" and _encoded_slash(scope):
+            response = error_response(
+                400,
+                "invalid_id",
+                "an agent name, conversation id or submission id cannot contain '/'",
+            )
+            await response(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             found = _ADMISSION_PATH.fullmatch(route_path(scope))
             if found:
@@ -215,6 +235,18 @@ class HearthASGI:
             return console.sign_in_page(Request(scope, receive))
         return _unauthorized()
 
+    def _by_method(
+        self, endpoints: dict[str, Endpoint]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        handlers = {method: self._endpoint(fn) for method, fn in endpoints.items()}
+        if "GET" in handlers:
+            handlers.setdefault("HEAD", handlers["GET"])
+
+        async def handle(request: Request) -> Response:
+            return await handlers[request.method](request)
+
+        return handle
+
     def _endpoint(self, fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             try:
@@ -251,6 +283,15 @@ def route_path(scope: Scope) -> str:
     if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
         return path[len(root) :] or "/"
     return path
+
+
+def _encoded_slash(scope: Scope) -> bool:
+    """Whether an ``/agents`` path has a ``%2F`` in a segment: an id with a slash in it, which
+    the router would otherwise read as more segments."""
+    raw = scope.get("raw_path")
+    if not raw or not route_path(scope).startswith("/agents/"):
+        return False
+    return b"%2f" in bytes(raw).lower()
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -13,6 +14,9 @@ from hearth.server.errors import ApiError
 # Past the limit the rest of a body is read and dropped up to this many bytes, so that an
 # ordinary client, still uploading, reads the 413 instead of a broken pipe. Never buffered.
 _DRAIN_LIMIT = 16 * 1024 * 1024
+# A body must arrive within this long of its head: a client that stalls mid-body is answered
+# 408 and its handler freed, instead of waiting on it for good.
+BODY_TIMEOUT_S = 30.0
 
 
 def is_json_media_type(content_type: str | None) -> bool:
@@ -55,15 +59,23 @@ async def read_body(request: Request, max_body: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                if size <= _DRAIN_LIMIT:
-                    continue
-                break
-            chunks.append(chunk)
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body:
+                    if size <= _DRAIN_LIMIT:
+                        continue
+                    break
+                chunks.append(chunk)
     except ClientDisconnect:
         raise ApiError(400, "invalid_request", "the client went away mid-body") from None
+    except TimeoutError:
+        raise ApiError(
+            408,
+            "request_timeout",
+            f"the body did not arrive within {BODY_TIMEOUT_S:g} s",
+            headers={"Connection": "close"},
+        ) from None
     if size > max_body:
         raise too_big
     return b"".join(chunks)
@@ -72,11 +84,12 @@ async def read_body(request: Request, max_body: int) -> bytes:
 async def _drain(request: Request) -> None:
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > _DRAIN_LIMIT:
-                return
-    except ClientDisconnect:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > _DRAIN_LIMIT:
+                    return
+    except (ClientDisconnect, TimeoutError):
         return
 
 

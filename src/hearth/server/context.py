@@ -56,6 +56,11 @@ class ServerContext(Protocol):
     def sse_heartbeat_s(self) -> float: ...
 
     @property
+    def max_wait_s(self) -> float:
+        """The longest long-poll a request may ask for (``?wait=``)."""
+        ...
+
+    @property
     def sse_streams(self) -> int:
         """How many SSE streams are open now."""
         ...

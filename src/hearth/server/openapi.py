@@ -1,10 +1,25 @@
-"""The OpenAPI 3.1 description of the HTTP API, written by hand from docs/http.md."""
+"""The OpenAPI 3.1 description of the HTTP API, written by hand from docs/http.md.
+
+It is exact enough to test the server against (the test suite runs schemathesis on it): every
+route, every status it can answer, every body. It depends on the server it describes: ``agent``
+is an enum of the app's agents, and bearer security is declared only when a token is set. The
+SSE form of ``/stream`` (``Accept: text/event-stream``) stays open for good, so it is described
+in words only; the JSON form is the one described.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hearth._version import __version__
+from hearth.ids import ID_RE, MAX_IDEMPOTENCY_KEY
+from hearth.server.tail import MAX_OFFSET, MAX_WAIT_S, PAGE_LIMIT
+from hearth.server.views import CURSOR_RE
+
+# A JSON Schema pattern is an ECMA-262 regex, where ``$`` matches only at the very end.
+ID_PATTERN = ID_RE.pattern
+SID_PATTERN = "^s_[0-9a-f]{20}$"
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -15,120 +30,76 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
-    words = {
-        400: "bad JSON, wrong shape, bad id or an idempotency key over 256 characters",
-        401: "missing or wrong bearer token",
-        403: "a request made with the console's cookie from another origin",
-        404: "unknown agent, conversation or submission",
-        409: "idempotency key reused with another payload",
-        413: "body over HEARTH_MAX_BODY",
-        415: "Content-Type is not JSON",
-        503: "shutting down, or the database is unreachable (Retry-After)",
-    }
-    return {str(s): _json(_ref("Error"), words[s]) for s in statuses}
+_ERROR_WORDS = {
+    400: "bad JSON, wrong shape, bad id, a parameter out of range",
+    401: "missing or wrong bearer token (WWW-Authenticate: Bearer)",
+    403: "a request made with the console's cookie from another origin",
+    404: "unknown agent, conversation or submission",
+    408: "the body did not arrive in time",
+    409: "idempotency key reused with another payload",
+    413: "body over HEARTH_MAX_BODY",
+    415: "Content-Type is not JSON",
+    503: "shutting down, too many open streams, or the database is unreachable (Retry-After)",
+}
 
 
-def _html(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+def _answers(ok: dict[str, dict[str, Any]], *errors: int, token: bool) -> dict[str, Any]:
+    out = dict(ok)
+    statuses = sorted({*errors, 503, *((401,) if token else ())})
+    for status in statuses:
+        out[str(status)] = _json(_ref("Error"), _ERROR_WORDS[status])
+    return out
 
 
-_PATH_PARAMS = [
-    {"name": "agent", "in": "path", "required": True, "schema": {"type": "string"}},
-    {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
-    },
-]
+_ANY_JSON: dict[str, Any] = {}  # any JSON value
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
         "required": ["error"],
+        "additionalProperties": False,
         "properties": {
             "error": {
                 "type": "object",
-                "required": ["type", "message"],
+                "required": ["type", "message", "details"],
+                "additionalProperties": False,
                 "properties": {
                     "type": {"type": "string"},
                     "message": {"type": "string"},
-                    "details": {},
+                    "details": _ANY_JSON,
                 },
             }
         },
     },
-    "Admission": {
+    "IdempotencyKey": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY},
+    "MessageAdmission": {
         "type": "object",
-        "description": 'Exactly one of "message" or "signal".',
+        "required": ["message"],
+        "additionalProperties": False,
         "properties": {
             "message": {"type": "string", "minLength": 1},
+            "idempotency_key": _ref("IdempotencyKey"),
+        },
+    },
+    "SignalAdmission": {
+        "type": "object",
+        "required": ["signal"],
+        "additionalProperties": False,
+        "properties": {
             "signal": {
                 "type": "object",
                 "required": ["type"],
+                "additionalProperties": False,
                 "properties": {
                     "type": {"type": "string", "minLength": 1},
                     "body": {"type": "string"},
-                    "attributes": {"type": "object"},
+                    "attributes": {"type": ["object", "null"]},
                 },
             },
-            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 256},
-        },
-        "additionalProperties": False,
-    },
-    "Receipt": {
-        "type": "object",
-        "properties": {
-            "submission_id": {"type": "string"},
-            "conversation_id": {"type": "string"},
-            "offset": {"type": "integer", "description": "last offset at admission; -1: none"},
-            "stream_url": {"type": "string"},
-            "deduplicated": {"type": "boolean"},
-            "accepted_at": {"type": "number"},
+            "idempotency_key": _ref("IdempotencyKey"),
         },
     },
-    "Record": {
-        "type": "object",
-        "description": "A canonical stream record: envelope plus the fields of its type.",
-        "required": ["offset", "id", "type"],
-        "properties": {
-            "offset": {"type": "integer"},
-            "id": {"type": "string"},
-            "type": {"type": "string"},
-            "submission_id": {"type": ["string", "null"]},
-            "attempt": {"type": ["integer", "null"]},
-            "at": {"type": "string"},
-        },
-        "additionalProperties": True,
-    },
-    "Page": {
-        "type": "object",
-        "properties": {
-            "records": {"type": "array", "items": _ref("Record"), "maxItems": 1000},
-            "next_offset": {"type": "integer"},
-            "up_to_date": {"type": "boolean"},
-        },
-    },
-    "Submission": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string"},
-            "status": {"enum": ["queued", "running", "settled", "joined"]},
-            "outcome": {"enum": ["completed", "failed", "aborted", None]},
-            "error": {"type": ["object", "null"]},
-            "reply": {"type": ["string", "null"]},
-        },
-    },
-    "Snapshot": {
-        "type": "object",
-        "properties": {
-            "conversation_id": {"type": "string"},
-            "offset": {"type": "integer"},
-            "messages": {"type": "array", "items": {"type": "object"}},
-            "submissions": {"type": "array", "items": {"type": "object"}},
-        },
-    },
+    "Admission": {"oneOf": [_ref("MessageAdmission"), _ref("SignalAdmission")]},
     "ConversationList": {
         "type": "object",
         "required": ["conversations", "next"],
@@ -155,141 +126,357 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "Receipt": {
+        "type": "object",
+        "required": [
+            "submission_id",
+            "conversation_id",
+            "offset",
+            "stream_url",
+            "deduplicated",
+            "accepted_at",
+        ],
+        "properties": {
+            "submission_id": {"type": "string"},
+            "conversation_id": {"type": "string"},
+            "offset": {"type": "integer", "description": "last offset at admission; -1: none"},
+            "stream_url": {"type": "string"},
+            "deduplicated": {"type": "boolean"},
+            "accepted_at": {"type": "number"},
+        },
+    },
+    "Record": {
+        "type": "object",
+        "description": "A canonical stream record: envelope plus the fields of its type.",
+        "required": ["offset", "id", "type"],
+        "properties": {
+            "offset": {"type": "integer"},
+            "id": {"type": "string"},
+            "type": {"type": "string"},
+            "submission_id": {"type": ["string", "null"]},
+            "attempt": {"type": ["integer", "null"]},
+        },
+        "additionalProperties": True,
+    },
+    "Page": {
+        "type": "object",
+        "required": ["records", "next_offset", "up_to_date"],
+        "properties": {
+            "records": {"type": "array", "items": _ref("Record"), "maxItems": PAGE_LIMIT},
+            "next_offset": {"type": "integer"},
+            "up_to_date": {"type": "boolean"},
+        },
+    },
+    "Status": {"enum": ["queued", "running", "waiting", "settled", "joined"]},
+    "Outcome": {"enum": ["completed", "failed", "aborted", None]},
+    "Submission": {
+        "type": "object",
+        "required": ["id", "conversation_id", "status", "outcome", "error", "reply", "attempt"],
+        "properties": {
+            "id": {"type": "string"},
+            "conversation_id": {"type": "string"},
+            "status": _ref("Status"),
+            "outcome": _ref("Outcome"),
+            "error": {"type": ["object", "null"]},
+            "reply": {"type": ["string", "null"]},
+            "attempt": {"type": "integer"},
+            "accepted_at": {"type": "number"},
+            "settled_at": {"type": ["number", "null"]},
+        },
+    },
+    "Snapshot": {
+        "type": "object",
+        "required": ["conversation_id", "offset", "messages", "submissions"],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "offset": {"type": "integer"},
+            "messages": {"type": "array", "items": {"type": "object"}},
+            "submissions": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "status", "outcome"],
+                    "properties": {"status": _ref("Status"), "outcome": _ref("Outcome")},
+                },
+            },
+        },
+    },
     "AbortResult": {
         "type": "object",
+        "required": ["aborted", "submission_ids"],
         "properties": {
             "aborted": {"type": "boolean"},
             "submission_ids": {"type": "array", "items": {"type": "string"}},
         },
     },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"const": "ok"}},
+    },
+    "AdminView": {
+        "type": "object",
+        "required": [
+            *("now", "owner", "counts", "outcomes"),
+            *("unsettled", "recent", "leases", "stuck"),
+        ],
+        "properties": {
+            "now": {"type": "number"},
+            "owner": {"type": "string"},
+            "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "outcomes": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "unsettled": {"type": "array", "items": {"type": "object"}},
+            "recent": {"type": "array", "items": {"type": "object"}},
+            "leases": {"type": "array", "items": {"type": "object"}},
+            "stuck": {"type": "array", "items": {"type": "object"}},
+        },
+    },
 }
 
 
-def openapi_document(root_path: str = "") -> dict[str, Any]:
+def openapi_document(
+    root_path: str = "",
+    agents: Sequence[str] = (),
+    *,
+    token: bool = False,
+    max_wait_s: float = MAX_WAIT_S,
+) -> dict[str, Any]:
+    """The description of this server: ``agents`` its agents' names, ``token`` whether a bearer
+    token guards it."""
     conv = "/agents/{agent}/{id}"
-    offset_q = {"name": "offset", "in": "query", "schema": {"type": "integer", "default": -1}}
-    wait_q = {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0}}
+    agent_schema: dict[str, Any] = {"type": "string"}
+    if agents:
+        agent_schema = {"type": "string", "enum": sorted(agents)}
+    path_params = [
+        {"name": "agent", "in": "path", "required": True, "schema": agent_schema},
+        {
+            "name": "id",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
+        },
+    ]
+    wait_q = {
+        "name": "wait",
+        "in": "query",
+        "description": "long-poll up to this many seconds",
+        "schema": {"type": "number", "minimum": 0, "maximum": max_wait_s},
+    }
+
+    def answers(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
+        return _answers(ok, *errors, token=token)
+
     paths: dict[str, Any] = {
         conv: {
-            "parameters": _PATH_PARAMS,
+            "parameters": path_params,
             "post": {
+                "operationId": "admit",
                 "summary": "Admit a message or signal",
+                "parameters": [
+                    {
+                        "name": "traceparent",
+                        "in": "header",
+                        "description": "W3C trace context; the submission's trace continues it",
+                        "schema": {"type": "string"},
+                    }
+                ],
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _ref("Admission")}},
                 },
-                "responses": {
-                    "202": _json(_ref("Receipt"), "admitted durably; Location: stream_url"),
-                    **_errors(400, 401, 404, 409, 413, 415, 503),
-                },
+                "responses": answers(
+                    {
+                        "202": {
+                            **_json(_ref("Receipt"), "admitted durably"),
+                            "links": {
+                                "submission": {
+                                    "operationId": "submission",
+                                    "parameters": {
+                                        "agent": "$request.path.agent",
+                                        "id": "$request.path.id",
+                                        "sid": "$response.body#/submission_id",
+                                    },
+                                }
+                            },
+                            "headers": {
+                                "Location": {
+                                    "description": "the stream_url",
+                                    "schema": {"type": "string"},
+                                }
+                            },
+                        }
+                    },
+                    400,
+                    404,
+                    408,
+                    409,
+                    413,
+                    415,
+                ),
             },
             "get": {
+                "operationId": "snapshot",
                 "summary": "Snapshot: messages and submissions",
-                "responses": {"200": _json(_ref("Snapshot"), "snapshot"), **_errors(401, 404)},
+                "responses": answers({"200": _json(_ref("Snapshot"), "snapshot")}, 400, 404),
             },
         },
         conv + "/stream": {
-            "parameters": [
-                *_PATH_PARAMS,
-                offset_q,
-                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}},
-                wait_q,
-            ],
+            "parameters": path_params,
             "get": {
-                "summary": "Records after offset: SSE with Accept: text/event-stream, else JSON",
-                "responses": {
-                    "200": {
-                        "description": "SSE (id: offset, data: record JSON) or a JSON page",
-                        "content": {
-                            "text/event-stream": {"schema": {"type": "string"}},
-                            "application/json": {"schema": _ref("Page")},
+                "operationId": "stream",
+                "summary": "Records after offset, as a JSON page",
+                "description": (
+                    "With Accept: text/event-stream the same records come as server-sent events"
+                    " (id: offset, data: the record's JSON) and the stream stays open; past"
+                    " HEARTH_MAX_STREAMS open streams, 503."
+                ),
+                "parameters": [
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": -1,
+                            "maximum": MAX_OFFSET,
+                            "default": -1,
                         },
                     },
-                    **_errors(400, 401, 404, 503),
-                },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_LIMIT},
+                    },
+                    wait_q,
+                ],
+                "responses": answers({"200": _json(_ref("Page"), "a page of records")}, 400, 404),
             },
         },
         conv + "/submissions/{sid}": {
             "parameters": [
-                *_PATH_PARAMS,
-                {"name": "sid", "in": "path", "required": True, "schema": {"type": "string"}},
-                wait_q,
+                *path_params,
+                {
+                    "name": "sid",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": SID_PATTERN},
+                },
             ],
             "get": {
+                "operationId": "submission",
                 "summary": "A submission's status; ?wait=S long-polls for its settlement",
-                "responses": {
-                    "200": _json(_ref("Submission"), "status"),
-                    **_errors(400, 401, 404),
-                },
+                "parameters": [wait_q],
+                "responses": answers({"200": _json(_ref("Submission"), "status")}, 400, 404),
             },
         },
         conv + "/abort": {
-            "parameters": _PATH_PARAMS,
+            "parameters": path_params,
             "post": {
+                "operationId": "abort",
                 "summary": "Abort every unsettled submission of the conversation",
-                "responses": {
-                    "200": _json(_ref("AbortResult"), "abort intents stamped"),
-                    **_errors(401, 404),
-                },
+                "responses": answers(
+                    {"200": _json(_ref("AbortResult"), "abort intents stamped")}, 400, 404
+                ),
             },
         },
         "/healthz": {
             "get": {
+                "operationId": "healthz",
                 "summary": "Health: serving, and the database answers (no token needed)",
                 "security": [],
-                "responses": {
-                    "200": {"description": "healthy"},
-                    "503": _json(
-                        _ref("Error"), "shutting down, or the database does not answer (why)"
-                    ),
-                },
+                "responses": _answers({"200": _json(_ref("Health"), "healthy")}, token=False),
             }
         },
         "/metrics": {
             "get": {
+                "operationId": "metrics",
                 "summary": "Prometheus text format",
-                "responses": {"200": {"description": "metrics"}},
+                "responses": answers(
+                    {
+                        "200": {
+                            "description": "metrics",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    }
+                ),
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This description",
+                "responses": answers({"200": _json({"type": "object"}, "OpenAPI 3.1")}),
+            }
+        },
+        "/admin/submissions": {
+            "get": {
+                "operationId": "admin_submissions",
+                "summary": "Submissions by status, leases, stuck work",
+                "parameters": [
+                    {
+                        "name": "conversation",
+                        "in": "query",
+                        "description": "only this AGENT/ID",
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": answers({"200": _json(_ref("AdminView"), "admin view")}),
             }
         },
         "/conversations": {
             "get": {
+                "operationId": "list_conversations",
                 "summary": "Conversations, newest activity first, filtered and paged",
                 "parameters": [
-                    {"name": "agent", "in": "query", "schema": {"type": "string"}},
+                    {"name": "agent", "in": "query", "schema": agent_schema},
                     {"name": "status", "in": "query", "schema": {"enum": ["active", "idle"]}},
-                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "the `next` of the previous page (empty: the first)",
+                        "schema": {"type": "string", "pattern": "^$|" + CURSOR_RE.pattern},
+                    },
                     {
                         "name": "limit",
                         "in": "query",
                         "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
                     },
                 ],
-                "responses": {
-                    "200": _json(_ref("ConversationList"), "one page"),
-                    **_errors(400, 401),
-                },
+                "responses": answers({"200": _json(_ref("ConversationList"), "one page")}, 400),
             }
         },
         "/": {
             "get": {
+                "operationId": "console",
                 "summary": "The web console: the conversation list (HTML)",
-                "responses": {"200": _html("the page"), "401": _html("the sign-in form")},
+                "responses": {
+                    "200": _html("the page"),
+                    **({"401": _html("the sign-in form")} if token else {}),
+                },
             }
         },
         "/console/{agent}/{id}": {
-            "parameters": _PATH_PARAMS,
+            "parameters": path_params,
             "get": {
+                "operationId": "console_conversation",
                 "summary": "The web console: one conversation (HTML)",
                 "responses": {
                     "200": _html("the page"),
-                    "401": _html("the sign-in form"),
-                    "404": _html("the page of a conversation with no records yet"),
+                    "400": _json(_ref("Error"), "an id that breaks the id rule"),
+                    "404": {
+                        "description": "a conversation with no records yet (its page), or an"
+                        " agent the app does not declare (an error)",
+                        "content": {
+                            "text/html": {"schema": {"type": "string"}},
+                            "application/json": {"schema": _ref("Error")},
+                        },
+                    },
+                    **({"401": _html("the sign-in form")} if token else {}),
                 },
             },
         },
         "/console/session": {
             "post": {
+                "operationId": "console_sign_in",
                 "summary": "Sign in to the console: the token in a form body sets a session cookie",
                 "security": [],
                 "requestBody": {
@@ -308,42 +495,47 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
                 "responses": {
                     "303": {"description": "signed in: Set-Cookie, then the page asked for"},
                     "401": _html("wrong token: the sign-in form again"),
-                    **_errors(403, 413),
+                    **_answers({}, 403, 413, token=False),
                 },
             }
         },
         "/console/logout": {
             "post": {
+                "operationId": "console_sign_out",
                 "summary": "Sign out of the console: clears the session cookie",
                 "security": [],
-                "responses": {"303": {"description": "signed out"}, **_errors(403)},
-            }
-        },
-        "/admin/submissions": {
-            "get": {
-                "summary": "Submissions by status, leases, stuck work",
-                "responses": {"200": {"description": "admin view"}},
+                "responses": {
+                    "303": {"description": "signed out"},
+                    **_answers({}, 403, token=False),
+                },
             }
         },
     }
-    paths.update(_input_paths())
-    return {
+    paths.update(_input_paths(answers))
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "hearth", "version": __version__},
         "servers": [{"url": root_path or "/"}],
         "paths": paths,
-        "components": {
-            "schemas": _SCHEMAS,
-            "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer"},
-                "session": {"type": "apiKey", "in": "cookie", "name": "hearth_session"},
-            },
-        },
-        "security": [{"bearer": []}, {"session": []}],
+        "components": {"schemas": _SCHEMAS},
     }
+    if token:
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "session": {"type": "apiKey", "in": "cookie", "name": "hearth_session"},
+        }
+        document["security"] = [{"bearer": []}, {"session": []}]
+    return document
 
 
-def _input_paths() -> dict[str, Any]:
+def _html(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+Answers = Callable[..., dict[str, Any]]
+
+
+def _input_paths(answers: Answers) -> dict[str, Any]:
     """Channels and schedules (docs/channels.md)."""
     name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     receipt = {
@@ -359,6 +551,7 @@ def _input_paths() -> dict[str, Any]:
         "/channels/{name}": {
             "parameters": [name],
             "post": {
+                "operationId": "channel_delivery",
                 "summary": "A webhook delivery, authenticated by the channel's verify",
                 "security": [],
                 "requestBody": {"required": True, "content": {"*/*": {"schema": {}}}},
@@ -366,7 +559,7 @@ def _input_paths() -> dict[str, Any]:
                     "202": _json(receipt, "every dispatch admitted, once per delivery id"),
                     "401": _json(_ref("Error"), "missing or wrong signature"),
                     "500": failed,
-                    **_errors(400, 404, 413, 503),
+                    **_answers({}, 400, 404, 408, 413, token=False),
                 },
             },
         },
@@ -374,12 +567,17 @@ def _input_paths() -> dict[str, Any]:
             "parameters": [
                 name,
                 {"name": "status", "in": "query", "schema": {"enum": ["admitted", "failed"]}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}},
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                },
                 {"name": "full", "in": "query", "schema": {"type": "boolean"}},
             ],
             "get": {
+                "operationId": "channel_deliveries",
                 "summary": "The channel's kept deliveries, newest first",
-                "responses": {"200": {"description": "deliveries"}, **_errors(400, 401, 404)},
+                "responses": answers({"200": _json(_ANY_JSON, "deliveries")}, 400, 404),
             },
         },
         "/channels/{name}/deliveries/{delivery_id}/replay": {
@@ -393,18 +591,19 @@ def _input_paths() -> dict[str, Any]:
                 },
             ],
             "post": {
+                "operationId": "channel_replay",
                 "summary": "Route a failed delivery again (an admitted one is only answered)",
                 "responses": {
-                    "202": _json(receipt, "admitted"),
+                    **answers({"202": _json(receipt, "admitted")}, 400, 404),
                     "500": failed,
-                    **_errors(401, 404, 503),
                 },
             },
         },
         "/schedules": {
             "get": {
+                "operationId": "schedules",
                 "summary": "Each schedule with its last and next occurrence (UTC ISO)",
-                "responses": {"200": {"description": "schedules"}, **_errors(401)},
+                "responses": answers({"200": _json(_ANY_JSON, "schedules")}),
             }
         },
     }

@@ -34,7 +34,12 @@ async def metrics(server: ServerContext, request: Request) -> Response:
 
 
 async def openapi(server: ServerContext, request: Request) -> Response:
-    return JSONResponse(openapi_document(request.scope.get("root_path", "")))
+    rt = await server.runtime()
+    root = request.scope.get("root_path", "")
+    document = openapi_document(
+        root, list(rt.agents), token=bool(server.settings.token), max_wait_s=server.max_wait_s
+    )
+    return JSONResponse(document)
 
 
 async def admin_submissions(server: ServerContext, request: Request) -> Response:

@@ -11,12 +11,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth import telemetry
 from hearth.runtime.runtime import Runtime
 from hearth.server import console, inputs, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.tail import PAGE_LIMIT, json_page, sse_response, wait_for_settlement
+from hearth.server.tail import (
+    MAX_OFFSET,
+    MAX_WAIT_S,
+    PAGE_LIMIT,
+    json_page,
+    sse_response,
+    wait_for_settlement,
+)
 from hearth.server.views import (
     conversation_view,
     decode_cursor,
@@ -26,7 +34,6 @@ from hearth.server.views import (
 )
 from hearth.store.base import CONVERSATION_STATUSES
 
-MAX_WAIT_S = 300.0
 CONVERSATION_PAGE = 50  # conversations in one page of GET /conversations, by default
 MAX_CONVERSATION_PAGE = 500
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
@@ -71,8 +78,7 @@ async def _runtime_for(server: ServerContext, request: Request) -> tuple[Runtime
 # --- GET /conversations ---------------------------------------------------------------------
 async def list_conversations(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
-    query = request.query_params
-    agent = query.get("agent") or None
+    agent = query(request, "agent") or None
     if agent is not None and agent not in rt.agents:
         raise ApiError(
             400,
@@ -80,7 +86,7 @@ async def list_conversations(server: ServerContext, request: Request) -> Respons
             f"agent must be one of: {', '.join(sorted(rt.agents))}",
             {"field": "agent"},
         )
-    status = query.get("status") or None
+    status = query(request, "status") or None
     if status is not None and status not in CONVERSATION_STATUSES:
         raise ApiError(
             400,
@@ -88,15 +94,11 @@ async def list_conversations(server: ServerContext, request: Request) -> Respons
             f"status must be one of: {', '.join(CONVERSATION_STATUSES)}",
             {"field": "status"},
         )
-    before = decode_cursor(query.get("after") or None)
-    limit = _int_param(query.get("limit"), "limit", default=CONVERSATION_PAGE, low=1)
-    if limit > MAX_CONVERSATION_PAGE:
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"limit must be between 1 and {MAX_CONVERSATION_PAGE}",
-            {"field": "limit"},
-        )
+    before = decode_cursor(query(request, "after") or None)
+    limit = _int_param(
+        query(request, "limit"), "limit", default=CONVERSATION_PAGE, low=1,
+        high=MAX_CONVERSATION_PAGE,
+    )  # fmt: skip
     page = await rt.conversations(agent, status, before=before, limit=limit + 1)
     more = len(page) > limit
     page = page[:limit]
@@ -120,7 +122,11 @@ async def admit(server: ServerContext, request: Request) -> Response:
         )
     body = await read_json(request, server.settings.max_body)
     message, signal, key = parse_admission(body)
-    receipt = await rt.dispatch(agent, id, message, signal=signal, idempotency_key=key)
+    # A malformed traceparent is ignored (W3C): the submission then starts a trace of its own.
+    traceparent = telemetry.parse_traceparent(request.headers.get("traceparent"))
+    receipt = await rt.dispatch(
+        agent, id, message, signal=signal, idempotency_key=key, traceparent=traceparent
+    )
     root = request.scope.get("root_path", "")
     stream_url = f"{root}/agents/{agent}/{id}/stream?offset={receipt.offset}"
     return JSONResponse(
@@ -154,7 +160,10 @@ def parse_admission(body: Any) -> tuple[Any, Any, Any]:
         unknown = sorted(set(signal) - _SIGNAL_KEYS)
         if unknown:
             raise bad(f"unknown signal field(s): {', '.join(unknown)}", "signal")
-    return message, signal, body.get("idempotency_key")
+    key = body.get("idempotency_key")
+    if "idempotency_key" in body and not isinstance(key, str):
+        raise bad("idempotency_key must be a string of 1-256 characters", "idempotency_key")
+    return message, signal, key
 
 
 def _given(body: dict[str, Any], name: str) -> Any:
@@ -179,7 +188,7 @@ async def get_snapshot(server: ServerContext, request: Request) -> Response:
 async def stream(server: ServerContext, request: Request) -> Response:
     rt, agent, id = await _runtime_for(server, request)
     conversation_id = rt.conversation_id(agent, id)
-    after = _int_param(request.query_params.get("offset"), "offset", default=-1, low=-1)
+    after = _int_param(query(request, "offset"), "offset", default=-1, low=-1)
     resume = request.headers.get("last-event-id")
     if resume is not None and resume.strip():
         after = _int_param(resume.strip(), "Last-Event-ID", default=-1, low=-1)
@@ -189,12 +198,28 @@ async def stream(server: ServerContext, request: Request) -> Response:
             raise ApiError(
                 503, "shutting_down", "the server is shutting down", headers={"Retry-After": "1"}
             )
+        limit = server.settings.max_streams
+        if server.sse_streams >= limit:
+            raise ApiError(
+                503,
+                "too_many_streams",
+                f"this server process already has {limit} open streams (HEARTH_MAX_STREAMS);"
+                " retry later, or read JSON pages with ?wait= instead",
+                {"max_streams": limit},
+                headers={"Retry-After": "5"},
+            )
+        server.count_sse(+1)  # taken now, with no await since the check: the cap holds
         return sse_response(
-            rt, conversation_id, after, server.closing, server.sse_heartbeat_s, server.count_sse
+            rt,
+            conversation_id,
+            after,
+            server.closing,
+            server.sse_heartbeat_s,
+            release=lambda: server.count_sse(-1),
         )
-    limit = _int_param(request.query_params.get("limit"), "limit", default=PAGE_LIMIT, low=1)
-    wait = _wait_param(request)
-    page = await json_page(rt, conversation_id, after, min(limit, PAGE_LIMIT), wait, server.closing)
+    limit = _int_param(query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT)
+    wait = _wait_param(request, server.max_wait_s)
+    page = await json_page(rt, conversation_id, after, limit, wait, server.closing)
     return JSONResponse(page)
 
 
@@ -203,7 +228,7 @@ async def get_submission(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     path = request.path_params
     sub = await rt.conversation_submission(path["agent"], path["id"], path["sid"])
-    wait = _wait_param(request)
+    wait = _wait_param(request, server.max_wait_s)
     if wait > 0 and sub.outcome is None:
         sub = await wait_for_settlement(rt, sub, wait, server.closing)
     return JSONResponse(submission_view(sub))
@@ -217,9 +242,19 @@ async def abort(server: ServerContext, request: Request) -> Response:
 
 
 # --- query parameters ------------------------------------------------------------------------
-def _int_param(raw: str | None, name: str, *, default: int, low: int) -> int:
-    high = 2**62
-    if raw is None or raw == "":
+def query(request: Request, name: str) -> str | None:
+    """The one value of a query parameter, or None when absent; given twice is a 400 (which
+    one would count?)."""
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, "invalid_request", f"give {name} once", {"field": name})
+    return values[0] if values else None
+
+
+def _int_param(
+    raw: str | None, name: str, *, default: int, low: int, high: int = MAX_OFFSET
+) -> int:
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -234,16 +269,19 @@ def _int_param(raw: str | None, name: str, *, default: int, low: int) -> int:
     return value
 
 
-def _wait_param(request: Request) -> float:
-    raw = request.query_params.get("wait")
-    if raw is None or raw == "":
+def _wait_param(request: Request, longest: float = MAX_WAIT_S) -> float:
+    raw = query(request, "wait")
+    if raw is None:
         return 0.0
     try:
         wait = float(raw)
     except ValueError:
         wait = math.nan
-    if not math.isfinite(wait) or wait < 0:
+    if not math.isfinite(wait) or not 0 <= wait <= longest:
         raise ApiError(
-            400, "invalid_request", "wait must be a number of seconds ≥ 0", {"field": "wait"}
+            400,
+            "invalid_request",
+            f"wait must be a number of seconds from 0 to {longest:g}",
+            {"field": "wait"},
         )
-    return min(wait, MAX_WAIT_S)
+    return wait

@@ -16,12 +16,15 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
+from hearth import logs
 from hearth.server.asgi import DEFAULT_HEARTBEAT_S, HearthASGI
 from hearth.server.errors import ApiError
 from hearth.server.host import RuntimeHost
+from hearth.server.protocol import HeadTimeoutH11Protocol
 
 log = logging.getLogger("hearth.server")
 
@@ -98,6 +101,8 @@ def make_server(
     """A server for ``app`` on ``app.settings.host``/``port`` (port 0: any free port)."""
     settings = app.settings
     asgi = HearthASGI(app, sse_heartbeat_s=sse_heartbeat_s)
+    log_config = logs.configure(settings.log_format, log_level)
+    extra: dict[str, Any] = {} if log_config is None else {"log_config": log_config}
     config = uvicorn.Config(
         asgi,
         host=settings.host,
@@ -109,7 +114,10 @@ def make_server(
         timeout_graceful_shutdown=max(int(settings.shutdown_s * 0.8), 1),
         timeout_keep_alive=5,
         server_header=False,
+        http=HeadTimeoutH11Protocol,  # a stalled request head cannot hold its connection
+        **extra,
     )
+    logs.redact(settings.token)  # uvicorn's handlers exist now (made by Config)
     return HearthServer(config, asgi, settings.shutdown_s, hard_exit=hard_exit)
 
 

@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -21,7 +21,12 @@ from hearth.runtime.runtime import Runtime
 from hearth.server.context import Closing
 from hearth.store.base import Submission
 
+if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
 PAGE_LIMIT = 1000  # records in one JSON page
+MAX_WAIT_S = 300.0  # the longest long-poll (?wait=); longer is refused (400)
+MAX_OFFSET = 2**62  # far past any real stream, and inside every database's integer
 _SSE_BATCH = 500  # records read per step while an SSE stream catches up
 _RECHECK_S = 5.0  # how often an idle reader looks at ``shutting_down`` set from elsewhere
 
@@ -59,20 +64,35 @@ async def follow(
             await _until_woken(woken, stop, _RECHECK_S)
 
 
+class _CountedStream(EventSourceResponse):
+    """An SSE response that gives its slot back once it has ended, however it ends (also when
+    the client left before the first event)."""
+
+    def __init__(self, *args: Any, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
 def sse_response(
     runtime: Runtime,
     conversation_id: str,
     after: int,
     closing: Closing,
     heartbeat_s: float,
-    on_open: Callable[[int], None] = lambda _: None,
+    release: Callable[[], None] = lambda: None,
 ) -> EventSourceResponse:
-    """One SSE event per committed record after ``after``; stays open, tails live."""
+    """One SSE event per committed record after ``after``; stays open, tails live. ``release``
+    is called once when the stream has ended (the caller counted it open)."""
     shutdown = anyio.Event()  # set by sse-starlette when the ASGI server itself is exiting
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         stop = closing.watch(shutdown.wait)
-        on_open(+1)
         try:
             async for batch in follow(runtime, conversation_id, after, stop):
                 for record in batch:
@@ -81,10 +101,10 @@ def sse_response(
             return  # the store closed under us: the server is going away
         finally:
             stop.cancel()
-            on_open(-1)
 
-    return EventSourceResponse(
+    return _CountedStream(
         events(),
+        release=release,
         ping=heartbeat_s,
         headers={"Cache-Control": "no-store"},
         shutdown_event=shutdown,

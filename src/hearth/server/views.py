@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import json
-import math
+import re
 from typing import Any
 
 from hearth.records import Record
@@ -126,28 +124,26 @@ def conversation_view(c: ConversationSummary) -> dict[str, Any]:
     }
 
 
+# A page cursor: the last row's activity time (exact, as ``repr`` writes it) and its
+# conversation id. Every string of this shape is a position in the list, so the OpenAPI
+# description can say exactly which ``after`` values are valid.
+CURSOR_RE = re.compile(
+    r"^(-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:e[-+]?[0-9]{1,2})?)~([A-Za-z0-9._:/-]{1,300})$"
+)
+
+
 def encode_cursor(cursor: tuple[float, str]) -> str:
-    """An opaque page cursor: the last row's activity time and conversation id."""
-    raw = json.dumps([cursor[0], cursor[1]], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    """The ``next`` cursor of a page whose last row is ``cursor`` (activity, conversation id)."""
+    return f"{cursor[0]!r}~{cursor[1]}"
 
 
 def decode_cursor(text: str | None) -> tuple[float, str] | None:
-    """The cursor ``encode_cursor`` made, or a 400 for anything else."""
+    """The position ``encode_cursor`` wrote, or a 400 for anything else."""
     if text is None:
         return None
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        when, conversation_id = json.loads(raw)
-        if (
-            isinstance(when, (int, float))
-            and not isinstance(when, bool)
-            and math.isfinite(when)
-            and isinstance(conversation_id, str)
-        ):
-            return float(when), conversation_id
-    except (ValueError, TypeError):
-        pass
+    found = CURSOR_RE.fullmatch(text)
+    if found:
+        return float(found[1]), found[2]
     raise ApiError(
         400,
         "invalid_request",

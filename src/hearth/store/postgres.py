@@ -89,7 +89,7 @@ class PostgresStore(Store):
         write_retry_s: float = 30.0,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        if not SCHEMA_RE.match(schema):
+        if not SCHEMA_RE.fullmatch(schema):
             raise ConfigurationError(
                 f"schema {schema!r} must be 1-63 letters, digits or _, not starting with a digit"
             )

@@ -202,10 +202,10 @@ async def admit(
         conn,
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
         " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
-        " is_head, source) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s, %(digest)s,"
-        f" %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
+        " is_head, source, traceparent) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s,"
+        f" %(digest)s, %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
         "SELECT 1 FROM submissions WHERE conversation_id = %(c)s"
-        " AND status IN ('queued', 'running')), %(source)s) RETURNING *",
+        " AND status IN ('queued', 'running')), %(source)s, %(traceparent)s) RETURNING *",
         {
             "id": submission_id,
             "c": conversation_id,
@@ -218,6 +218,7 @@ async def admit(
             "timeout": new.timeout,
             "now": now,
             "source": rules.to_json_or_none(new.source),
+            "traceparent": new.traceparent,
         },
     )
     assert row is not None

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 3  # 2: conversations.last_activity; 3: submissions.source, inputs tables
+SCHEMA_VERSION = 4  # 2: last_activity; 3: source, inputs tables; 4: traceparent
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     joined_to text,
     is_head boolean NOT NULL DEFAULT false,
     source text,
+    traceparent text,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -135,6 +136,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
                 await conn.execute(statement.encode())
         if found is not None and found < 3:
             await _add_sources(conn)
+        if found is not None and found < 4:
+            await _add_traceparent(conn)
         await conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -159,6 +162,11 @@ async def _add_sources(conn: psycopg.AsyncConnection[Any]) -> None:
     """Version 2 → 3: submissions say where they came from (``source``); the new tables came
     with ``_TABLES``. Idempotent, so it may run on any older schema."""
     await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS source text")
+
+
+async def _add_traceparent(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Version 3 → 4: the W3C trace context of each admission (older rows have none)."""
+    await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS traceparent text")
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

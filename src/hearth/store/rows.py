@@ -53,6 +53,7 @@ class Submission:
     joined_to: str | None = None
     # where it came from: {"channel", "delivery_id"}, {"schedule", "occurrence"}, or None
     source: dict[str, Any] | None = None
+    traceparent: str | None = None  # W3C trace context of the admission: attempts continue it
 
     @property
     def agent(self) -> str:
@@ -84,6 +85,7 @@ class Submission:
             "settled_at": self.settled_at,
             "joined_to": self.joined_to,
             "source": self.source,
+            "traceparent": self.traceparent,
         }
 
 
@@ -107,6 +109,7 @@ class NewSubmission:
     timeout: float = 3600.0
     parent: dict[str, str] | None = None
     source: dict[str, Any] | None = None
+    traceparent: str | None = None  # W3C ``traceparent`` of the admission, kept on the row
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ def submission_from_row(row: Row) -> Submission:
         seq=int(row["seq"]),
         joined_to=row["joined_to"],
         source=None if row["source"] is None else json.loads(row["source"]),
+        traceparent=row["traceparent"],
     )
 
 

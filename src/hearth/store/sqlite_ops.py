@@ -153,7 +153,8 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
         " payload_digest, admitted_offset, status, attempt, max_attempts, timeout, accepted_at,"
-        " is_head, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?) RETURNING *",
+        " is_head, source, traceparent)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) RETURNING *",
         (
             rules.new_submission_id(),
             conversation_id,
@@ -168,6 +169,7 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             now,
             0 if busy else 1,
             rules.to_json_or_none(new.source),
+            new.traceparent,
         ),
     ).fetchone()
     admitted = submission_from_row(row)

@@ -8,10 +8,11 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
+# 5: submissions.traceparent keeps the W3C trace context of the admission
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -72,6 +73,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     joined_to TEXT,
     is_head INTEGER NOT NULL DEFAULT 0,
     source TEXT,
+    traceparent TEXT,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -176,6 +178,13 @@ def _add_sources(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE submissions ADD COLUMN source TEXT")
 
 
+def _add_traceparent(conn: sqlite3.Connection) -> None:
+    """Schema 4 → 5: the W3C trace context of each admission (older rows have none)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "traceparent" not in columns:
+        conn.execute("ALTER TABLE submissions ADD COLUMN traceparent TEXT")
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -197,6 +206,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 _add_activity(conn)
             if found < 4:
                 _add_sources(conn)
+            if found < 5:
+                _add_traceparent(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

@@ -1,0 +1,134 @@
+"""Log lines that say which conversation and submission they are about.
+
+While an attempt runs (and while a request is admitted), ``ids(...)`` puts the conversation and
+submission ids in a context variable; every record logged meanwhile carries them. With
+``HEARTH_LOG_FORMAT=json`` (``hearth serve --log-format json``) each line is one JSON object::
+
+    {"ts": "2026-01-02T03:04:05.678Z", "level": "warning", "logger": "hearth.coordinator",
+     "message": "...", "conversation_id": "support/c-1", "submission_id": "s_..."}
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_NONE: tuple[tuple[str, str], ...] = ()
+_IDS: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "hearth_log_ids", default=_NONE
+)
+# Attributes that LoggerAdapters of hearth put on records; copied into the JSON line when set.
+_EXTRA = ("conversation_id", "submission_id", "tool", "tool_call_id", "child")
+
+
+@contextmanager
+def ids(**given: str | None) -> Iterator[None]:
+    """Log records made inside the block carry these ids (None values are left out)."""
+    merged = {**dict(_IDS.get()), **{k: v for k, v in given.items() if v is not None}}
+    token = _IDS.set(tuple(merged.items()))
+    try:
+        yield
+    finally:
+        _IDS.reset(token)
+
+
+def current_ids() -> dict[str, str]:
+    return dict(_IDS.get())
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line, with the ids known where it was logged."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(dict(_IDS.get()))
+        for name in _EXTRA:
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = str(value)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class Redact(logging.Filter):
+    """Replaces secrets in a record's message (a token a client put in a URL, say, on its way
+    into the access log) before any handler writes it."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s and len(s) >= 4]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = message
+        for secret in self.secrets:
+            clean = clean.replace(secret, "[redacted]")
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact(*secrets: str | None) -> None:
+    """Install ``Redact`` for these secrets on every handler there is now (hearth's, uvicorn's,
+    the root logger's, Python's last-resort one)."""
+    keep = [s for s in secrets if s]
+    if not keep:
+        return
+    handlers = {logging.lastResort} if logging.lastResort is not None else set()
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            handlers.update(logger.handlers)
+    for handler in handlers:
+        if handler is None:
+            continue
+        for old in [f for f in handler.filters if isinstance(f, Redact)]:
+            handler.removeFilter(old)
+        handler.addFilter(Redact(keep))
+
+
+def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
+    """Send hearth's log lines (and every other library's) to stderr in ``log_format``.
+
+    Returns the logging config to give uvicorn for its own loggers in that format (None for
+    text: uvicorn keeps its own).
+    """
+    if log_format != "json":
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h.formatter, JsonFormatter)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {
+            "json": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["json"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": {"handlers": ["json"], "level": "INFO", "propagate": False},
+        },
+    }

@@ -1,0 +1,104 @@
+"""Slow clients cannot starve the server: connections that stall mid-head or mid-body do not stop
+``/healthz`` or admissions from answering, and the server lets go of them in time."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+from httpharness import ThreadServer, make_app
+
+from hearth.server import body
+from hearth.server.protocol import HeadTimeoutH11Protocol
+
+STALLED = 200
+
+
+@pytest.fixture
+def quick_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deadlines of 2 s instead of 10 s and 30 s, so the test sees them pass."""
+    monkeypatch.setattr(HeadTimeoutH11Protocol, "head_timeout_s", 2.0)
+    monkeypatch.setattr(body, "BODY_TIMEOUT_S", 2.0)
+
+
+@pytest.fixture
+def stalled_server(tmp_path: Path, quick_deadlines: None) -> Iterator[ThreadServer]:
+    server = ThreadServer(make_app(tmp_path / "h.db")).start()
+    yield server
+    server.stop()
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=20)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (20 s at most)."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_stalled_heads_and_bodies_do_not_stop_health_checks_or_admissions(
+    stalled_server: ThreadServer,
+) -> None:
+    url = stalled_server.url
+    heads, bodies = [], []
+    try:
+        for i in range(STALLED // 2):
+            sock = connect(url)
+            sock.sendall(b"POST /agents/echo/slow-%d HTTP/1.1\r\nHost: x\r\nContent-Ty" % i)
+            heads.append(sock)
+            sock = connect(url)
+            sock.sendall(
+                b"POST /agents/echo/slow-b%d HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+                b'{"message": "' % i
+            )
+            bodies.append(sock)
+        # While all of them hang on, the server answers everyone else.
+        with httpx2.Client(base_url=url, timeout=10) as http:
+            assert http.get("/healthz").status_code == 200
+            r = http.post("/agents/echo/fast", json={"message": "hi"})
+            assert r.status_code == 202
+        # A stalled head: the connection is closed, with nothing said.
+        for sock in heads:
+            assert read_all(sock) == b""
+        # A stalled body: 408 with the error envelope, and the connection closed.
+        for sock in bodies:
+            answer = read_all(sock)
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+            assert b'"request_timeout"' in answer
+        with httpx2.Client(base_url=url, timeout=10) as http:
+            counts = http.get("/admin/submissions").json()["counts"]
+            assert sum(counts.values()) == 1  # only the fast one: nothing stalled was admitted
+    finally:
+        for sock in heads + bodies:
+            sock.close()
+
+
+def test_an_idle_connection_that_never_sends_a_byte_is_closed(stalled_server: ThreadServer) -> None:
+    with connect(stalled_server.url) as sock:
+        assert read_all(sock) == b""
+
+
+def test_a_kept_alive_connection_is_not_cut_by_the_head_deadline_of_a_past_request(
+    stalled_server: ThreadServer,
+) -> None:
+    """The deadline is per request head: a connection idle between requests (for less than
+    uvicorn's 5 s keep-alive) still serves its next request."""
+    with connect(stalled_server.url) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+            time.sleep(2.5)  # past the 2 s head deadline, inside the keep-alive
