@@ -28,6 +28,9 @@ from hearth.errors import (
     SubmissionFailed,
     SubmissionNotFound,
     UnknownAgent,
+    WaitConflict,
+    WaitNotFound,
+    WaitTimedOut,
 )
 from hearth.receipts import AbortResult, Receipt, Reply
 from hearth.runtime.hooks import AgentFinish, AgentStart
@@ -70,6 +73,9 @@ __all__ = [
     "Tool",
     "ToolContext",
     "UnknownAgent",
+    "WaitConflict",
+    "WaitNotFound",
+    "WaitTimedOut",
     "__version__",
     "agent",
     "tool",

@@ -31,6 +31,16 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+def iso_from_unix(seconds: float) -> str:
+    """Unix seconds in the stream's time format."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def unix_from_iso(text: str) -> float:
+    """The stream's time format back to unix seconds."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Record:
     """Envelope shared by every record type."""
@@ -236,6 +246,31 @@ class SubmissionSettled(Record):
     reply: str | None = None
 
 
+@_register
+@dataclass(frozen=True, kw_only=True)
+class WaitStarted(Record):
+    """A durable tool asked the outside world for a value (§15); the attempt ends after it."""
+
+    type: ClassVar[str] = "wait_started"
+    wait_id: str
+    tool_call_id: str
+    name: str
+    prompt: JSON = None
+    expires_at: str | None = None  # UTC ISO, like ``at``; None: waits for ever
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class WaitResolved(Record):
+    """The end of a wait: its ``value``, or ``timed_out``, or ``aborted`` with its submission."""
+
+    type: ClassVar[str] = "wait_resolved"
+    wait_id: str
+    value: JSON = None
+    timed_out: bool = False
+    aborted: bool = False
+
+
 def record_from_json(data: dict[str, JSON]) -> Record:
     """Rebuild a record from its JSON form. Unknown fields are an error, so drift is caught."""
     kind = data.get("type")
@@ -279,8 +314,12 @@ __all__ = [
     "ToolResultsCommitted",
     "ToolStepSettled",
     "UserMessage",
+    "WaitResolved",
+    "WaitStarted",
     "dumps",
+    "iso_from_unix",
     "loads",
     "now_iso",
     "record_from_json",
+    "unix_from_iso",
 ]

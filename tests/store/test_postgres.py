@@ -18,7 +18,7 @@ from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
-from hearth.store.postgres_schema import migrate
+from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
 
 pytestmark = pytest.mark.anyio
@@ -126,7 +126,7 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == "1"
+    assert version == str(SCHEMA_VERSION)
 
 
 async def test_opening_a_current_schema_takes_no_table_lock(pg_cluster: Cluster) -> None:
@@ -150,8 +150,29 @@ async def test_a_schema_made_by_a_newer_hearth_is_refused(pg_cluster: Cluster) -
     async with opened(pg_cluster.conninfo, schema):
         pass
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(SchemaTooNew, match=r"schema version 99; this hearth knows version 1"):
+    with pytest.raises(
+        SchemaTooNew, match=rf"schema version 99; this hearth knows version {SCHEMA_VERSION}"
+    ):
         await PostgresStore(pg_cluster.conninfo, schema=schema).open()
+
+
+async def test_a_version_1_schema_is_upgraded_with_the_columns_of_durable_waits(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        sid = (await store.admit(NewSubmission("support/c-1", "support", "message", {}))).submission
+    pg_cluster.sql(  # as version 1 left it: no waits
+        f"DROP TABLE {schema}.waits; ALTER TABLE {schema}.submissions DROP COLUMN waits,"
+        f" DROP COLUMN waiting_since; UPDATE {schema}.meta SET value = '1'"
+        " WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        sub = await store.get_submission(sid.id)
+        assert sub is not None and sub.waits == 0 and sub.waiting_since is None
+        assert await store.list_waits() == []
+    version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert version == str(SCHEMA_VERSION)
 
 
 # --- offsets under concurrent writers --------------------------------------------------------

@@ -19,6 +19,7 @@ from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, Stor
 from hearth.records import UserMessage
 from hearth.store import NewSubmission, SQLiteStore, Store, open_store
 from hearth.store.rules import settlement
+from hearth.store.sqlite_schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -182,15 +183,39 @@ async def test_a_schema_1_file_is_migrated_with_the_heads_of_its_conversations(
         await store.close()
 
 
+async def test_a_schema_2_file_gains_the_columns_of_durable_waits(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        first = (await store.admit(new("support/c-1"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 2 left it: no waits
+        conn.execute("DROP TABLE waits")
+        conn.execute("ALTER TABLE submissions DROP COLUMN waits")
+        conn.execute("ALTER TABLE submissions DROP COLUMN waiting_since")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    store = await opened(path)
+    try:
+        sub = await store.get_submission(first.id)
+        assert sub is not None and sub.waits == 0 and sub.waiting_since is None
+        assert await store.list_waits() == []
+    finally:
+        await store.close()
+
+
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "hearth.db"
     store = await opened(path)
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        conn.execute(f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
     conn.close()
     with pytest.raises(
-        SchemaTooNew, match=r"newer hearth \(schema 3; this hearth knows schema 2\)"
+        SchemaTooNew,
+        match=rf"newer hearth \(schema {SCHEMA_VERSION + 1}; this hearth knows schema"
+        rf" {SCHEMA_VERSION}\)",
     ):
         await opened(path)
 

@@ -33,7 +33,9 @@ from hearth.runtime.recovery import (
 )
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import run_child_task
-from hearth.steps import Steps
+from hearth.runtime.waits import PauseForWait, recorded_waits, wait_started
+from hearth.steps import Steps, WaitPending
+from hearth.store.base import Fence
 from hearth.tools import Tool, ToolContext
 
 log = logging.getLogger("hearth.tools")
@@ -47,6 +49,7 @@ class ToolBatch:
         self.journal = scope.journal
         self.rendered = rendered
         self.view = view
+        self.waiting: PauseForWait | None = None  # set when a call of the batch waits
 
     async def run(self) -> None:
         view = self.view
@@ -77,6 +80,9 @@ class ToolBatch:
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
+        if self.waiting is not None:
+            # Every other call has its outcome recorded: the batch stays open, the attempt pauses.
+            raise self.waiting
         _faults.reached("batch:commit")
         writes: list[Record] = [
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
@@ -88,7 +94,14 @@ class ToolBatch:
         self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer
     ) -> None:
         started = time.monotonic()
-        outcome = await self._call_outcome(call, verdict, buffer, started)
+        try:
+            outcome = await self._call_outcome(call, verdict, buffer, started)
+        except WaitPending as pending:
+            await self._wait(call, pending)
+            return
+        except PauseForWait as child:  # a delegated task's child waits: so does this call
+            self._pause().add(child)
+            return
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
@@ -137,6 +150,22 @@ class ToolBatch:
         _faults.reached(f"tool:{tool.name}")
         return await tool.invoke(arguments, ctx)
 
+    def _pause(self) -> PauseForWait:
+        if self.waiting is None:
+            self.waiting = PauseForWait()
+        return self.waiting
+
+    async def _wait(self, call: AssistantToolCall, pending: WaitPending) -> None:
+        pause = self._pause()
+        if pending.started:
+            return  # still pending from an earlier attempt: its record and row are there
+        now = await self.scope.store.now()
+        record, expires = wait_started(call.message_id, call.tool_call_id, pending, now)
+        fence = self.journal.fence
+        pause.started.append((self.scope.conversation_id, record.stamped(*fence_of(fence))))
+        if expires is not None:
+            pause.expiries.append(expires)
+
     def _steps(self, call: AssistantToolCall) -> Steps:
         prefix = f"{call.message_id}:step:{call.tool_call_id}:"
         recorded = {
@@ -155,7 +184,19 @@ class ToolBatch:
             )
             metrics.observe_step(time.perf_counter() - t0)
 
-        return Steps(call.tool_call_id, recorded, record)
+        started, ended = recorded_waits(self.journal.records, call.message_id, call.tool_call_id)
+        return Steps(
+            call.tool_call_id,
+            recorded,
+            record,
+            message_id=call.message_id,
+            waits_started=started,
+            waits_ended=ended,
+        )
+
+
+def fence_of(fence: Fence) -> tuple[str, int]:
+    return fence.submission_id, fence.attempt
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:

@@ -69,6 +69,12 @@ class Evidence:
     abort_requested: bool
     start_hooks: bool = False  # the current render declares on_agent_start callbacks
     finish_hooks: bool = False  # the current render declares on_agent_finish callbacks
+    waits: int = 0  # attempts that ended by a durable wait: they do not count toward the budget
+
+    @property
+    def interruptions(self) -> int:
+        """The attempts that count toward ``max_attempts``, this one included."""
+        return self.attempt - self.waits
 
 
 START_HOOK = "on_agent_start"
@@ -289,7 +295,7 @@ def classify_recovery(ev: Evidence) -> Decision:
     views = assemble_messages(ev.records)
     final = _completed_response(views, ev.records) if ev.input_appended else None
     if final is not None:
-        stopping = ev.abort_requested or ev.deadline_passed or ev.attempt > ev.max_attempts
+        stopping = ev.abort_requested or ev.deadline_passed or ev.interruptions > ev.max_attempts
         if (
             ev.finish_hooks
             and not stopping
@@ -310,10 +316,10 @@ def classify_recovery(ev: Evidence) -> Decision:
         )
     if ev.deadline_passed:
         return _fail("timeout", "the submission ran past its deadline", interrupted)
-    if ev.attempt > ev.max_attempts:
+    if ev.interruptions > ev.max_attempts:
         return _fail(
             "retry_exhausted",
-            f"the submission was interrupted {ev.attempt - 1} times (max_attempts="
+            f"the submission was interrupted {ev.interruptions - 1} times (max_attempts="
             f"{ev.max_attempts})",
             interrupted,
         )

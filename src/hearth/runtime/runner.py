@@ -32,6 +32,7 @@ from hearth.runtime.rest import settlement_at_rest
 from hearth.runtime.scope import Settlement, TurnPolicy
 from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
+from hearth.runtime.waits import PauseForWait
 from hearth.store.base import Submission
 
 
@@ -53,6 +54,8 @@ class Attempt:
         self.input_id = self.policy.input_id
         self.depth = self.policy.depth
         self.log = self.policy.log
+        self.paused = False  # the attempt ended by a durable wait (the submission waits)
+        self.next_expiry: float | None = None  # the earliest expiry of the waits it began
 
     # --- the loop -------------------------------------------------------------------------
     @property
@@ -82,6 +85,24 @@ class Attempt:
                 return
             except TaskPreempted:
                 continue  # a child stopped for an abort or the deadline: classify again
+            except PauseForWait as pause:
+                if self.depth > 0:
+                    raise  # a child's wait pauses its parent's batch, then the submission
+                await self._pause(pause)
+                return
+
+    async def _pause(self, pause: PauseForWait) -> None:
+        """End the attempt for durable waits: the submission waits, without a lease."""
+        for _, record in pause.started:
+            _faults.reached(f"before:{record.type}")
+        _faults.reached("before:store.begin_wait")
+        await self.store.begin_wait(self.sub.fence, pause.started)
+        _faults.reached("after:store.begin_wait")
+        for _, record in pause.started:
+            _faults.reached(f"after:{record.type}")
+        self.paused = True
+        self.next_expiry = pause.next_expiry
+        self.log.info("waiting for %d wait(s)", len(pause.started) or 1)
 
     async def run_child(self, policy: TurnPolicy) -> None:
         """Run a delegated task's child conversation through this loop, under this claim."""
@@ -108,6 +129,7 @@ class Attempt:
             records=mine,
             input_appended=bool(mine),
             attempt=self.sub.attempt,
+            waits=self.sub.waits,
             max_attempts=self.sub.max_attempts,
             deadline_passed=deadline_passed,
             abort_requested=abort,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,15 @@ from hearth.records import Record
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.env import Env
 from hearth.runtime.shared_reads import SharedReads
-from hearth.store.base import UNSETTLED, NewSubmission, Store, Submission, all_submissions
+from hearth.store.base import (
+    LIST_LIMIT,
+    UNSETTLED,
+    NewSubmission,
+    Store,
+    Submission,
+    Wait,
+    all_submissions,
+)
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
 
@@ -172,6 +181,30 @@ class Runtime:
         ids = await self.store.request_abort(conversation_id)  # its owner hears of it
         _faults.reached("after:store.request_abort")
         return AbortResult(aborted=bool(ids), submission_ids=ids)
+
+    async def resolve(self, agent: str, id: str, wait_id: str, value: Any) -> Wait:
+        """Resolve the durable wait ``wait_id`` of conversation ``agent``/``id`` with a JSON
+        ``value``: its submission runs again and ``step.wait`` returns the value. An identical
+        repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
+        conversation_id = self.conversation_id(agent, id)
+        try:
+            value = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
+        _faults.reached("before:store.resolve_wait")
+        wait = await self.store.resolve_wait(conversation_id, wait_id, value)
+        _faults.reached("after:store.resolve_wait")
+        return wait
+
+    async def waits(self, conversation_id: str | None = None) -> list[Wait]:
+        """The pending durable waits, oldest first (of one conversation, or of all)."""
+        found: list[Wait] = []
+        while True:
+            after = found[-1].seq if found else 0
+            page = await self.store.list_waits(conversation_id, after=after)
+            found += page
+            if len(page) < LIST_LIMIT:
+                return found
 
     async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:
         """The conversation's canonical stream (records after ``after``)."""

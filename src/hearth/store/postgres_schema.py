@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: durable waits (the waits table, submissions.waits, waiting_since)
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -69,6 +69,8 @@ CREATE TABLE IF NOT EXISTS submissions (
     settled_at double precision,
     joined_to text,
     is_head boolean NOT NULL DEFAULT false,
+    waits integer NOT NULL DEFAULT 0,
+    waiting_since double precision,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -79,7 +81,32 @@ CREATE INDEX IF NOT EXISTS submissions_by_owner ON submissions (lease_owner)
 CREATE INDEX IF NOT EXISTS submissions_by_claim ON submissions (claim_token)
     WHERE claim_token IS NOT NULL;
 CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
-    WHERE joined_to IS NOT NULL
+    WHERE joined_to IS NOT NULL;
+CREATE TABLE IF NOT EXISTS waits (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id text NOT NULL,
+    wait_id text NOT NULL,
+    submission_id text NOT NULL,
+    tool_call_id text NOT NULL,
+    name text NOT NULL,
+    prompt text NOT NULL,
+    expires_at double precision,
+    created_at double precision NOT NULL,
+    state text NOT NULL,
+    value text,
+    resolved_at double precision,
+    UNIQUE (conversation_id, wait_id)
+);
+CREATE INDEX IF NOT EXISTS waits_pending ON waits (seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS waits_expiring ON waits (expires_at)
+    WHERE state = 'pending' AND expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state)
+"""
+
+# Version 1 → 2: the columns of durable waits (the waits table is created with the rest).
+_ADD_WAITS = """
+ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waits integer NOT NULL DEFAULT 0;
+ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waiting_since double precision
 """
 
 
@@ -99,14 +126,20 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             # Nothing to do, and no DDL: even ``CREATE INDEX IF NOT EXISTS`` locks its table,
             # which can deadlock with a peer process already using it.
             return
-        for statement in _TABLES.split(";"):
-            if statement.strip():
-                await conn.execute(statement.encode())
+        if found is not None and found < 2:
+            await _run(conn, _ADD_WAITS)
+        await _run(conn, _TABLES)
         await conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+
+
+async def _run(conn: psycopg.AsyncConnection[Any], statements: str) -> None:
+    for statement in statements.split(";"):
+        if statement.strip():
+            await conn.execute(statement.encode())
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

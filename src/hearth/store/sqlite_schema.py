@@ -8,7 +8,9 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 2  # 2: submissions.is_head marks each conversation's claimable head
+# 2: submissions.is_head marks each conversation's claimable head
+# 3: durable waits: the waits table, submissions.waits and submissions.waiting_since
+SCHEMA_VERSION = 3
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -63,6 +65,8 @@ CREATE TABLE IF NOT EXISTS submissions (
     settled_at REAL,
     joined_to TEXT,
     is_head INTEGER NOT NULL DEFAULT 0,
+    waits INTEGER NOT NULL DEFAULT 0,
+    waiting_since REAL,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -71,6 +75,25 @@ CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions (status);
 CREATE INDEX IF NOT EXISTS submissions_heads ON submissions (seq) WHERE is_head = 1;
 CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
     WHERE joined_to IS NOT NULL;
+CREATE TABLE IF NOT EXISTS waits (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    wait_id TEXT NOT NULL,
+    submission_id TEXT NOT NULL,
+    tool_call_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    expires_at REAL,
+    created_at REAL NOT NULL,
+    state TEXT NOT NULL,
+    value TEXT,
+    resolved_at REAL,
+    UNIQUE (conversation_id, wait_id)
+);
+CREATE INDEX IF NOT EXISTS waits_pending ON waits (seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS waits_expiring ON waits (expires_at)
+    WHERE state = 'pending' AND expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state);
 """
 
 
@@ -126,6 +149,15 @@ def _add_heads(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_waits(conn: sqlite3.Connection) -> None:
+    """Schema 2 → 3: the columns of durable waits (the waits table is created with the rest)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "waits" not in have:
+        conn.execute("ALTER TABLE submissions ADD COLUMN waits INTEGER NOT NULL DEFAULT 0")
+    if "waiting_since" not in have:
+        conn.execute("ALTER TABLE submissions ADD COLUMN waiting_since REAL")
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -143,6 +175,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 )
             if found < 2:
                 _add_heads(conn)
+            if found < 3:
+                _add_waits(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
