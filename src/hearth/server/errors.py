@@ -22,6 +22,8 @@ from hearth.errors import (
     StoreError,
     SubmissionNotFound,
     UnknownAgent,
+    WaitConflict,
+    WaitNotFound,
 )
 
 log = logging.getLogger("hearth.server")
@@ -65,6 +67,8 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (UnknownAgent, 404, "unknown_agent"),
     (ConversationNotFound, 404, "conversation_not_found"),
     (SubmissionNotFound, 404, "submission_not_found"),
+    (WaitNotFound, 404, "wait_not_found"),
+    (WaitConflict, 409, "wait_conflict"),
     (InvalidId, 400, "invalid_id"),
     (InvalidInput, 400, "invalid_request"),
     (IdempotencyConflict, 409, "idempotency_conflict"),

@@ -109,7 +109,7 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "id": {"type": "string"},
-            "status": {"enum": ["queued", "running", "settled", "joined"]},
+            "status": {"enum": ["queued", "running", "waiting", "settled", "joined"]},
             "outcome": {"enum": ["completed", "failed", "aborted", None]},
             "error": {"type": ["object", "null"]},
             "reply": {"type": ["string", "null"]},
@@ -122,6 +122,40 @@ _SCHEMAS: dict[str, Any] = {
             "offset": {"type": "integer"},
             "messages": {"type": "array", "items": {"type": "object"}},
             "submissions": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "Wait": {
+        "type": "object",
+        "description": "A pending durable wait of a tool call (SPEC §15).",
+        "properties": {
+            "wait_id": {"type": "string"},
+            "agent": {"type": "string"},
+            "id": {"type": "string"},
+            "conversation_id": {"type": "string"},
+            "submission_id": {"type": "string"},
+            "tool_call_id": {"type": "string"},
+            "name": {"type": "string"},
+            "prompt": {"description": "what the tool asks (any JSON, usually a string)"},
+            "expires_at": {"type": ["string", "null"], "format": "date-time"},
+            "state": {"enum": ["pending", "resolved", "timed_out", "aborted"]},
+        },
+    },
+    "Waits": {
+        "type": "object",
+        "properties": {"waits": {"type": "array", "items": _ref("Wait")}},
+    },
+    "Resolve": {
+        "type": "object",
+        "required": ["value"],
+        "properties": {"value": {"description": "any JSON value: step.wait returns it"}},
+        "additionalProperties": False,
+    },
+    "Resolution": {
+        "type": "object",
+        "properties": {
+            "wait_id": {"type": "string"},
+            "submission_id": {"type": "string"},
+            "resolved": {"const": True},
         },
     },
     "AbortResult": {
@@ -202,6 +236,42 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
                     **_errors(401, 404),
                 },
             },
+        },
+        conv + "/waits": {
+            "parameters": _PATH_PARAMS,
+            "get": {
+                "summary": "The conversation's pending durable waits",
+                "responses": {"200": _json(_ref("Waits"), "pending waits"), **_errors(401, 404)},
+            },
+        },
+        conv + "/waits/{wait_id}": {
+            "parameters": [
+                *_PATH_PARAMS,
+                {"name": "wait_id", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+            "post": {
+                "summary": "Resolve a durable wait with a JSON value (once; the same value again"
+                " is 200)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("Resolve")}},
+                },
+                "responses": {
+                    "200": _json(_ref("Resolution"), "resolved; the submission runs again"),
+                    "409": _json(
+                        _ref("Error"),
+                        "resolved with another value, timed out, aborted, or its submission"
+                        " no longer waits",
+                    ),
+                    **_errors(400, 401, 404, 413, 415, 503),
+                },
+            },
+        },
+        "/waits": {
+            "get": {
+                "summary": "Every pending durable wait, oldest first",
+                "responses": {"200": _json(_ref("Waits"), "pending waits"), **_errors(401)},
+            }
         },
         "/healthz": {
             "get": {
