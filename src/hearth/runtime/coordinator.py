@@ -155,8 +155,12 @@ class Coordinator:
         due = self._next_expiry
         if due is None or due > await self.store.now():
             return
-        while len(await self.store.expire_waits(LIST_LIMIT)) >= LIST_LIMIT:
-            pass
+        while True:
+            _faults.reached("before:store.expire_waits")
+            ended = await self.store.expire_waits(LIST_LIMIT)
+            _faults.reached("after:store.expire_waits")
+            if len(ended) < LIST_LIMIT:
+                break
         self._next_expiry = await self.store.next_wait_expiry()
 
     def _note_expiry(self, expiry: float | None) -> None:

@@ -216,13 +216,24 @@ class Runtime:
         return await self.store.read(conversation_id, after=after)
 
     async def settle_all(self, timeout: float = 30.0) -> None:
-        """Wait until no submission is queued or running (handy in scripts and tests)."""
+        """Wait until no submission is queued or running, and none waits for a wait that will
+        time out (handy in scripts and tests; a wait without a timeout is at rest)."""
         end = time.monotonic() + timeout
         while True:
+            left = end - time.monotonic()
             pending = await self.store.list_submissions(statuses=UNSETTLED, limit=1)
             if not pending:
-                return
-            left = end - time.monotonic()
+                expiry = await self.store.next_wait_expiry()
+                if expiry is None:
+                    # Unless a wait ended between the two reads and queued its submission.
+                    if not await self.store.list_submissions(statuses=UNSETTLED, limit=1):
+                        return
+                    continue
+                if left <= 0:
+                    raise TimeoutError("a durable wait has not timed out yet")
+                # The coordinator ends it at its expiry and queues its submission again.
+                await asyncio.sleep(min(left, max(0.01, expiry - await self.store.now() + 0.02)))
+                continue
             if left <= 0:
                 raise TimeoutError("work is still queued or running")
             with contextlib.suppress(TimeoutError):

@@ -113,12 +113,25 @@ SCENARIOS: tuple[Scenario, ...] = (
         dispatch=(),
         followup=("parent", "r2", "one more"),
     ),
+    Scenario(
+        "wait",
+        "a durable tool waits for an approval that never comes: the attempt pauses, the wait"
+        " times out, and the tool runs again with its first step replayed",
+        dispatch=(("approving", "w1", "approve"),),
+        followup=("approving", "w1", "one more"),
+    ),
 )
 
 BY_NAME: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in SCENARIOS})
 
 # Listed kill points no scenario reaches, each with the reason (the enumeration fails on any
 # other unreached point).
-UNREACHED: Mapping[str, str] = MappingProxyType({})
+_RESOLVED_BY_STORE = (
+    "written by the store's resolve, timeout or abort transaction, never through an attempt's"
+    " journal: see before:/after:store.expire_waits and before:/after:store.request_abort"
+)
+UNREACHED: Mapping[str, str] = MappingProxyType(
+    {"before:wait_resolved": _RESOLVED_BY_STORE, "after:wait_resolved": _RESOLVED_BY_STORE}
+)
 
 __all__ = ["APP", "BY_NAME", "SCENARIOS", "UNREACHED", "Dispatch", "Prelude", "Scenario"]
