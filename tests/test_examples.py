@@ -44,3 +44,19 @@ def test_the_subagents_example_runs() -> None:
     )
     assert "My researcher reports: What is the capital of Norway? It is Oslo." in out.stdout
     assert "child 0: conversation_created" in out.stdout
+
+
+def test_the_refund_approval_example_waits_across_a_restart() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "refund_approval.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "small refund: Done: {'refunded': 40, 'order': 'A-7'}" in out.stdout
+    assert "status: waiting" in out.stdout
+    assert "pending after the restart: ['approval']" in out.stdout
+    assert "large refund: Done: {'refunded': 250, 'order': 'A-7'}" in out.stdout
+    assert "attempts: 2, of which ended by a wait: 1" in out.stdout
+    assert "order loads per conversation: {'support/c-1': 1, 'support/c-2': 1}" in out.stdout
