@@ -235,6 +235,7 @@ class Compaction(Record):
     summary: str
     first_kept_offset: int
     tokens_before: int = 0
+    usage: dict[str, int] | None = None  # of the summary call(s), for the spending budget
 
 
 @_register

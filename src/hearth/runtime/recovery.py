@@ -70,6 +70,8 @@ class Evidence:
     start_hooks: bool = False  # the current render declares on_agent_start callbacks
     finish_hooks: bool = False  # the current render declares on_agent_finish callbacks
     waits: int = 0  # attempts that ended by a durable wait: they do not count toward the budget
+    tokens_spent: int = 0  # model tokens the submission spent so far (all turns, all attempts)
+    max_tokens: int | None = None  # its spending budget; None: unbounded
 
     @property
     def interruptions(self) -> int:
@@ -288,10 +290,33 @@ def _pending_start_seam(records: Sequence[Record], views: Sequence[MessageView])
     return None
 
 
+# The decisions that call the model: the spending budget is checked before each.
+MODEL_CALLS = frozenset(
+    {Action.CONTINUE, Action.CONTINUE_PARTIAL, Action.RETRY_TRANSIENT, Action.COMPACT}
+)
+
+
 def classify_recovery(ev: Evidence) -> Decision:
     """Decide the next step from durable evidence. Callers close open messages first
     (``close_open_messages``); this function assumes every message in ``ev.records`` is closed
     or was never started."""
+    decision = _classify(ev)
+    if (
+        decision.action in MODEL_CALLS
+        and ev.max_tokens is not None
+        and ev.tokens_spent >= ev.max_tokens
+    ):
+        # At a turn boundary, past the budget: stop before another model call.
+        return _fail(
+            "budget_exhausted",
+            f"the submission spent {ev.tokens_spent} model tokens; its budget is"
+            f" {ev.max_tokens} (Durability.max_tokens)",
+            (),
+        )
+    return decision
+
+
+def _classify(ev: Evidence) -> Decision:
     views = assemble_messages(ev.records)
     final = _completed_response(views, ev.records) if ev.input_appended else None
     if final is not None:

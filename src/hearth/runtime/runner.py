@@ -15,6 +15,7 @@ from hearth.agent import Agent, Rendered
 from hearth.errors import ConfigurationError, FencedOut, ProviderError
 from hearth.records import Compaction, Record, ToolOutcome
 from hearth.runtime.batch import ToolBatch
+from hearth.runtime.budget import Spending
 from hearth.runtime.compaction import compact
 from hearth.runtime.env import Env
 from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
@@ -43,7 +44,13 @@ class Attempt:
     loop runs another conversation under the submission's claim (a delegated task's child).
     """
 
-    def __init__(self, env: Env, sub: Submission, policy: TurnPolicy | None = None) -> None:
+    def __init__(
+        self,
+        env: Env,
+        sub: Submission,
+        policy: TurnPolicy | None = None,
+        spending: Spending | None = None,
+    ) -> None:
         self.env = env
         self.sub = sub  # the claim: fence, attempt number, budget and deadline
         self.policy: TurnPolicy = policy if policy is not None else SubmissionPolicy(sub)
@@ -54,6 +61,8 @@ class Attempt:
         self.input_id = self.policy.input_id
         self.depth = self.policy.depth
         self.log = self.policy.log
+        # The submission's token count: its own loop's, shared with its children's loops.
+        self.spending = spending or Spending(env.store, sub.id, self.journal)
         self.paused = False  # the attempt ended by a durable wait (the submission waits)
         self.next_expiry: float | None = None  # the earliest expiry of the waits it began
 
@@ -106,7 +115,7 @@ class Attempt:
 
     async def run_child(self, policy: TurnPolicy) -> None:
         """Run a delegated task's child conversation through this loop, under this claim."""
-        await Attempt(self.env, self.sub, policy).run()
+        await Attempt(self.env, self.sub, policy, self.spending).run()
 
     async def _try_render(self) -> tuple[Rendered | None, dict[str, Any] | None]:
         if self.agent is None:
@@ -125,6 +134,8 @@ class Attempt:
             await self.journal.append(*closes)
             mine = self.submission_records()
         abort, deadline_passed = await self._stop_requests()
+        max_tokens = self._max_tokens()
+        spent = 0 if max_tokens is None else await self.spending.count()
         return Evidence(
             records=mine,
             input_appended=bool(mine),
@@ -135,7 +146,15 @@ class Attempt:
             abort_requested=abort,
             start_hooks=bool(rendered and rendered.on_start),
             finish_hooks=bool(rendered and rendered.on_finish),
+            tokens_spent=spent,
+            max_tokens=max_tokens,
         )
+
+    def _max_tokens(self) -> int | None:
+        """The submission's spending budget (its own agent's, also in a delegated task's child:
+        a child runs under its parent's budget), checked at every turn boundary."""
+        agent = self.env.agents.get(self.sub.agent)
+        return None if agent is None else agent.durability.max_tokens
 
     async def _stop_requests(self) -> tuple[bool, bool]:
         """Whether an abort intent is stamped, and whether the deadline has passed."""
