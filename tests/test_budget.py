@@ -11,9 +11,21 @@ import budgetapp
 import pytest
 
 import hearth
-from hearth.records import AssistantMessageCompleted, Record, SubmissionSettled, ToolOutcome
-from hearth.runtime.budget import usage_tokens
+from hearth.providers.base import ModelRequest
+from hearth.records import (
+    AssistantMessageCompleted,
+    Compaction,
+    Record,
+    SubmissionSettled,
+    ToolOutcome,
+    UserMessage,
+)
+from hearth.runtime.budget import Spending, usage_tokens
+from hearth.runtime.compaction import SUMMARY_PROMPT
+from hearth.runtime.journal import Journal
 from hearth.runtime.recovery import Action, Evidence, classify_recovery
+from hearth.store.base import Fence
+from hearth.testing import ScriptedModel, Step, overflow, reply
 from hearth.testing.crash import CrashHarness
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -53,8 +65,6 @@ def evidence(**fields: Any) -> Evidence:
 
 
 def test_past_the_budget_a_turn_boundary_settles_failed_budget_exhausted() -> None:
-    from hearth.records import UserMessage
-
     records = [UserMessage(id="s:input", message_id="s", content="go")]
     assert classify_recovery(evidence(records=records)).action is Action.CONTINUE
     within = evidence(records=records, tokens_spent=99, max_tokens=100)
@@ -135,3 +145,33 @@ def test_a_sigkill_between_turns_does_not_reset_the_count(tmp_path: Path) -> Non
     [settled] = [r for r in records if isinstance(r, SubmissionSettled)]
     assert settled.error is not None and settled.error["type"] == "budget_exhausted"
     harness.assert_invariants()
+
+
+@pytest.mark.anyio
+async def test_a_compaction_summary_carries_its_usage_and_counts() -> None:
+    def script(request: ModelRequest) -> Step:
+        if request.system == SUMMARY_PROMPT:
+            return reply("a summary of the greeting")
+        if request.summary is None and len(request.messages) > 1:
+            return overflow()
+        return reply("ok")
+
+    @hearth.agent
+    def talker(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/talker")
+        return "Talk."
+
+    app = hearth.App([talker], db="memory", providers=[ScriptedModel("talker", script)])
+    async with app.run() as rt:
+        await rt.read(await rt.dispatch("talker", "t-1", "hello"), timeout=10)
+        second = await rt.dispatch("talker", "t-1", "again")
+        await rt.read(second, timeout=10)
+        records = await rt.history("talker", "t-1")
+        [compaction] = [r for r in records if isinstance(r, Compaction)]
+        assert compaction.submission_id == second.submission_id
+        assert usage_tokens(compaction.usage) > 0
+        journal = Journal(rt.store, "talker/t-1", Fence(second.submission_id, 1))
+        await journal.load(-1)
+        counted = await Spending(rt.store, second.submission_id, journal).count()
+    turns = sum(spent(records, second.submission_id))
+    assert counted == turns + usage_tokens(compaction.usage)
