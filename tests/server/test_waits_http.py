@@ -5,6 +5,7 @@ the same on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -146,6 +147,23 @@ def test_the_sdk_resolves_waits_sync_and_async(wait_server: ThreadServer) -> Non
             return (await conv.read(receipt, timeout=20)).text
 
     assert "'approval': 'sure'" in asyncio.run(main())
+
+
+def test_the_cli_lists_and_resolves_waits_through_the_server(wait_server: ThreadServer) -> None:
+    with wait_server.client() as http:
+        sid = http.post("/agents/cashier/c-1", json={"message": "refund 250"}).json()[
+            "submission_id"
+        ]
+        [wait] = pending(http)
+        listed = cli("waits", "--url", wait_server.url)
+        assert listed.returncode == 0 and "approval" in listed.stdout
+        as_json = cli("waits", "--url", wait_server.url, "--json")
+        assert [w["wait_id"] for w in json.loads(as_json.stdout)["waits"]] == [wait["wait_id"]]
+        done = cli("resolve", "cashier", "c-1", wait["wait_id"], '"ok"', "--url", wait_server.url)
+        assert done.returncode == 0, done.stderr
+        missing = cli("resolve", "cashier", "c-1", "w_nope", "1", "--url", wait_server.url)
+        assert missing.returncode == 1 and "no wait" in missing.stderr
+        assert settled(http, "cashier/c-1", sid)["outcome"] == "completed"
 
 
 # --- real processes ----------------------------------------------------------------------------
