@@ -179,6 +179,21 @@ async def test_the_other_calls_of_the_batch_record_their_outcomes_before_the_pau
     assert ran(log, "note") == 1  # kept, not run again after the wait
 
 
+async def test_state_written_before_the_pause_commits_with_the_resumed_batch(log: Path) -> None:
+    async with app().run() as rt:
+        receipt = await rt.dispatch("cashier", "c-1", "both 250")
+        await until_waiting(rt, receipt.submission_id)
+        assert await rt.store.get_state("cashier/c-1") == {}  # the batch has not committed
+        [started] = of(await rt.history("cashier", "c-1"), WaitStarted)
+        assert started.state_writes == {"notes": 1}
+        [wait] = await rt.waits()
+        await rt.resolve("cashier", "c-1", wait.wait_id, True)
+        await rt.read(receipt, timeout=10)
+        assert await rt.store.get_state("cashier/c-1") == {"notes": 1}
+        await assert_invariants(rt.store)
+    assert ran(log, "note") == 1
+
+
 async def test_waiting_consumes_no_attempt_of_the_budget() -> None:
     # cashier has max_attempts=1; a call that waits twice takes three attempts and completes.
     async with app().run() as rt:

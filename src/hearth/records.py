@@ -258,6 +258,10 @@ class WaitStarted(Record):
     name: str
     prompt: JSON = None
     expires_at: str | None = None  # UTC ISO, like ``at``; None: waits for ever
+    # The state writes the paused batch made so far: not committed yet, they are carried over
+    # to the attempt that resumes the batch and commit with it (calls that kept their outcome
+    # do not run again to make them).
+    state_writes: dict[str, JSON] = field(default_factory=dict)
 
 
 @_register

@@ -65,13 +65,6 @@ async def approvals(ctx: hearth.ToolContext) -> list[Any]:
     return [first, second]
 
 
-@hearth.tool
-async def note(ctx: hearth.ToolContext) -> str:
-    """An ordinary call made beside the refund."""
-    log("note", ctx)
-    return "noted"
-
-
 def script(request: ModelRequest) -> Step:
     last = request.messages[-1] if request.messages else None
     if isinstance(last, ToolResult):
@@ -94,6 +87,15 @@ def cashier(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/cashier")
     ctx.use_tool(refund)
     ctx.use_tool(approvals)
+    notes, set_notes = ctx.use_state("notes", 0)
+
+    @hearth.tool
+    async def note(ctx: hearth.ToolContext) -> str:
+        """An ordinary call made beside the refund; it counts in persistent state."""
+        log("note", ctx)
+        set_notes(notes + 1)
+        return "noted"
+
     ctx.use_tool(note)
     return "Refund what you are asked to."
 

@@ -33,7 +33,7 @@ from hearth.runtime.recovery import (
 )
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import run_child_task
-from hearth.runtime.waits import PauseForWait, recorded_waits, wait_started
+from hearth.runtime.waits import PauseForWait, carried_state, recorded_waits, wait_started
 from hearth.steps import Steps, WaitPending
 from hearth.store.base import Fence
 from hearth.tools import Tool, ToolContext
@@ -58,6 +58,7 @@ class ToolBatch:
             view, self.scope.sub.attempt, declared, list(self.rendered.subagents)
         )
         buffer = StateBuffer(self.rendered.state)
+        buffer.writes.update(carried_state(self.journal.records, view.message_id))
         jobs = []
         for call in view.calls:
             verdict = plan[call.tool_call_id]
@@ -81,7 +82,9 @@ class ToolBatch:
                 if isinstance(r, BaseException):
                     raise r
         if self.waiting is not None:
-            # Every other call has its outcome recorded: the batch stays open, the attempt pauses.
+            # Every other call has its outcome recorded: the batch stays open, the attempt pauses,
+            # and the batch's uncommitted state writes travel in its wait records.
+            self.waiting.carry_state(self.scope.conversation_id, buffer.writes)
             raise self.waiting
         _faults.reached("batch:commit")
         writes: list[Record] = [

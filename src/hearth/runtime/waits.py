@@ -10,8 +10,10 @@ waits, holding no lease and no task, until a resolve, a timeout or an abort queu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hearth.records import Record, WaitResolved, WaitStarted, iso_from_unix
 from hearth.steps import WaitOutcome, WaitPending
@@ -29,6 +31,17 @@ class PauseForWait(Exception):
     def add(self, other: PauseForWait) -> None:
         self.started += other.started
         self.expiries += other.expiries
+
+    def carry_state(self, conversation_id: str, writes: Mapping[str, Any]) -> None:
+        """Put a batch's uncommitted state writes into its new wait records."""
+        if not writes:
+            return
+        self.started = [
+            (conv, dataclasses.replace(r, state_writes=dict(writes)))
+            if conv == conversation_id
+            else (conv, r)
+            for conv, r in self.started
+        ]
 
     @property
     def next_expiry(self) -> float | None:
@@ -65,3 +78,13 @@ def recorded_waits(
         if isinstance(r, WaitResolved) and r.wait_id in started
     }
     return started, ended
+
+
+def carried_state(records: Sequence[Record], message_id: str) -> dict[str, Any]:
+    """The state writes a batch made before it paused for waits, to commit when it resumes."""
+    prefix = f"{message_id}:wait:"
+    writes: dict[str, Any] = {}
+    for r in records:
+        if isinstance(r, WaitStarted) and r.id.startswith(prefix):
+            writes.update(r.state_writes)
+    return writes
