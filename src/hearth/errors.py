@@ -79,6 +79,11 @@ class StepError(HearthError):
     """A ``step.do`` call broke a rule (empty or reused name, non-JSON value)."""
 
 
+class AbortRequested(HearthError):
+    """An attempt may not pause for a durable wait: an abort intent is stamped on its
+    submission. The attempt classifies again, which settles it aborted."""
+
+
 class WaitTimedOut(HearthError):
     """Raised inside a durable tool by ``step.wait`` when nobody answered before its timeout."""
 

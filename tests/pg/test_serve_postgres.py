@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 import httpx2
 from httpharness import ServerProcess, child_env, wait_until
 
+from hearth.store.postgres_schema import SCHEMA_VERSION
+
 ADMISSION_BOUND_S = 2.0  # the contract: 503 within 2 s, never a hang
 SLACK_S = 1.0
 
@@ -156,7 +158,7 @@ def test_migrate_creates_the_schema_and_names_it(pg_cluster: Cluster) -> None:
     )
     assert "is current" in done.stdout
     found = f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'"
-    assert pg_cluster.sql(found) == "1"
+    assert pg_cluster.sql(found) == str(SCHEMA_VERSION)
     again = hearth("migrate", "--db", pg_cluster.url(schema))
     assert again.returncode == 0 and "is current" in again.stdout
 
@@ -167,7 +169,7 @@ def test_migrate_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
     done = hearth("migrate", "--db", pg_cluster.url(schema))
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "schema version 7" in done.stderr and "knows version 1" in done.stderr
+    assert "schema version 7" in done.stderr and f"knows version {SCHEMA_VERSION}" in done.stderr
 
 
 # --- start-up faults: one line and a non-zero exit ------------------------------------------
@@ -222,7 +224,7 @@ def test_serve_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster) 
     assert hearth("migrate", "--db", pg_cluster.url(schema)).returncode == 0
     pg_cluster.sql(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
     line = serve_fails(pg_cluster.url(schema))
-    assert "schema version 7" in line and "this hearth knows version 1" in line
+    assert "schema version 7" in line and f"this hearth knows version {SCHEMA_VERSION}" in line
 
 
 def require_password(cluster: Cluster, role: str) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from test_conformance import CONV, admitted, ids, new, running
 
-from hearth.errors import FencedOut, StoreError, WaitConflict, WaitNotFound
+from hearth.errors import AbortRequested, FencedOut, StoreError, WaitConflict, WaitNotFound
 from hearth.records import WaitResolved, WaitStarted, iso_from_unix
 from hearth.store import Store, Submission
 from hearth.testing.clock import ManualClock
@@ -80,6 +80,19 @@ async def test_begin_wait_from_a_stale_attempt_is_fenced_out_and_writes_nothing(
     assert await ids(store) == before and await store.list_waits() == []
     row = await store.get_submission(fresh.id)
     assert row is not None and row.status == "running"
+
+
+async def test_begin_wait_under_an_abort_intent_is_refused_and_writes_nothing(
+    store: Store,
+) -> None:
+    sub = await running(store)
+    before = await ids(store)
+    assert await store.request_abort(CONV) == [sub.id]
+    with pytest.raises(AbortRequested):
+        await store.begin_wait(sub.fence, [started(sub)])
+    assert await ids(store) == before and await store.list_waits() == []
+    row = await store.get_submission(sub.id)
+    assert row is not None and (row.status, row.waits) == ("running", 0)
 
 
 async def test_begin_wait_with_no_wait_pending_is_refused(store: Store) -> None:

@@ -156,9 +156,11 @@ class Coordinator:
         if due is None or due > await self.store.now():
             return
         while True:
+            _faults.reached("before:wait_resolved")
             _faults.reached("before:store.expire_waits")
             ended = await self.store.expire_waits(LIST_LIMIT)
             _faults.reached("after:store.expire_waits")
+            _faults.reached("after:wait_resolved")
             if len(ended) < LIST_LIMIT:
                 break
         self._next_expiry = await self.store.next_wait_expiry()

@@ -12,7 +12,7 @@ from typing import Any
 
 from hearth import _faults
 from hearth.agent import Agent, Rendered
-from hearth.errors import ConfigurationError, FencedOut, ProviderError
+from hearth.errors import AbortRequested, ConfigurationError, FencedOut, ProviderError
 from hearth.records import Compaction, Record, ToolOutcome
 from hearth.runtime.batch import ToolBatch
 from hearth.runtime.budget import Spending
@@ -97,21 +97,27 @@ class Attempt:
             except PauseForWait as pause:
                 if self.depth > 0:
                     raise  # a child's wait pauses its parent's batch, then the submission
-                await self._pause(pause)
-                return
+                if await self._pause(pause):
+                    return
+                # An abort came first: classifying again settles the submission aborted.
 
-    async def _pause(self, pause: PauseForWait) -> None:
-        """End the attempt for durable waits: the submission waits, without a lease."""
+    async def _pause(self, pause: PauseForWait) -> bool:
+        """End the attempt for durable waits: the submission waits, without a lease. False
+        when an abort intent is stamped (nothing was written)."""
         for _, record in pause.started:
             _faults.reached(f"before:{record.type}")
         _faults.reached("before:store.begin_wait")
-        await self.store.begin_wait(self.sub.fence, pause.started)
+        try:
+            await self.store.begin_wait(self.sub.fence, pause.started)
+        except AbortRequested:
+            return False
         _faults.reached("after:store.begin_wait")
         for _, record in pause.started:
             _faults.reached(f"after:{record.type}")
         self.paused = True
         self.next_expiry = pause.next_expiry
         self.log.info("waiting for %d wait(s)", len(pause.started) or 1)
+        return True
 
     async def run_child(self, policy: TurnPolicy) -> None:
         """Run a delegated task's child conversation through this loop, under this claim."""

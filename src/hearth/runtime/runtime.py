@@ -191,9 +191,11 @@ class Runtime:
             value = json.loads(json.dumps(value))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
+        _faults.reached("before:wait_resolved")
         _faults.reached("before:store.resolve_wait")
         wait = await self.store.resolve_wait(conversation_id, wait_id, value)
         _faults.reached("after:store.resolve_wait")
+        _faults.reached("after:wait_resolved")
         return wait
 
     async def waits(self, conversation_id: str | None = None) -> list[Wait]:

@@ -199,7 +199,8 @@ class Store(ABC):
         ``wait_started`` (a wait started by an earlier attempt and still pending is not passed
         again), open a pending ``waits`` row for each, and set the submission ``waiting``
         without a lease, counting the attempt in ``waits`` and stamping ``waiting_since``.
-        Atomic and fenced; ``StoreError`` when no wait of the submission would be pending.
+        Atomic and fenced; ``AbortRequested`` (nothing written) when an abort intent is stamped
+        on the submission, ``StoreError`` when no wait of the submission would be pending.
         Publishes ``appended``."""
         ...
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from hearth.errors import StoreError, WaitNotFound
+from hearth.errors import AbortRequested, StoreError, WaitNotFound
 from hearth.records import ConversationCreated, Record, WaitStarted
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
@@ -351,7 +351,9 @@ async def begin_wait(
     outbox: Outbox,
     now: float | None,
 ) -> None:
-    await check_fence(conn, fence, lock="UPDATE")
+    row = await check_fence(conn, fence, lock="UPDATE")
+    if row["abort_requested_at"] is not None:
+        raise AbortRequested(f"submission {fence.submission_id} is being aborted; it cannot wait")
     for conversation_id, record in started:
         await append(conn, conversation_id, [record], outbox, now)
         await conn.execute(

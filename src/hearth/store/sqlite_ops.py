@@ -10,7 +10,7 @@ import json
 import sqlite3
 from typing import Any
 
-from hearth.errors import StoreError, WaitNotFound
+from hearth.errors import AbortRequested, StoreError, WaitNotFound
 from hearth.records import ConversationCreated, Record, WaitStarted
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
@@ -288,7 +288,9 @@ def begin_wait(
     outbox: Outbox,
     now: float,
 ) -> None:
-    check_fence(conn, fence)
+    host = check_fence(conn, fence)
+    if host["abort_requested_at"] is not None:
+        raise AbortRequested(f"submission {fence.submission_id} is being aborted; it cannot wait")
     for conversation_id, record in started:
         append(conn, conversation_id, [record], outbox, now)
         row = rules.wait_row(record)

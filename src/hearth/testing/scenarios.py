@@ -126,12 +126,6 @@ BY_NAME: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in SCENARIOS
 
 # Listed kill points no scenario reaches, each with the reason (the enumeration fails on any
 # other unreached point).
-_RESOLVED_BY_STORE = (
-    "written by the store's resolve, timeout or abort transaction, never through an attempt's"
-    " journal: see before:/after:store.expire_waits and before:/after:store.request_abort"
-)
-UNREACHED: Mapping[str, str] = MappingProxyType(
-    {"before:wait_resolved": _RESOLVED_BY_STORE, "after:wait_resolved": _RESOLVED_BY_STORE}
-)
+UNREACHED: Mapping[str, str] = MappingProxyType({})
 
 __all__ = ["APP", "BY_NAME", "SCENARIOS", "UNREACHED", "Dispatch", "Prelude", "Scenario"]
