@@ -58,3 +58,19 @@ def test_the_github_issues_example_admits_each_delivery_once() -> None:
     assert out.stdout.count("'deduplicated': True") == 1
     assert out.stdout.count("submission channel from {'channel': 'github'") == 2
     assert "Noted: ada commented: Same here on 1.2." in out.stdout
+
+
+def test_the_refund_approval_example_waits_across_a_restart() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "refund_approval.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "small refund: Done: {'refunded': 40, 'order': 'A-7'}" in out.stdout
+    assert "status: waiting" in out.stdout
+    assert "pending after the restart: ['approval']" in out.stdout
+    assert "large refund: Done: {'refunded': 250, 'order': 'A-7'}" in out.stdout
+    assert "attempts: 2, of which ended by a wait: 1" in out.stdout
+    assert "order loads per conversation: {'support/c-1': 1, 'support/c-2': 1}" in out.stdout

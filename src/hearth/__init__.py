@@ -34,6 +34,9 @@ from hearth.errors import (
     SubmissionNotFound,
     UnknownAgent,
     UnknownChannel,
+    WaitConflict,
+    WaitNotFound,
+    WaitTimedOut,
 )
 from hearth.receipts import AbortResult, Receipt, Reply
 from hearth.runtime.hooks import AgentFinish, AgentStart
@@ -85,6 +88,9 @@ __all__ = [
     "ToolContext",
     "UnknownAgent",
     "UnknownChannel",
+    "WaitConflict",
+    "WaitNotFound",
+    "WaitTimedOut",
     "__version__",
     "agent",
     "channels",

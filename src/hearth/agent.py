@@ -26,16 +26,25 @@ MAX_CONTINUATIONS = 32
 
 @dataclass(frozen=True, kw_only=True)
 class Durability:
-    """Retry budget and wall-clock timeout (seconds) of one submission. Read without rendering."""
+    """Retry budget, wall-clock timeout (seconds) and spending budget (model tokens, input and
+    output, across all turns and attempts; None: unbounded) of one submission. Read without
+    rendering."""
 
     max_attempts: int = 10
     timeout: float = 3600.0
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ConfigurationError("Durability.max_attempts must be an integer ≥ 1")
         if not isinstance(self.timeout, int | float) or self.timeout <= 0:
             raise ConfigurationError("Durability.timeout must be a positive number of seconds")
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int)
+            or isinstance(self.max_tokens, bool)
+            or self.max_tokens < 1
+        ):
+            raise ConfigurationError("Durability.max_tokens must be an integer ≥ 1, or None")
 
 
 class StateBuffer:

@@ -271,7 +271,7 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
     counts = Table(title="submissions", title_justify="left")
     counts.add_column("status")
     counts.add_column("count", justify="right")
-    for status in ("queued", "running", "settled", "joined"):
+    for status in ("queued", "running", "waiting", "settled", "joined"):
         counts.add_row(status, str(data["counts"].get(status, 0)))
     for outcome, n in sorted(data["outcomes"].items()):
         counts.add_row(f"  {outcome}", str(n))
@@ -412,6 +412,109 @@ def deliveries(
     out.print(table)
 
 
+# --- resolve and waits -----------------------------------------------------------------------
+db_option = click.option(
+    "--db",
+    default=None,
+    help="Write to this database directly (a SQLite file no process holds, or PostgreSQL)"
+    " instead of asking a server.",
+)
+
+
+@main.command()
+@click.argument("agent")
+@click.argument("id")
+@click.argument("wait_id")
+@click.argument("value")
+@url_option
+@token_option
+@db_option
+@friendly
+def resolve(
+    agent: str, id: str, wait_id: str, value: str, url: str, token: str | None, db: str | None
+) -> None:
+    """Resolve the durable wait WAIT_ID of AGENT/ID with VALUE, a JSON text.
+
+    For example `hearth resolve support c-1 w_3f… true` or `… '{"approved": false}'`. The same
+    value twice is fine; another one is refused. With --db the database is written directly, so
+    no server needs to run: the next one to start continues the work.
+    """
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        fail(
+            f"VALUE must be JSON, such as true, 42, '\"text\"' or '{{\"ok\": true}}'; got {value!r}"
+        )
+    if db is not None:
+        wait = asyncio.run(_resolve_in(db, agent, id, wait_id, parsed))
+        submission_id = wait.submission_id
+    else:
+        with Client(url, token) as client:
+            answer = client.conversation(agent, id).resolve(wait_id, parsed)
+        submission_id = answer["submission_id"]
+    click.echo(f"{wait_id} resolved; submission {submission_id} of {agent}/{id} runs again")
+
+
+async def _resolve_in(db: str, agent: str, id: str, wait_id: str, value: Any) -> Any:
+    from hearth.app import open_database
+    from hearth.receipts import check_id
+
+    store = await open_database(db, pg_pool=1)
+    try:
+        return await store.resolve_wait(f"{agent}/{check_id(id)}", wait_id, value)
+    finally:
+        await store.close()
+
+
+@main.command()
+@url_option
+@token_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@friendly
+def waits(url: str, token: str | None, db: str | None, as_json: bool) -> None:
+    """List the pending durable waits, oldest first."""
+    if db is not None:
+        pending = [w.to_json() for w in asyncio.run(_waits_in(db))]
+    else:
+        with Client(url, token) as client:
+            pending = client.waits()
+    if as_json:
+        click.echo(json.dumps({"waits": pending}, indent=2, ensure_ascii=False))
+        return
+    if not pending:
+        out.print("no pending waits")
+        return
+    table = Table(title="pending waits", title_justify="left")
+    for col in ("wait", "conversation", "name", "prompt", "expires"):
+        table.add_column(col)
+    for w in pending:
+        table.add_row(
+            w["wait_id"],
+            w["conversation_id"],
+            w["name"],
+            _short(w["prompt"], 60),
+            w["expires_at"] or "never",
+        )
+    out.print(table)
+
+
+async def _waits_in(db: str) -> list[Any]:
+    from hearth.app import open_database
+    from hearth.store.base import LIST_LIMIT
+
+    store = await open_database(db, pg_pool=1)
+    try:
+        found: list[Any] = []
+        while True:
+            page = await store.list_waits(after=found[-1].seq if found else 0)
+            found += page
+            if len(page) < LIST_LIMIT:
+                return found
+    finally:
+        await store.close()
+
+
 # --- migrate ---------------------------------------------------------------------------------
 @main.command()
 @click.option("--db", envvar="HEARTH_DB", default=None, help="Database URL (HEARTH_DB).")
@@ -503,6 +606,17 @@ def _summary(kind: str, r: dict[str, Any]) -> str:
             return f"{get('tool_call_id')} → {get('child_conversation_id')}"
         case "compaction":
             return f"summary of {get('tokens_before')} tokens, kept from {get('first_kept_offset')}"
+        case "wait_started":
+            expires = get("expires_at") or "never"
+            return (
+                f"{get('wait_id')} {get('name')!r}: {_short(get('prompt'), 60)} (expires {expires})"
+            )
+        case "wait_resolved":
+            if get("timed_out"):
+                return f"{get('wait_id')} timed out"
+            if get("aborted"):
+                return f"{get('wait_id')} ended by an abort"
+            return f"{get('wait_id')} = {_short(get('value'), 60)}"
         case "submission_settled":
             detail = get("reply") if get("outcome") == "completed" else get("error")
             return f"{get('outcome')}: {_short(detail or '')}"

@@ -103,6 +103,24 @@ class StepError(HearthError):
     """A ``step.do`` call broke a rule (empty or reused name, non-JSON value)."""
 
 
+class AbortRequested(HearthError):
+    """An attempt may not pause for a durable wait: an abort intent is stamped on its
+    submission. The attempt classifies again, which settles it aborted."""
+
+
+class WaitTimedOut(HearthError):
+    """Raised inside a durable tool by ``step.wait`` when nobody answered before its timeout."""
+
+
+class WaitNotFound(HearthError):
+    """No wait with that id exists in that conversation."""
+
+
+class WaitConflict(HearthError):
+    """The wait cannot take this value: it was resolved with another value, it timed out, or its
+    submission no longer waits (settled or aborted)."""
+
+
 class SubmissionError(HearthError):
     """Base of the errors ``read`` raises for a submission that did not complete."""
 

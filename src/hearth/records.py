@@ -31,6 +31,16 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+def iso_from_unix(seconds: float) -> str:
+    """Unix seconds in the stream's time format."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def unix_from_iso(text: str) -> float:
+    """The stream's time format back to unix seconds."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Record:
     """Envelope shared by every record type."""
@@ -225,6 +235,7 @@ class Compaction(Record):
     summary: str
     first_kept_offset: int
     tokens_before: int = 0
+    usage: dict[str, int] | None = None  # of the summary call(s), for the spending budget
 
 
 @_register
@@ -234,6 +245,35 @@ class SubmissionSettled(Record):
     outcome: str  # completed | failed | aborted
     error: dict[str, JSON] | None = None
     reply: str | None = None
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class WaitStarted(Record):
+    """A durable tool asked the outside world for a value (§15); the attempt ends after it."""
+
+    type: ClassVar[str] = "wait_started"
+    wait_id: str
+    tool_call_id: str
+    name: str
+    prompt: JSON = None
+    expires_at: str | None = None  # UTC ISO, like ``at``; None: waits for ever
+    # The state writes the paused batch made so far: not committed yet, they are carried over
+    # to the attempt that resumes the batch and commit with it (calls that kept their outcome
+    # do not run again to make them).
+    state_writes: dict[str, JSON] = field(default_factory=dict)
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class WaitResolved(Record):
+    """The end of a wait: its ``value``, or ``timed_out``, or ``aborted`` with its submission."""
+
+    type: ClassVar[str] = "wait_resolved"
+    wait_id: str
+    value: JSON = None
+    timed_out: bool = False
+    aborted: bool = False
 
 
 def record_from_json(data: dict[str, JSON]) -> Record:
@@ -279,8 +319,12 @@ __all__ = [
     "ToolResultsCommitted",
     "ToolStepSettled",
     "UserMessage",
+    "WaitResolved",
+    "WaitStarted",
     "dumps",
+    "iso_from_unix",
     "loads",
     "now_iso",
     "record_from_json",
+    "unix_from_iso",
 ]

@@ -1,16 +1,50 @@
-"""``step.do``: named checkpoints inside a durable tool call."""
+"""``step.do`` and ``step.wait``: named checkpoints inside a durable tool call."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
-from hearth.errors import StepError
+from hearth.errors import StepError, WaitTimedOut
+
+
+def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
+    """The deterministic id of the wait ``name`` of one tool call (safe in a URL path)."""
+    digest = hashlib.sha256(f"{message_id}\n{tool_call_id}\n{name}".encode()).hexdigest()
+    return f"w_{digest[:24]}"
+
+
+@dataclass(frozen=True)
+class WaitOutcome:
+    """How a recorded wait ended: with a value, by its timeout, or with its submission's abort."""
+
+    value: Any = None
+    timed_out: bool = False
+    aborted: bool = False
+
+
+class WaitPending(BaseException):
+    """Raised by ``step.wait`` while its value has not arrived: the tool call stops here and the
+    attempt pauses once the rest of its batch has recorded outcomes. A ``BaseException``, so that
+    a tool's own ``except Exception`` does not swallow it."""
+
+    def __init__(
+        self, wait_id: str, name: str, prompt: Any, timeout: float | None, started: bool
+    ) -> None:
+        super().__init__(f"waiting for {name!r} ({wait_id})")
+        self.wait_id = wait_id
+        self.name = name
+        self.prompt = prompt
+        self.timeout = timeout
+        self.started = started  # its wait_started record is on disk already
 
 
 class Steps:
@@ -19,6 +53,11 @@ class Steps:
     ``await ctx.step.do("charge", lambda: billing.charge(order))`` runs the function once per tool
     call and step name, records its JSON value durably before returning it, and returns the
     recorded value without running the function when the call is re-executed after a crash.
+
+    ``approved = await ctx.step.wait("approval", prompt="Refund 120 EUR?", timeout=86400)``
+    asks the outside world for a JSON value: the submission waits (no process needed) until it is
+    resolved, then the call runs again with its earlier steps replayed and ``wait`` returning the
+    value (or raising ``hearth.WaitTimedOut`` past ``timeout`` seconds).
     """
 
     def __init__(
@@ -29,19 +68,29 @@ class Steps:
         around: Callable[[str], AbstractContextManager[None]] = lambda name: (
             contextlib.nullcontext()
         ),
+        *,
+        message_id: str = "",
+        waits_started: frozenset[str] = frozenset(),
+        waits_ended: dict[str, WaitOutcome] | None = None,
     ) -> None:
         self.tool_call_id = tool_call_id
         self._around = around  # wraps each step that runs: its trace span and its latency
+        self.message_id = message_id
         self._recorded = dict(recorded)
         self._record = record
         self._used: set[str] = set()
+        self._waits_started = waits_started  # wait ids with a wait_started record
+        self._waits_ended = dict(waits_ended or {})  # wait id → how it ended
 
-    async def do(self, name: str, fn: Callable[[], Any]) -> Any:
+    def _claim_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise StepError("a step name must be a non-empty string")
         if name in self._used:
             raise StepError(f"step {name!r} was already used in this tool call; names are unique")
         self._used.add(name)
+
+    async def do(self, name: str, fn: Callable[[], Any]) -> Any:
+        self._claim_name(name)
         if name in self._recorded:
             return self._recorded[name]
         with self._around(name):
@@ -57,3 +106,35 @@ class Steps:
             await self._record(name, value)
         self._recorded[name] = value
         return value
+
+    def wait_id(self, name: str) -> str:
+        """The id the wait ``name`` of this call has (or will have): tell it to whoever answers."""
+        return wait_id_for(self.message_id, self.tool_call_id, name)
+
+    async def wait(self, name: str, *, prompt: Any = None, timeout: float | None = None) -> Any:
+        """Wait durably for a JSON value sent from outside (``POST .../waits/{wait_id}``).
+
+        Names share the namespace of ``do``'s step names. ``prompt`` (JSON, usually a string)
+        says what is asked; ``timeout`` (seconds, None for ever) ends the wait with
+        ``hearth.WaitTimedOut`` raised here.
+        """
+        self._claim_name(name)
+        try:
+            prompt = json.loads(json.dumps(prompt))
+        except (TypeError, ValueError) as exc:
+            raise StepError(f"the prompt of wait {name!r} is not JSON: {exc}") from None
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout < 0
+        ):
+            raise StepError(f"the timeout of wait {name!r} must be a number of seconds ≥ 0")
+        wait_id = self.wait_id(name)
+        ended = self._waits_ended.get(wait_id)
+        if ended is None:
+            _faults.reached(f"wait:{name}")
+            started = wait_id in self._waits_started
+            raise WaitPending(wait_id, name, prompt, timeout, started)
+        if ended.timed_out:
+            raise WaitTimedOut(f"nobody answered the wait {name!r} ({wait_id}) before its timeout")
+        if ended.aborted:
+            raise WaitTimedOut(f"the wait {name!r} ({wait_id}) ended with its submission's abort")
+        return ended.value

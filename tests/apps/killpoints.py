@@ -50,6 +50,16 @@ async def provision(ctx: hearth.ToolContext) -> str:
     return f"provisioned {first + second}"
 
 
+@hearth.tool(durable=True)
+async def approve(ctx: hearth.ToolContext, timeout: float | None = None) -> str:
+    """A durable wait: resolved from outside, or timed out."""
+    assert ctx.step is not None
+    try:
+        return str(await ctx.step.wait("approval", prompt="approve?", timeout=timeout))
+    except hearth.WaitTimedOut:
+        return "timed out"
+
+
 # --- agents -----------------------------------------------------------------------------------
 
 
@@ -85,6 +95,7 @@ def lab(ctx: hearth.AgentContext) -> str:
     ctx.use_tool(provision)
     ctx.use_tool(wait)
     ctx.use_tool(hang)
+    ctx.use_tool(approve)
     ctx.use_subagent(helper, description="Helps")
     return "You exercise every seam."
 
@@ -101,6 +112,10 @@ def lab_script(request: ModelRequest) -> Step:
         return overflow()
     if text == "hang":
         return calls(call("hang"))
+    if text == "approve":
+        return calls(call("approve"))
+    if text == "approve soon":
+        return calls(call("approve", timeout=0.2))
     if text.startswith("delegate"):
         prompt = "help and hang" if text == "delegate and hang" else "help"
         return calls(call("task", agent="helper", prompt=prompt))

@@ -47,9 +47,14 @@ STORE_READS = {
     "get_delivery",
     "list_deliveries",
     "list_schedules",
+    "get_wait",
+    "list_waits",
+    "next_wait_expiry",
 }
 # Called only by ``Store.settle`` inside the store; a runtime call of its own would be unguarded.
 STORE_INTERNAL = {"settle_batch"}
+# Writes made for an operator, outside any attempt: bracketed by their points in Runtime.resolve.
+STORE_OPERATOR = {"resolve_wait"}
 
 Who = tuple[int, int | None]  # (thread, asyncio task): whose event it is
 
@@ -87,7 +92,7 @@ class RecordingStore:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
-        if name not in STORE_WRITES and name not in STORE_INTERNAL:
+        if name not in STORE_WRITES and name not in STORE_INTERNAL | STORE_OPERATOR:
             return attr
         trace = self._trace
 
@@ -142,6 +147,10 @@ async def _tool_started(rt: Any, conversation: str) -> bool:
     return any(isinstance(r, AssistantToolCall) for r in history)
 
 
+async def _waiting(rt: Any, submission_id: str) -> bool:
+    return bool((await rt.submission(submission_id)).status == "waiting")
+
+
 async def _scenario(db: str) -> None:
     """Every store write and every runner seam, in two runs of one app on one file."""
     await _leave_a_claim_of_a_dead_owner(db)  # the first run expires it, then runs it
@@ -155,9 +164,23 @@ async def _scenario(db: str) -> None:
         signalled = await rt.dispatch("lab", "s", signal={"type": "ping", "body": "hi"})
         hanging = await rt.dispatch("lab", "d", "hang")
         left = await rt.dispatch("lab", "e", "delegate and hang")  # shut down mid-child
+        approved = await rt.dispatch("lab", "w", "approve")  # waits, resolved from outside
+        expiring = await rt.dispatch("lab", "x", "approve soon")  # waits, then times out
+        await _until(lambda: _waiting(rt, approved.submission_id))
+        [wait] = await rt.waits("lab/w")
+        await rt.resolve("lab", "w", wait.wait_id, True)
         await _until(lambda: _tool_started(rt, "d"))
         await rt.abort("lab", "d")
-        for receipt in (tools, joiner, compacted, delegated, signalled, hanging):
+        for receipt in (
+            tools,
+            joiner,
+            compacted,
+            delegated,
+            signalled,
+            hanging,
+            approved,
+            expiring,
+        ):
             await rt.wait_settled(receipt.submission_id, timeout=20)
         sub = await rt.submission(left.submission_id)
         assert sub.outcome is None
@@ -190,11 +213,13 @@ def test_every_store_method_is_known_as_a_read_or_a_write() -> None:
         for name, member in inspect.getmembers(Store)
         if inspect.iscoroutinefunction(member) and not name.startswith("_")
     }
-    assert methods == STORE_READS | set(STORE_WRITES) | set(INPUT_WRITES) | STORE_INTERNAL
+    assert methods == (
+        STORE_READS | set(STORE_WRITES) | set(INPUT_WRITES) | STORE_INTERNAL | STORE_OPERATOR
+    )
 
 
 def test_the_scenario_calls_every_store_write(scenario: Trace) -> None:
-    assert scenario.calls() == set(STORE_WRITES)
+    assert scenario.calls() == set(STORE_WRITES) | STORE_OPERATOR
 
 
 def test_every_store_write_is_bracketed_by_its_kill_points(scenario: Trace) -> None:

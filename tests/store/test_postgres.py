@@ -232,6 +232,23 @@ async def test_a_version_3_schema_gets_the_traceparent_column(pg_cluster: Cluste
         fresh = NewSubmission("support/c-9", "support", "message", {"t": 2}, traceparent=parent)
         sid = (await store.admit(fresh)).submission.id
         assert (await store.get_submission(sid)).traceparent == parent  # type: ignore[union-attr]
+
+
+async def test_a_version_4_schema_is_upgraded_with_the_columns_of_durable_waits(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        sid = (await store.admit(NewSubmission("support/c-1", "support", "message", {}))).submission
+    pg_cluster.sql(  # as version 4 left it: no waits
+        f"DROP TABLE {schema}.waits; ALTER TABLE {schema}.submissions DROP COLUMN waits,"
+        f" DROP COLUMN waiting_since; UPDATE {schema}.meta SET value = '4'"
+        " WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        sub = await store.get_submission(sid.id)
+        assert sub is not None and sub.waits == 0 and sub.waiting_since is None
+        assert await store.list_waits() == []
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
     assert version == str(SCHEMA_VERSION)
 

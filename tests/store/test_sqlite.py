@@ -223,6 +223,28 @@ async def test_a_schema_2_file_is_migrated_with_the_last_activity_of_its_convers
         await store.close()
 
 
+async def test_a_schema_5_file_gains_the_columns_of_durable_waits(tmp_path: Path) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        first = (await store.admit(new("support/c-1"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 5 left it: no waits
+        conn.execute("DROP TABLE waits")
+        conn.execute("ALTER TABLE submissions DROP COLUMN waits")
+        conn.execute("ALTER TABLE submissions DROP COLUMN waiting_since")
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    conn.close()
+    store = await opened(path)
+    try:
+        sub = await store.get_submission(first.id)
+        assert sub is not None and sub.waits == 0 and sub.waiting_since is None
+        assert await store.list_waits() == []
+    finally:
+        await store.close()
+
+
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "hearth.db"
     store = await opened(path)

@@ -32,6 +32,10 @@ class AsyncClient(BaseClient[httpx2.AsyncClient]):
     async def health(self) -> dict[str, Any]:
         return await _do(self._http, self._health_call())
 
+    async def waits(self) -> list[dict[str, Any]]:
+        """Every pending durable wait on the server, oldest first (``GET /waits``)."""
+        return await _do(self._http, self._waits_call())
+
     async def admin_submissions(self, conversation: str | None = None) -> dict[str, Any]:
         """Submissions by status, leases and stuck work (what ``hearth inspect`` shows)."""
         return await _do(self._http, self._admin_submissions_call(conversation))
@@ -153,6 +157,14 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
 
     async def abort(self) -> AbortResult:
         return await _do(self._http, self._abort_call())
+
+    async def resolve(self, wait_id: str, value: Any) -> dict[str, Any]:
+        """Resolve a durable wait of this conversation (see ``Conversation.resolve``)."""
+        return await _do(self._http, self._resolve_call(wait_id, value))
+
+    async def waits(self) -> list[dict[str, Any]]:
+        """This conversation's pending durable waits."""
+        return await _do(self._http, self._waits_call())
 
 
 async def _do(http: httpx2.AsyncClient, call: Call[T]) -> T:

@@ -75,6 +75,11 @@ def receipt_from(data: dict[str, Any]) -> Receipt:
     )
 
 
+def waits_from(data: dict[str, Any]) -> list[dict[str, Any]]:
+    waits: list[dict[str, Any]] = data["waits"]
+    return waits
+
+
 def abort_result_from(data: dict[str, Any]) -> AbortResult:
     return AbortResult(bool(data["aborted"]), list(data["submission_ids"]))
 
@@ -223,6 +228,9 @@ class BaseClient(Generic[HTTP]):
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call(Request("GET", "/healthz"), as_is)
 
+    def _waits_call(self) -> Call[list[dict[str, Any]]]:
+        return Call(Request("GET", "/waits"), waits_from)
+
     def _admin_submissions_call(self, conversation: str | None) -> Call[dict[str, Any]]:
         params = {"conversation": conversation} if conversation else None
         return Call(Request("GET", "/admin/submissions", params=params), as_is)
@@ -279,6 +287,13 @@ class BaseConversation(Generic[HTTP]):
 
     def _snapshot_call(self) -> Call[dict[str, Any]]:
         return Call(Request("GET", self._base), as_is)
+
+    def _resolve_call(self, wait_id: str, value: Any) -> Call[dict[str, Any]]:
+        path = f"{self._base}/waits/{quote(wait_id, safe='')}"
+        return Call(Request("POST", path, json={"value": value}), as_is)
+
+    def _waits_call(self) -> Call[list[dict[str, Any]]]:
+        return Call(Request("GET", f"{self._base}/waits"), waits_from)
 
     def _abort_call(self) -> Call[AbortResult]:
         return Call(Request("POST", f"{self._base}/abort"), abort_result_from)

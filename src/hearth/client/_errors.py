@@ -18,6 +18,8 @@ from hearth.errors import (
     ShuttingDown,
     SubmissionNotFound,
     UnknownAgent,
+    WaitConflict,
+    WaitNotFound,
 )
 
 __all__ = [
@@ -56,6 +58,8 @@ _BY_TYPE: dict[str, type[HearthError]] = {
     "invalid_id": InvalidId,
     "idempotency_conflict": IdempotencyConflict,
     "shutting_down": ShuttingDown,
+    "wait_not_found": WaitNotFound,
+    "wait_conflict": WaitConflict,
 }
 
 

@@ -34,6 +34,10 @@ class Client(BaseClient[httpx2.Client]):
     def health(self) -> dict[str, Any]:
         return _do(self._http, self._health_call())
 
+    def waits(self) -> list[dict[str, Any]]:
+        """Every pending durable wait on the server, oldest first (``GET /waits``)."""
+        return _do(self._http, self._waits_call())
+
     def admin_submissions(self, conversation: str | None = None) -> dict[str, Any]:
         """Submissions by status, leases and stuck work (what ``hearth inspect`` shows)."""
         return _do(self._http, self._admin_submissions_call(conversation))
@@ -152,6 +156,15 @@ class Conversation(BaseConversation[httpx2.Client]):
 
     def abort(self) -> AbortResult:
         return _do(self._http, self._abort_call())
+
+    def resolve(self, wait_id: str, value: Any) -> dict[str, Any]:
+        """Resolve a durable wait of this conversation with a JSON ``value``; the same value
+        again is accepted, another raises ``hearth.WaitConflict``."""
+        return _do(self._http, self._resolve_call(wait_id, value))
+
+    def waits(self) -> list[dict[str, Any]]:
+        """This conversation's pending durable waits."""
+        return _do(self._http, self._waits_call())
 
 
 def _do(http: httpx2.Client, call: Call[T]) -> T:

@@ -35,7 +35,9 @@ from hearth.runtime.recovery import (
 )
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import run_child_task
-from hearth.steps import Steps
+from hearth.runtime.waits import PauseForWait, carried_state, recorded_waits, wait_started
+from hearth.steps import Steps, WaitPending
+from hearth.store.base import Fence
 from hearth.tools import Tool, ToolContext
 
 log = logging.getLogger("hearth.tools")
@@ -49,6 +51,7 @@ class ToolBatch:
         self.journal = scope.journal
         self.rendered = rendered
         self.view = view
+        self.waiting: PauseForWait | None = None  # set when a call of the batch waits
 
     async def run(self) -> None:
         view = self.view
@@ -57,6 +60,7 @@ class ToolBatch:
             view, self.scope.sub.attempt, declared, list(self.rendered.subagents)
         )
         buffer = StateBuffer(self.rendered.state)
+        buffer.writes.update(carried_state(self.journal.records, view.message_id))
         jobs = []
         for call in view.calls:
             verdict = plan[call.tool_call_id]
@@ -79,6 +83,11 @@ class ToolBatch:
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
+        if self.waiting is not None:
+            # Every other call has its outcome recorded: the batch stays open, the attempt pauses,
+            # and the batch's uncommitted state writes travel in its wait records.
+            self.waiting.carry_state(self.scope.conversation_id, buffer.writes)
+            raise self.waiting
         _faults.reached("batch:commit")
         writes: list[Record] = [
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
@@ -96,7 +105,16 @@ class ToolBatch:
             "hearth.resumed": verdict is not CallPlan.RUN,
         }
         with telemetry.span("hearth.tool_call", attributes=attributes) as span:
-            outcome = await self._call_outcome(call, verdict, buffer, started)
+            try:
+                outcome = await self._call_outcome(call, verdict, buffer, started)
+            except WaitPending as pending:
+                span.set_attribute("hearth.waiting", True)
+                await self._wait(call, pending)
+                return
+            except PauseForWait as child:  # a delegated task's child waits: so does this call
+                span.set_attribute("hearth.waiting", True)
+                self._pause().add(child)
+                return
             if outcome.is_error:
                 telemetry.mark_error(span, "the tool call failed")
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
@@ -147,6 +165,22 @@ class ToolBatch:
         _faults.reached(f"tool:{tool.name}")
         return await tool.invoke(arguments, ctx)
 
+    def _pause(self) -> PauseForWait:
+        if self.waiting is None:
+            self.waiting = PauseForWait()
+        return self.waiting
+
+    async def _wait(self, call: AssistantToolCall, pending: WaitPending) -> None:
+        pause = self._pause()
+        if pending.started:
+            return  # still pending from an earlier attempt: its record and row are there
+        now = await self.scope.store.now()
+        record, expires = wait_started(call.message_id, call.tool_call_id, pending, now)
+        fence = self.journal.fence
+        pause.started.append((self.scope.conversation_id, record.stamped(*fence_of(fence))))
+        if expires is not None:
+            pause.expiries.append(expires)
+
     def _steps(self, call: AssistantToolCall) -> Steps:
         prefix = f"{call.message_id}:step:{call.tool_call_id}:"
         recorded = {
@@ -174,7 +208,20 @@ class ToolBatch:
             finally:
                 metrics.observe_step(time.perf_counter() - t0)
 
-        return Steps(call.tool_call_id, recorded, record, around)
+        started, ended = recorded_waits(self.journal.records, call.message_id, call.tool_call_id)
+        return Steps(
+            call.tool_call_id,
+            recorded,
+            record,
+            around,
+            message_id=call.message_id,
+            waits_started=started,
+            waits_ended=ended,
+        )
+
+
+def fence_of(fence: Fence) -> tuple[str, int]:
+    return fence.submission_id, fence.attempt
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:

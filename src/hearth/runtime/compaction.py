@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from hearth import _faults
 from hearth.errors import ProviderError
 from hearth.providers.base import (
+    Finished,
     Message,
     ModelProvider,
     ModelRequest,
@@ -64,6 +65,7 @@ async def compact(scope: AttemptScope, provider: ModelProvider, model: str) -> b
     summary = previous.summary if previous is not None else None
     whole = ModelRequest(model=model, system="", messages=tuple(messages), summary=summary)
     _faults.reached("compaction:start")
+    usage: dict[str, int] = {}
     text = await _summarise(
         provider,
         model,
@@ -71,6 +73,7 @@ async def compact(scope: AttemptScope, provider: ModelProvider, model: str) -> b
         messages,
         budget=input_budget(provider.context_window(model)),
         conversation_id=scope.conversation_id,
+        usage=usage,
     )
     _faults.reached("compaction:end")
     await scope.journal.append(
@@ -79,6 +82,7 @@ async def compact(scope: AttemptScope, provider: ModelProvider, model: str) -> b
             summary=text,
             first_kept_offset=first_kept,
             tokens_before=estimate_tokens(whole),
+            usage=usage or None,
         )
     )
     return True
@@ -92,6 +96,7 @@ async def _summarise(
     *,
     budget: int,
     conversation_id: str,
+    usage: dict[str, int] | None = None,
 ) -> str:
     """Ask the model for the summary; retry transient errors, and shrink what is sent when the
     provider says it is still too long."""
@@ -99,7 +104,7 @@ async def _summarise(
     while True:
         request, kept = summary_request(model, summary, messages, budget, conversation_id)
         try:
-            text = await _text_of(provider, request)
+            text = await _text_of(provider, request, usage)
             if not text:
                 raise ProviderError("the model returned an empty summary", kind="transient")
             return text
@@ -150,10 +155,16 @@ def summary_request(
     return request, len(messages) - first
 
 
-async def _text_of(provider: ModelProvider, request: ModelRequest) -> str:
+async def _text_of(
+    provider: ModelProvider, request: ModelRequest, usage: dict[str, int] | None = None
+) -> str:
+    """The summary's text; the usage the provider reports is added into ``usage``."""
     parts: list[str] = []
     async with contextlib.aclosing(provider.stream(request)) as events:
         async for event in events:
             if isinstance(event, TextDelta):
                 parts.append(event.text)
+            elif isinstance(event, Finished) and event.usage and usage is not None:
+                for key, n in event.usage.items():
+                    usage[key] = usage.get(key, 0) + int(n)
     return "".join(parts).strip()

@@ -21,7 +21,7 @@ from hearth.errors import FencedOut, StoreUnavailable
 from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
-from hearth.store.base import Submission
+from hearth.store.base import LIST_LIMIT, WAITING, Submission
 from hearth.store.events import ABORT, APPENDED, SETTLED, Event
 
 log = logging.getLogger("hearth.coordinator")
@@ -56,12 +56,16 @@ class Coordinator:
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._unlisten: Callable[[], None] | None = None
+        # The earliest expiry of a pending durable wait (store clock), learnt at each scan and
+        # from the attempts that pause here: the claim loop wakes for it, so no task per wait.
+        self._next_expiry: float | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         """Reconcile first (work of dead local owners is taken over at once), then claim."""
         self._unlisten = self.store.events.listen(self._on_event)
         await self.reconcile()
+        self._next_expiry = await self.store.next_wait_expiry()
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="hearth-claims"),
             asyncio.create_task(self._heartbeat_loop(), name="hearth-heartbeat"),
@@ -121,6 +125,7 @@ class Coordinator:
         while not self._stopping:
             self._wake.clear()
             try:
+                await self._expire_waits()
                 await self._claim_some()
             except StoreUnavailable as exc:
                 log.warning("cannot claim work: %s; retrying", exc)
@@ -129,11 +134,40 @@ class Coordinator:
                 log.exception("%s while claiming; retrying", UNEXPECTED)
                 await asyncio.sleep(0.5)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.scan_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=await self._idle_s())
             if time.monotonic() - last_scan >= self.settings.scan_s:
                 last_scan = time.monotonic()
                 with contextlib.suppress(Exception):
                     await self.reconcile()
+                with contextlib.suppress(Exception):
+                    self._next_expiry = await self.store.next_wait_expiry()
+
+    async def _idle_s(self) -> float:
+        """How long the claim loop may sleep: until the next scan, or the next wait's expiry."""
+        idle = self.settings.scan_s
+        if self._next_expiry is not None:
+            with contextlib.suppress(Exception):
+                idle = min(idle, max(0.0, self._next_expiry - await self.store.now()) + 0.01)
+        return idle
+
+    async def _expire_waits(self) -> None:
+        """End the durable waits whose timeout has passed: their submissions are queued again."""
+        due = self._next_expiry
+        if due is None or due > await self.store.now():
+            return
+        while True:
+            _faults.reached("before:wait_resolved")
+            _faults.reached("before:store.expire_waits")
+            ended = await self.store.expire_waits(LIST_LIMIT)
+            _faults.reached("after:store.expire_waits")
+            _faults.reached("after:wait_resolved")
+            if len(ended) < LIST_LIMIT:
+                break
+        self._next_expiry = await self.store.next_wait_expiry()
+
+    def _note_expiry(self, expiry: float | None) -> None:
+        if expiry is not None and (self._next_expiry is None or expiry < self._next_expiry):
+            self._next_expiry = expiry
 
     async def _claim_some(self) -> None:
         capacity = self.settings.workers - len(self._claims)
@@ -173,19 +207,22 @@ class Coordinator:
                     continue
                 if claim.settled or (claim.work is not None and claim.work.done()):
                     continue  # it settled (or stopped) between the snapshot and the renewal
-                if await self._settled_by_this_attempt(claim):
+                if await self._ended_by_this_attempt(claim):
                     continue
                 log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
                 claim.interrupt("lost")
 
-    async def _settled_by_this_attempt(self, claim: _Claim) -> bool:
+    async def _ended_by_this_attempt(self, claim: _Claim) -> bool:
         """The row's word, for a settlement whose event has not reached this loop yet (a store
-        shared by processes may publish it after a renewal committed later)."""
+        shared by processes may publish it after a renewal committed later), or for an attempt
+        that paused for a durable wait (the row waits, or was queued again, under its number)."""
         try:
             row = await self.store.get_submission(claim.sub.id)
         except Exception:
             return True  # cannot tell: the next beat judges it again
-        return row is not None and row.outcome is not None and row.attempt == claim.sub.attempt
+        if row is None or row.attempt != claim.sub.attempt:
+            return False
+        return row.outcome is not None or row.status in (WAITING, "queued")
 
     # --- one claim ------------------------------------------------------------------------
     async def _release(self, sub: Submission) -> None:
@@ -222,10 +259,11 @@ class Coordinator:
         sub = claim.sub
         metrics = self.env.metrics
         metrics.running += 1
-        if sub.attempt > 1:
+        if sub.interruptions > 1:  # attempts after a durable wait are not recoveries
             metrics.recoveries += 1
         try:
-            claim.work = asyncio.create_task(Attempt(self.env, sub).run())
+            attempt = Attempt(self.env, sub)
+            claim.work = asyncio.create_task(attempt.run())
             now = await self.store.now()
             remaining = (sub.deadline - now) if sub.deadline is not None else None
             done, _ = await asyncio.wait({claim.work}, timeout=remaining)
@@ -236,7 +274,9 @@ class Coordinator:
             except asyncio.CancelledError:
                 if claim.reason is None:
                     raise
-            if claim.reason in ("abort", "deadline"):
+            if attempt.paused:
+                self._note_expiry(attempt.next_expiry)
+            elif claim.reason in ("abort", "deadline"):
                 # The same claim concludes: the classifier now sees the intent or the deadline.
                 await Attempt(self.env, sub).run()
             elif claim.reason == "shutdown":

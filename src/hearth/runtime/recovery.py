@@ -69,6 +69,14 @@ class Evidence:
     abort_requested: bool
     start_hooks: bool = False  # the current render declares on_agent_start callbacks
     finish_hooks: bool = False  # the current render declares on_agent_finish callbacks
+    waits: int = 0  # attempts that ended by a durable wait: they do not count toward the budget
+    tokens_spent: int = 0  # model tokens the submission spent so far (all turns, all attempts)
+    max_tokens: int | None = None  # its spending budget; None: unbounded
+
+    @property
+    def interruptions(self) -> int:
+        """The attempts that count toward ``max_attempts``, this one included."""
+        return self.attempt - self.waits
 
 
 START_HOOK = "on_agent_start"
@@ -282,14 +290,37 @@ def _pending_start_seam(records: Sequence[Record], views: Sequence[MessageView])
     return None
 
 
+# The decisions that call the model: the spending budget is checked before each.
+MODEL_CALLS = frozenset(
+    {Action.CONTINUE, Action.CONTINUE_PARTIAL, Action.RETRY_TRANSIENT, Action.COMPACT}
+)
+
+
 def classify_recovery(ev: Evidence) -> Decision:
     """Decide the next step from durable evidence. Callers close open messages first
     (``close_open_messages``); this function assumes every message in ``ev.records`` is closed
     or was never started."""
+    decision = _classify(ev)
+    if (
+        decision.action in MODEL_CALLS
+        and ev.max_tokens is not None
+        and ev.tokens_spent >= ev.max_tokens
+    ):
+        # At a turn boundary, past the budget: stop before another model call.
+        return _fail(
+            "budget_exhausted",
+            f"the submission spent {ev.tokens_spent} model tokens; its budget is"
+            f" {ev.max_tokens} (Durability.max_tokens)",
+            (),
+        )
+    return decision
+
+
+def _classify(ev: Evidence) -> Decision:
     views = assemble_messages(ev.records)
     final = _completed_response(views, ev.records) if ev.input_appended else None
     if final is not None:
-        stopping = ev.abort_requested or ev.deadline_passed or ev.attempt > ev.max_attempts
+        stopping = ev.abort_requested or ev.deadline_passed or ev.interruptions > ev.max_attempts
         if (
             ev.finish_hooks
             and not stopping
@@ -310,10 +341,10 @@ def classify_recovery(ev: Evidence) -> Decision:
         )
     if ev.deadline_passed:
         return _fail("timeout", "the submission ran past its deadline", interrupted)
-    if ev.attempt > ev.max_attempts:
+    if ev.interruptions > ev.max_attempts:
         return _fail(
             "retry_exhausted",
-            f"the submission was interrupted {ev.attempt - 1} times (max_attempts="
+            f"the submission was interrupted {ev.interruptions - 1} times (max_attempts="
             f"{ev.max_attempts})",
             interrupted,
         )

@@ -12,9 +12,10 @@ from typing import Any
 
 from hearth import _faults, telemetry
 from hearth.agent import Agent, Rendered
-from hearth.errors import ConfigurationError, FencedOut, ProviderError
+from hearth.errors import AbortRequested, ConfigurationError, FencedOut, ProviderError
 from hearth.records import Compaction, Record, ToolOutcome
 from hearth.runtime.batch import ToolBatch
+from hearth.runtime.budget import Spending
 from hearth.runtime.compaction import compact
 from hearth.runtime.env import Env
 from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
@@ -32,6 +33,7 @@ from hearth.runtime.rest import settlement_at_rest
 from hearth.runtime.scope import Settlement, TurnPolicy
 from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
+from hearth.runtime.waits import PauseForWait
 from hearth.store.base import Submission
 
 
@@ -42,7 +44,13 @@ class Attempt:
     loop runs another conversation under the submission's claim (a delegated task's child).
     """
 
-    def __init__(self, env: Env, sub: Submission, policy: TurnPolicy | None = None) -> None:
+    def __init__(
+        self,
+        env: Env,
+        sub: Submission,
+        policy: TurnPolicy | None = None,
+        spending: Spending | None = None,
+    ) -> None:
         self.env = env
         self.sub = sub  # the claim: fence, attempt number, budget and deadline
         self.policy: TurnPolicy = policy if policy is not None else SubmissionPolicy(sub)
@@ -57,6 +65,10 @@ class Attempt:
         self.log = self.policy.log
         self._turn_span: telemetry.Span | None = None
         self._turns = 0
+        # The submission's token count: its own loop's, shared with its children's loops.
+        self.spending = spending or Spending(env.store, sub.id, self.journal)
+        self.paused = False  # the attempt ended by a durable wait (the submission waits)
+        self.next_expiry: float | None = None  # the earliest expiry of the waits it began
 
     # --- the loop -------------------------------------------------------------------------
     @property
@@ -109,10 +121,34 @@ class Attempt:
                 return
             except TaskPreempted:
                 continue  # a child stopped for an abort or the deadline: classify again
+            except PauseForWait as pause:
+                if self.depth > 0:
+                    raise  # a child's wait pauses its parent's batch, then the submission
+                if await self._pause(pause):
+                    return
+                # An abort came first: classifying again settles the submission aborted.
+
+    async def _pause(self, pause: PauseForWait) -> bool:
+        """End the attempt for durable waits: the submission waits, without a lease. False
+        when an abort intent is stamped (nothing was written)."""
+        for _, record in pause.started:
+            _faults.reached(f"before:{record.type}")
+        _faults.reached("before:store.begin_wait")
+        try:
+            await self.store.begin_wait(self.sub.fence, pause.started)
+        except AbortRequested:
+            return False
+        _faults.reached("after:store.begin_wait")
+        for _, record in pause.started:
+            _faults.reached(f"after:{record.type}")
+        self.paused = True
+        self.next_expiry = pause.next_expiry
+        self.log.info("waiting for %d wait(s)", len(pause.started) or 1)
+        return True
 
     async def run_child(self, policy: TurnPolicy) -> None:
         """Run a delegated task's child conversation through this loop, under this claim."""
-        await Attempt(self.env, self.sub, policy).run()
+        await Attempt(self.env, self.sub, policy, self.spending).run()
 
     async def _try_render(self) -> tuple[Rendered | None, dict[str, Any] | None]:
         if self.agent is None:
@@ -131,16 +167,27 @@ class Attempt:
             await self.journal.append(*closes)
             mine = self.submission_records()
         abort, deadline_passed = await self._stop_requests()
+        max_tokens = self._max_tokens()
+        spent = 0 if max_tokens is None else await self.spending.count()
         return Evidence(
             records=mine,
             input_appended=bool(mine),
             attempt=self.sub.attempt,
+            waits=self.sub.waits,
             max_attempts=self.sub.max_attempts,
             deadline_passed=deadline_passed,
             abort_requested=abort,
             start_hooks=bool(rendered and rendered.on_start),
             finish_hooks=bool(rendered and rendered.on_finish),
+            tokens_spent=spent,
+            max_tokens=max_tokens,
         )
+
+    def _max_tokens(self) -> int | None:
+        """The submission's spending budget (its own agent's, also in a delegated task's child:
+        a child runs under its parent's budget), checked at every turn boundary."""
+        agent = self.env.agents.get(self.sub.agent)
+        return None if agent is None else agent.durability.max_tokens
 
     async def _stop_requests(self) -> tuple[bool, bool]:
         """Whether an abort intent is stamped, and whether the deadline has passed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,12 +38,14 @@ from hearth.runtime.scheduler import Scheduler
 from hearth.runtime.shared_reads import SharedReads
 from hearth.schedules import Schedule, iso
 from hearth.store.base import (
+    LIST_LIMIT,
     UNSETTLED,
     ConversationInfo,
     ConversationSummary,
     Store,
     StoredDelivery,
     Submission,
+    Wait,
     all_submissions,
 )
 
@@ -257,6 +260,32 @@ class Runtime:
         _faults.reached("after:store.request_abort")
         return AbortResult(aborted=bool(ids), submission_ids=ids)
 
+    async def resolve(self, agent: str, id: str, wait_id: str, value: Any) -> Wait:
+        """Resolve the durable wait ``wait_id`` of conversation ``agent``/``id`` with a JSON
+        ``value``: its submission runs again and ``step.wait`` returns the value. An identical
+        repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
+        conversation_id = self.conversation_id(agent, id)
+        try:
+            value = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
+        _faults.reached("before:wait_resolved")
+        _faults.reached("before:store.resolve_wait")
+        wait = await self.store.resolve_wait(conversation_id, wait_id, value)
+        _faults.reached("after:store.resolve_wait")
+        _faults.reached("after:wait_resolved")
+        return wait
+
+    async def waits(self, conversation_id: str | None = None) -> list[Wait]:
+        """The pending durable waits, oldest first (of one conversation, or of all)."""
+        found: list[Wait] = []
+        while True:
+            after = found[-1].seq if found else 0
+            page = await self.store.list_waits(conversation_id, after=after)
+            found += page
+            if len(page) < LIST_LIMIT:
+                return found
+
     async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:
         """The conversation's canonical stream (records after ``after``)."""
         self.agent(agent)
@@ -267,13 +296,24 @@ class Runtime:
         return await self.store.read(conversation_id, after=after)
 
     async def settle_all(self, timeout: float = 30.0) -> None:
-        """Wait until no submission is queued or running (handy in scripts and tests)."""
+        """Wait until no submission is queued or running, and none waits for a wait that will
+        time out (handy in scripts and tests; a wait without a timeout is at rest)."""
         end = time.monotonic() + timeout
         while True:
+            left = end - time.monotonic()
             pending = await self.store.list_submissions(statuses=UNSETTLED, limit=1)
             if not pending:
-                return
-            left = end - time.monotonic()
+                expiry = await self.store.next_wait_expiry()
+                if expiry is None:
+                    # Unless a wait ended between the two reads and queued its submission.
+                    if not await self.store.list_submissions(statuses=UNSETTLED, limit=1):
+                        return
+                    continue
+                if left <= 0:
+                    raise TimeoutError("a durable wait has not timed out yet")
+                # The coordinator ends it at its expiry and queues its submission again.
+                await asyncio.sleep(min(left, max(0.01, expiry - await self.store.now() + 0.02)))
+                continue
             if left <= 0:
                 raise TimeoutError("work is still queued or running")
             with contextlib.suppress(TimeoutError):

@@ -26,6 +26,8 @@ from hearth.errors import (
     SubmissionNotFound,
     UnknownAgent,
     UnknownChannel,
+    WaitConflict,
+    WaitNotFound,
 )
 
 log = logging.getLogger("hearth.server")
@@ -72,6 +74,8 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (InvalidSignature, 401, "invalid_signature"),
     (ConversationNotFound, 404, "conversation_not_found"),
     (SubmissionNotFound, 404, "submission_not_found"),
+    (WaitNotFound, 404, "wait_not_found"),
+    (WaitConflict, 409, "wait_conflict"),
     (InvalidId, 400, "invalid_id"),
     (InvalidInput, 400, "invalid_request"),
     (IdempotencyConflict, 409, "idempotency_conflict"),

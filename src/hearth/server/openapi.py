@@ -201,6 +201,40 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "Wait": {
+        "type": "object",
+        "description": "A pending durable wait of a tool call (SPEC §15).",
+        "properties": {
+            "wait_id": {"type": "string"},
+            "agent": {"type": "string"},
+            "id": {"type": "string"},
+            "conversation_id": {"type": "string"},
+            "submission_id": {"type": "string"},
+            "tool_call_id": {"type": "string"},
+            "name": {"type": "string"},
+            "prompt": {"description": "what the tool asks (any JSON, usually a string)"},
+            "expires_at": {"type": ["string", "null"], "format": "date-time"},
+            "state": {"enum": ["pending", "resolved", "timed_out", "aborted"]},
+        },
+    },
+    "Waits": {
+        "type": "object",
+        "properties": {"waits": {"type": "array", "items": _ref("Wait")}},
+    },
+    "Resolve": {
+        "type": "object",
+        "required": ["value"],
+        "properties": {"value": {"description": "any JSON value: step.wait returns it"}},
+        "additionalProperties": False,
+    },
+    "Resolution": {
+        "type": "object",
+        "properties": {
+            "wait_id": {"type": "string"},
+            "submission_id": {"type": "string"},
+            "resolved": {"const": True},
+        },
+    },
     "AbortResult": {
         "type": "object",
         "required": ["aborted", "submission_ids"],
@@ -377,6 +411,51 @@ def openapi_document(
                     {"200": _json(_ref("AbortResult"), "abort intents stamped")}, 400, 404
                 ),
             },
+        },
+        conv + "/waits": {
+            "parameters": path_params,
+            "get": {
+                "operationId": "conversation_waits",
+                "summary": "The conversation's pending durable waits",
+                "responses": answers({"200": _json(_ref("Waits"), "pending waits")}, 400, 404),
+            },
+        },
+        conv + "/waits/{wait_id}": {
+            "parameters": [
+                *path_params,
+                {"name": "wait_id", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+            "post": {
+                "operationId": "resolve_wait",
+                "summary": "Resolve a durable wait with a JSON value (once; the same value again"
+                " is 200)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("Resolve")}},
+                },
+                "responses": {
+                    **answers(
+                        {"200": _json(_ref("Resolution"), "resolved; the submission runs again")},
+                        400,
+                        404,
+                        408,
+                        413,
+                        415,
+                    ),
+                    "409": _json(
+                        _ref("Error"),
+                        "resolved with another value, timed out, aborted, or its submission"
+                        " no longer waits",
+                    ),
+                },
+            },
+        },
+        "/waits": {
+            "get": {
+                "operationId": "waits",
+                "summary": "Every pending durable wait, oldest first",
+                "responses": answers({"200": _json(_ref("Waits"), "pending waits")}),
+            }
         },
         "/healthz": {
             "get": {

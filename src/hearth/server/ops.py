@@ -84,6 +84,8 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
 
 def stuck_reason(sub: Submission, now: float) -> str | None:
     """Why an unsettled submission looks stuck, or None."""
+    if sub.status == "waiting":
+        return None  # it waits for a value from outside (GET /waits); its deadline is paused
     if sub.status == "running" and sub.lease_expires_at is not None and sub.lease_expires_at < now:
         return "its lease expired: its owner is gone and the next scan will take it over"
     if sub.deadline is not None and sub.deadline < now:

@@ -63,6 +63,9 @@ def routes() -> list[tuple[str, Endpoint, list[str]]]:
         ("/channels/{name}/deliveries", inputs.list_deliveries, ["GET"]),
         ("/channels/{name}/deliveries/{delivery_id}/replay", inputs.replay, ["POST"]),
         ("/schedules", inputs.schedules, ["GET"]),
+        (base + "/waits", conversation_waits, ["GET"]),
+        (base + "/waits/{wait_id}", resolve_wait, ["POST"]),
+        ("/waits", all_waits, ["GET"]),
     ]
 
 
@@ -239,6 +242,38 @@ async def abort(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     result = await rt.abort(request.path_params["agent"], request.path_params["id"])
     return JSONResponse({"aborted": result.aborted, "submission_ids": result.submission_ids})
+
+
+# --- durable waits ---------------------------------------------------------------------------
+async def resolve_wait(server: ServerContext, request: Request) -> Response:
+    """``POST /agents/{agent}/{id}/waits/{wait_id}`` ``{"value": ...}``: resolve it once."""
+    rt, agent, id = await _runtime_for(server, request)
+    body = await read_json(request, server.settings.max_body)
+    if not isinstance(body, dict) or "value" not in body:
+        raise ApiError(400, "invalid_request", 'the body must be a JSON object: {"value": ...}')
+    unknown = sorted(set(body) - {"value"})
+    if unknown:
+        raise ApiError(
+            400, "invalid_request", f"unknown field(s): {', '.join(unknown)}", {"field": unknown[0]}
+        )
+    wait = await rt.resolve(agent, id, request.path_params["wait_id"], body["value"])
+    return JSONResponse(
+        {"wait_id": wait.wait_id, "submission_id": wait.submission_id, "resolved": True}
+    )
+
+
+async def conversation_waits(server: ServerContext, request: Request) -> Response:
+    """``GET /agents/{agent}/{id}/waits``: the conversation's pending waits."""
+    rt, agent, id = await _runtime_for(server, request)
+    conversation_id = rt.conversation_id(agent, id)
+    await rt.require_conversation(conversation_id)
+    return JSONResponse({"waits": [w.to_json() for w in await rt.waits(conversation_id)]})
+
+
+async def all_waits(server: ServerContext, request: Request) -> Response:
+    """``GET /waits``: every pending wait, oldest first."""
+    rt = await server.runtime()
+    return JSONResponse({"waits": [w.to_json() for w in await rt.waits()]})
 
 
 # --- query parameters ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from hearth.records import Record
+from hearth.records import Record, WaitStarted
 from hearth.store.events import StoreEvents, StreamNotifier
 from hearth.store.rows import (
     ACTIVE,
@@ -28,6 +28,7 @@ from hearth.store.rows import (
     RUNNING,
     SETTLED,
     UNSETTLED,
+    WAITING,
     Admission,
     ConversationInfo,
     ConversationSummary,
@@ -38,6 +39,7 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Submission,
+    Wait,
 )
 
 LIST_LIMIT = 100  # the default page of ``list_submissions``
@@ -207,9 +209,55 @@ class Store(ABC):
 
     @abstractmethod
     async def request_abort(self, conversation_id: str) -> list[str]:
-        """Stamp an abort intent (keeping an earlier stamp) on every queued or running
-        submission of the conversation; return their ids in admission order. Atomic. Publishes
-        ``abort`` when any was stamped."""
+        """Stamp an abort intent (keeping an earlier stamp) on every queued, running or waiting
+        submission of the conversation; return their ids in admission order. A waiting one ends
+        its pending waits (``wait_resolved{aborted: true}``) and becomes ``queued``, so that a
+        claimer settles it aborted. Atomic. Publishes ``abort`` when any was stamped."""
+        ...
+
+    # --- durable waits ----------------------------------------------------------------------
+    @abstractmethod
+    async def begin_wait(self, fence: Fence, started: Sequence[tuple[str, WaitStarted]]) -> None:
+        """Pause the attempt for its durable waits: append each ``(conversation_id, record)``
+        ``wait_started`` (a wait started by an earlier attempt and still pending is not passed
+        again), open a pending ``waits`` row for each, and set the submission ``waiting``
+        without a lease, counting the attempt in ``waits`` and stamping ``waiting_since``.
+        Atomic and fenced; ``AbortRequested`` (nothing written) when an abort intent is stamped
+        on the submission, ``StoreError`` when no wait of the submission would be pending.
+        Publishes ``appended``."""
+        ...
+
+    @abstractmethod
+    async def resolve_wait(self, conversation_id: str, wait_id: str, value: Any) -> Wait:
+        """Record ``wait_resolved{value}`` once and, when no other wait of its submission is
+        pending, make the submission ``queued`` again (its deadline moved on by the time it
+        waited). Atomic; checks that the submission is ``waiting``. An identical repeat returns
+        the wait without writing (also after the submission settled); ``WaitNotFound`` for an
+        unknown wait, ``WaitConflict`` for another value, a wait that timed out or was aborted,
+        or a submission that no longer waits. Publishes ``appended`` and ``admitted``."""
+        ...
+
+    @abstractmethod
+    async def expire_waits(self, limit: int = LIST_LIMIT) -> list[Wait]:
+        """End up to ``limit`` pending waits whose ``expires_at`` has passed, each as
+        ``resolve_wait`` would but with ``wait_resolved{timed_out: true}``; return them."""
+        ...
+
+    @abstractmethod
+    async def get_wait(self, conversation_id: str, wait_id: str) -> Wait | None:
+        """The wait row, or None."""
+        ...
+
+    @abstractmethod
+    async def list_waits(
+        self, conversation_id: str | None = None, *, after: int = 0, limit: int = LIST_LIMIT
+    ) -> list[Wait]:
+        """Pending waits in the order they started, after the cursor ``after`` (a ``seq``)."""
+        ...
+
+    @abstractmethod
+    async def next_wait_expiry(self) -> float | None:
+        """The earliest ``expires_at`` of a pending wait, or None."""
         ...
 
     async def settle(
@@ -310,6 +358,7 @@ __all__ = [
     "RUNNING",
     "SETTLED",
     "UNSETTLED",
+    "WAITING",
     "Admission",
     "ConversationInfo",
     "ConversationSummary",
@@ -323,5 +372,6 @@ __all__ = [
     "StoredDelivery",
     "StreamNotifier",
     "Submission",
+    "Wait",
     "all_submissions",
 ]

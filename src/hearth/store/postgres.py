@@ -32,7 +32,7 @@ from psycopg_pool import PoolTimeout
 
 from hearth import _faults
 from hearth.errors import ConfigurationError, StoreError, StoreUnavailable
-from hearth.records import Record, loads
+from hearth.records import Record, WaitStarted, loads
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
 from hearth.store import rules
@@ -51,6 +51,7 @@ from hearth.store.postgres_tx import (
 )
 from hearth.store.rows import (
     RUNNING,
+    WAIT_PENDING,
     Admission,
     ConversationInfo,
     ConversationSummary,
@@ -61,11 +62,13 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Submission,
+    Wait,
     conversation_from_row,
     cursor_from_row,
     delivery_from_row,
     submission_from_row,
     summary_from_row,
+    wait_from_row,
 )
 
 T = TypeVar("T")
@@ -532,6 +535,74 @@ class PostgresStore(Store):
             lambda conn: ops.fetchall(conn, "SELECT * FROM schedules ORDER BY name", {})
         )
         return [cursor_from_row(row) for row in rows]
+
+    # --- durable waits --------------------------------------------------------------------------
+    async def begin_wait(self, fence: Fence, started: Sequence[tuple[str, WaitStarted]]) -> None:
+        batch = list(started)
+
+        async def work(conn: ops.Conn, outbox: ops.Outbox) -> bool:
+            await ops.begin_wait(conn, fence, batch, outbox, self._now())
+            return True
+
+        async def paused(conn: ops.Conn) -> bool | None:
+            # A lost COMMIT that went through left this attempt's submission waiting (or queued
+            # again, when resolved since): nothing else moves a running attempt's row there.
+            row = await ops.fetchone(
+                conn,
+                "SELECT 1 AS ok FROM submissions WHERE id = %(id)s AND attempt = %(a)s"
+                " AND status IN ('waiting', 'queued')",
+                {"id": fence.submission_id, "a": fence.attempt},
+            )
+            return None if row is None else True
+
+        await self._write(work, resolve=paused)
+
+    async def resolve_wait(self, conversation_id: str, wait_id: str, value: Any) -> Wait:
+        return await self._write(
+            lambda conn, outbox: ops.resolve_wait(
+                conn, conversation_id, wait_id, value, outbox, self._now()
+            )
+        )
+
+    async def expire_waits(self, limit: int = LIST_LIMIT) -> list[Wait]:
+        return await self._write(
+            lambda conn, outbox: ops.expire_waits(conn, limit, outbox, self._now())
+        )
+
+    async def get_wait(self, conversation_id: str, wait_id: str) -> Wait | None:
+        row = await self._read(
+            lambda conn: ops.fetchone(
+                conn,
+                "SELECT * FROM waits WHERE conversation_id = %(c)s AND wait_id = %(w)s",
+                {"c": conversation_id, "w": wait_id},
+            )
+        )
+        return None if row is None else wait_from_row(row)
+
+    async def list_waits(
+        self, conversation_id: str | None = None, *, after: int = 0, limit: int = LIST_LIMIT
+    ) -> list[Wait]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT * FROM waits WHERE state = %(p)s AND seq > %(after)s"
+                " AND (%(c)s::text IS NULL OR conversation_id = %(c)s)"
+                " ORDER BY seq LIMIT %(limit)s",
+                {"p": WAIT_PENDING, "after": after, "c": conversation_id, "limit": max(limit, 0)},
+            )
+        )
+        return [wait_from_row(row) for row in rows]
+
+    async def next_wait_expiry(self) -> float | None:
+        row = await self._read(
+            lambda conn: ops.fetchone(
+                conn,
+                "SELECT min(expires_at) AS t FROM waits"
+                " WHERE state = %(p)s AND expires_at IS NOT NULL",
+                {"p": WAIT_PENDING},
+            )
+        )
+        return None if row is None or row["t"] is None else float(row["t"])
 
 
 def _named(name: str) -> str:

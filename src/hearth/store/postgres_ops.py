@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from hearth.errors import StoreError
-from hearth.records import ConversationCreated, Record
+from hearth.errors import AbortRequested, StoreError, WaitNotFound
+from hearth.records import ConversationCreated, Record, WaitStarted
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
@@ -22,6 +22,11 @@ from hearth.store.rows import (
     JOINED,
     QUEUED,
     RUNNING,
+    WAIT_ABORTED,
+    WAIT_PENDING,
+    WAIT_RESOLVED,
+    WAIT_TIMED_OUT,
+    WAITING,
     Admission,
     DeliveryAdmission,
     Fence,
@@ -29,9 +34,11 @@ from hearth.store.rows import (
     NewSubmission,
     ScheduleCursor,
     StoredDelivery,
+    Wait,
     cursor_from_row,
     delivery_from_row,
     submission_from_row,
+    wait_from_row,
 )
 from hearth.store.rows import SETTLED as SETTLED_STATUS
 
@@ -205,7 +212,8 @@ async def admit(
         " is_head, source, traceparent) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s,"
         f" %(digest)s, %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
         "SELECT 1 FROM submissions WHERE conversation_id = %(c)s"
-        " AND status IN ('queued', 'running')), %(source)s, %(traceparent)s) RETURNING *",
+        " AND status IN ('queued', 'running', 'waiting')), %(source)s, %(traceparent)s)"
+        " RETURNING *",
         {
             "id": submission_id,
             "c": conversation_id,
@@ -330,13 +338,167 @@ async def request_abort(
     rows = await fetchall(
         conn,
         f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
-        " WHERE conversation_id = %(c)s AND status IN (%(q)s, %(r)s) RETURNING id, seq",
-        {"c": conversation_id, "q": QUEUED, "r": RUNNING, "now": now},
+        " WHERE conversation_id = %(c)s AND status IN (%(q)s, %(r)s, %(w)s)"
+        " RETURNING id, seq, status",
+        {"c": conversation_id, "q": QUEUED, "r": RUNNING, "w": WAITING, "now": now},
     )
-    ids = [row["id"] for row in sorted(rows, key=lambda r: int(r["seq"]))]
+    rows.sort(key=lambda r: int(r["seq"]))
+    for row in rows:
+        if row["status"] == WAITING:
+            for wait in await pending_waits(conn, row["id"], lock=True):
+                await end_wait(conn, wait, WAIT_ABORTED, None, outbox, now)
+            await resume(conn, row["id"], outbox, now)
+    ids = [row["id"] for row in rows]
     if ids:
         outbox.append(Event(ABORT, conversation_id, await last_offset(conn, conversation_id)))
     return ids
+
+
+# --- durable waits --------------------------------------------------------------------------------
+# Locks are taken submission first, then its waits, by every write here (and by an abort), so two
+# of them racing on one wait wait for each other instead of deadlocking.
+async def begin_wait(
+    conn: Conn,
+    fence: Fence,
+    started: list[tuple[str, WaitStarted]],
+    outbox: Outbox,
+    now: float | None,
+) -> None:
+    row = await check_fence(conn, fence, lock="UPDATE")
+    if row["abort_requested_at"] is not None:
+        raise AbortRequested(f"submission {fence.submission_id} is being aborted; it cannot wait")
+    for conversation_id, record in started:
+        await append(conn, conversation_id, [record], outbox, now)
+        await conn.execute(
+            "INSERT INTO waits (conversation_id, wait_id, submission_id, tool_call_id, name,"
+            " prompt, expires_at, created_at, state) VALUES (%(c)s, %(wait_id)s,"
+            " %(submission_id)s, %(tool_call_id)s, %(name)s, %(prompt)s, %(expires_at)s,"
+            f" {NOW}, %(p)s) ON CONFLICT (conversation_id, wait_id) DO NOTHING".encode(),
+            {"c": conversation_id, "now": now, "p": WAIT_PENDING, **rules.wait_row(record)},
+        )
+    if not await pending_waits(conn, fence.submission_id):
+        raise StoreError(f"submission {fence.submission_id} has no pending wait to wait for")
+    await conn.execute(
+        "UPDATE submissions SET status = %(w)s, lease_owner = NULL, lease_expires_at = NULL,"
+        f" waits = waits + 1, waiting_since = {NOW} WHERE id = %(id)s".encode(),
+        {"w": WAITING, "id": fence.submission_id, "now": now},
+    )
+
+
+async def resolve_wait(
+    conn: Conn, conversation_id: str, wait_id: str, value: Any, outbox: Outbox, now: float | None
+) -> Wait:
+    key = {"c": conversation_id, "w": wait_id}
+    found = await fetchone(
+        conn,
+        "SELECT submission_id FROM waits WHERE conversation_id = %(c)s AND wait_id = %(w)s",
+        key,
+    )
+    if found is None:
+        raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
+    sub = await fetchone(
+        conn,
+        "SELECT status FROM submissions WHERE id = %(id)s FOR UPDATE",
+        {"id": found["submission_id"]},
+    )
+    row = await fetchone(
+        conn,
+        "SELECT * FROM waits WHERE conversation_id = %(c)s AND wait_id = %(w)s FOR UPDATE",
+        key,
+    )
+    assert row is not None
+    wait = wait_from_row(row)
+    status = None if sub is None else sub["status"]
+    if rules.judge_resolve(wait_id, wait.state, row["value"], status, value):
+        await end_wait(conn, wait, WAIT_RESOLVED, value, outbox, now)
+        await resume(conn, wait.submission_id, outbox, now)
+        row = await fetchone(conn, "SELECT * FROM waits WHERE seq = %(s)s", {"s": wait.seq})
+        assert row is not None
+    return wait_from_row(row)
+
+
+async def expire_waits(conn: Conn, limit: int, outbox: Outbox, now: float | None) -> list[Wait]:
+    due = await fetchall(
+        conn,
+        "SELECT seq, submission_id FROM waits WHERE state = %(p)s AND expires_at IS NOT NULL"
+        f" AND expires_at <= {NOW} ORDER BY expires_at LIMIT %(l)s",
+        {"p": WAIT_PENDING, "now": now, "l": limit},
+    )
+    ended = []
+    for item in due:
+        await fetchone(
+            conn,
+            "SELECT 1 AS ok FROM submissions WHERE id = %(id)s FOR UPDATE",
+            {"id": item["submission_id"]},
+        )
+        row = await fetchone(
+            conn,
+            "SELECT * FROM waits WHERE seq = %(s)s AND state = %(p)s FOR UPDATE",
+            {"s": item["seq"], "p": WAIT_PENDING},
+        )
+        if row is None:
+            continue  # a peer ended it meanwhile
+        wait = wait_from_row(row)
+        await end_wait(conn, wait, WAIT_TIMED_OUT, None, outbox, now)
+        await resume(conn, wait.submission_id, outbox, now)
+        ended.append(wait)
+    return ended
+
+
+async def end_wait(
+    conn: Conn, wait: Wait, state: str, value: Any, outbox: Outbox, now: float | None
+) -> None:
+    """Close a pending wait: its ``wait_resolved`` record and its row, together."""
+    sub = await fetchone(
+        conn, "SELECT attempt FROM submissions WHERE id = %(id)s", {"id": wait.submission_id}
+    )
+    record = rules.wait_resolved(
+        wait.wait_id,
+        wait.submission_id,
+        0 if sub is None else int(sub["attempt"]),
+        value=value,
+        timed_out=state == WAIT_TIMED_OUT,
+        aborted=state == WAIT_ABORTED,
+    )
+    await append(conn, wait.conversation_id, [record], outbox, now)
+    await conn.execute(
+        f"UPDATE waits SET state = %(st)s, value = %(v)s, resolved_at = {NOW}"
+        " WHERE seq = %(s)s".encode(),
+        {
+            "st": state,
+            "v": rules.to_json(value) if state == WAIT_RESOLVED else None,
+            "now": now,
+            "s": wait.seq,
+        },
+    )
+
+
+async def resume(conn: Conn, submission_id: str, outbox: Outbox, now: float | None) -> None:
+    """A waiting submission with no pending wait left is queued again; its deadline moves on
+    by the time it waited (waiting does not count toward ``Durability.timeout``)."""
+    if await pending_waits(conn, submission_id):
+        return
+    row = await fetchone(
+        conn,
+        "UPDATE submissions SET status = %(q)s,"
+        f" deadline = deadline + GREATEST(0, {NOW} - COALESCE(waiting_since, {NOW})),"
+        " waiting_since = NULL WHERE id = %(id)s AND status = %(w)s RETURNING conversation_id",
+        {"q": QUEUED, "w": WAITING, "id": submission_id, "now": now},
+    )
+    if row is not None:
+        conversation_id = row["conversation_id"]
+        offset = await last_offset(conn, conversation_id)
+        outbox.append(Event(ADMITTED, conversation_id, offset, submission_id))
+
+
+async def pending_waits(conn: Conn, submission_id: str, *, lock: bool = False) -> list[Wait]:
+    rows = await fetchall(
+        conn,
+        "SELECT * FROM waits WHERE submission_id = %(id)s AND state = %(p)s ORDER BY seq"
+        + (" FOR UPDATE" if lock else ""),
+        {"id": submission_id, "p": WAIT_PENDING},
+    )
+    return [wait_from_row(row) for row in rows]
 
 
 async def last_offset(conn: Conn, conversation_id: str) -> int:

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 4  # 2: last_activity; 3: source, inputs tables; 4: traceparent
+SCHEMA_VERSION = 5  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -76,6 +76,8 @@ CREATE TABLE IF NOT EXISTS submissions (
     is_head boolean NOT NULL DEFAULT false,
     source text,
     traceparent text,
+    waits integer NOT NULL DEFAULT 0,
+    waiting_since double precision,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -109,7 +111,32 @@ CREATE TABLE IF NOT EXISTS schedules (
     cursor double precision NOT NULL,
     last_occurrence double precision,
     updated_at double precision NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS waits (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id text NOT NULL,
+    wait_id text NOT NULL,
+    submission_id text NOT NULL,
+    tool_call_id text NOT NULL,
+    name text NOT NULL,
+    prompt text NOT NULL,
+    expires_at double precision,
+    created_at double precision NOT NULL,
+    state text NOT NULL,
+    value text,
+    resolved_at double precision,
+    UNIQUE (conversation_id, wait_id)
+);
+CREATE INDEX IF NOT EXISTS waits_pending ON waits (seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS waits_expiring ON waits (expires_at)
+    WHERE state = 'pending' AND expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state)
+"""
+
+# Version 4 → 5: the columns of durable waits (the waits table is created with the rest).
+_ADD_WAITS = """
+ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waits integer NOT NULL DEFAULT 0;
+ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waiting_since double precision
 """
 
 
@@ -131,9 +158,9 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             return
         if found is not None and found < 2:
             await _add_activity(conn)
-        for statement in _TABLES.split(";"):
-            if statement.strip():
-                await conn.execute(statement.encode())
+        if found is not None and found < 5:
+            await _run(conn, _ADD_WAITS)
+        await _run(conn, _TABLES)
         if found is not None and found < 3:
             await _add_sources(conn)
         if found is not None and found < 4:
@@ -167,6 +194,12 @@ async def _add_sources(conn: psycopg.AsyncConnection[Any]) -> None:
 async def _add_traceparent(conn: psycopg.AsyncConnection[Any]) -> None:
     """Version 3 → 4: the W3C trace context of each admission (older rows have none)."""
     await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS traceparent text")
+
+
+async def _run(conn: psycopg.AsyncConnection[Any], statements: str) -> None:
+    for statement in statements.split(";"):
+        if statement.strip():
+            await conn.execute(statement.encode())
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -9,13 +9,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hearth.records import iso_from_unix
+
 QUEUED = "queued"
 RUNNING = "running"
 SETTLED = "settled"
 JOINED = "joined"
-UNSETTLED = (QUEUED, RUNNING)
+WAITING = "waiting"  # a durable wait is pending: no lease, no attempt runs (§15)
+UNSETTLED = (QUEUED, RUNNING)  # what a claimer will run; a waiting submission is at rest
 DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admitted
 DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
+
+# The states of a wait row.
+WAIT_PENDING = "pending"
+WAIT_RESOLVED = "resolved"
+WAIT_TIMED_OUT = "timed_out"
+WAIT_ABORTED = "aborted"
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class Submission:
     kind: str  # message | signal | channel | scheduled
     payload: dict[str, Any]
     idempotency_key: str | None
-    status: str  # queued | running | settled | joined
+    status: str  # queued | running | waiting | settled | joined
     outcome: str | None
     error: dict[str, Any] | None
     reply: str | None
@@ -54,6 +63,15 @@ class Submission:
     # where it came from: {"channel", "delivery_id"}, {"schedule", "occurrence"}, or None
     source: dict[str, Any] | None = None
     traceparent: str | None = None  # W3C trace context of the admission: attempts continue it
+    # Attempts that ended by a durable wait: they do not count toward ``max_attempts``, so the
+    # attempts interrupted so far are ``attempt - waits`` (the one running included).
+    waits: int = 0
+    waiting_since: float | None = None  # while waiting; the deadline moves on by the time waited
+
+    @property
+    def interruptions(self) -> int:
+        """The attempts that count toward ``max_attempts`` (the current one included)."""
+        return self.attempt - self.waits
 
     @property
     def agent(self) -> str:
@@ -86,6 +104,8 @@ class Submission:
             "joined_to": self.joined_to,
             "source": self.source,
             "traceparent": self.traceparent,
+            "waits": self.waits,
+            "waiting_since": self.waiting_since,
         }
 
 
@@ -243,6 +263,8 @@ def submission_from_row(row: Row) -> Submission:
         joined_to=row["joined_to"],
         source=None if row["source"] is None else json.loads(row["source"]),
         traceparent=row["traceparent"],
+        waits=int(row["waits"]),
+        waiting_since=_real(row["waiting_since"]),
     )
 
 
@@ -272,6 +294,66 @@ def cursor_from_row(row: Row) -> ScheduleCursor:
         cursor=float(row["cursor"]),
         last_occurrence=_real(row["last_occurrence"]),
         updated_at=float(row["updated_at"]),
+    )
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A durable wait of a tool call: pending until resolved, timed out, or aborted."""
+
+    conversation_id: str  # where its wait_started record is (a task's child, perhaps)
+    wait_id: str
+    submission_id: str
+    tool_call_id: str
+    name: str
+    prompt: Any
+    expires_at: float | None  # unix seconds
+    created_at: float
+    state: str  # pending | resolved | timed_out | aborted
+    value: Any = None
+    resolved_at: float | None = None
+    seq: int = 0
+
+    @property
+    def agent(self) -> str:
+        return self.conversation_id.split("/", 1)[0]
+
+    @property
+    def id(self) -> str:
+        """The conversation's id without the agent's name."""
+        return self.conversation_id.split("/", 1)[1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "wait_id": self.wait_id,
+            "agent": self.agent,
+            "id": self.id,
+            "conversation_id": self.conversation_id,
+            "submission_id": self.submission_id,
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+            "prompt": self.prompt,
+            "expires_at": None if self.expires_at is None else iso_from_unix(self.expires_at),
+            "state": self.state,
+        }
+
+
+def wait_from_row(row: Row) -> Wait:
+    """The ``Wait`` a ``waits`` row holds."""
+    value = row["value"]
+    return Wait(
+        conversation_id=row["conversation_id"],
+        wait_id=row["wait_id"],
+        submission_id=row["submission_id"],
+        tool_call_id=row["tool_call_id"],
+        name=row["name"],
+        prompt=json.loads(row["prompt"]),
+        expires_at=_real(row["expires_at"]),
+        created_at=float(row["created_at"]),
+        state=row["state"],
+        value=None if value is None else json.loads(value),
+        resolved_at=_real(row["resolved_at"]),
+        seq=int(row["seq"]),
     )
 
 

@@ -15,13 +15,25 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError
-from hearth.records import ConversationCreated, Record, StateWrite, SubmissionSettled
+from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError, WaitConflict
+from hearth.records import (
+    ConversationCreated,
+    Record,
+    StateWrite,
+    SubmissionSettled,
+    WaitResolved,
+    WaitStarted,
+    unix_from_iso,
+)
 from hearth.store.rows import (
     ACTIVE,
     CONVERSATION_STATUSES,
     IDLE,
     RUNNING,
+    WAIT_ABORTED,
+    WAIT_RESOLVED,
+    WAIT_TIMED_OUT,
+    WAITING,
     Fence,
     NewDelivery,
     NewSubmission,
@@ -148,7 +160,7 @@ def conversation_list_sql(
         raise ValueError(f"status must be one of {', '.join(CONVERSATION_STATUSES)}")
     unsettled = (
         "FROM submissions s WHERE s.conversation_id = c.conversation_id"
-        " AND s.status IN ('queued', 'running')"
+        " AND s.status IN ('queued', 'running', 'waiting')"
     )
     where = ["TRUE"]
     if agent:
@@ -164,3 +176,62 @@ def conversation_list_sql(
         f" WHERE {' AND '.join(where)}"
         f" ORDER BY c.last_activity DESC, c.conversation_id DESC LIMIT {param('limit')}"
     )
+
+
+# --- durable waits ------------------------------------------------------------------------------
+def wait_row(record: WaitStarted) -> dict[str, Any]:
+    """The columns of a ``waits`` row that a ``wait_started`` record opens."""
+    expires = None if record.expires_at is None else unix_from_iso(record.expires_at)
+    return {
+        "wait_id": record.wait_id,
+        "submission_id": record.submission_id,
+        "tool_call_id": record.tool_call_id,
+        "name": record.name,
+        "prompt": to_json(record.prompt),
+        "expires_at": expires,
+    }
+
+
+def wait_resolved(
+    wait_id: str,
+    submission_id: str,
+    attempt: int,
+    *,
+    value: Any = None,
+    timed_out: bool = False,
+    aborted: bool = False,
+) -> WaitResolved:
+    """The ``wait_resolved`` record that ends a wait (its id is deterministic: written once).
+    It carries the attempt that paused, which no longer runs."""
+    return WaitResolved(
+        id=f"{wait_id}:resolved",
+        submission_id=submission_id,
+        attempt=attempt,
+        wait_id=wait_id,
+        value=value,
+        timed_out=timed_out,
+        aborted=aborted,
+    )
+
+
+def canonical(value: Any) -> str:
+    """What "the same value" means for a repeated resolve: canonical JSON."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def judge_resolve(
+    wait_id: str, state: str, stored_value: str | None, status: str | None, value: Any
+) -> bool:
+    """Whether a resolve with ``value`` writes now (True) or repeats an identical one (False);
+    ``WaitConflict`` when the wait cannot take it. ``status`` is its submission's."""
+    if state == WAIT_RESOLVED:
+        if stored_value is not None and canonical(json.loads(stored_value)) == canonical(value):
+            return False
+        raise WaitConflict(f"wait {wait_id} was already resolved with another value")
+    if state == WAIT_TIMED_OUT:
+        raise WaitConflict(f"wait {wait_id} timed out before it was resolved")
+    if state == WAIT_ABORTED:
+        raise WaitConflict(f"wait {wait_id} ended: its submission was aborted")
+    if status != WAITING:
+        raise WaitConflict(f"the submission of wait {wait_id} is {status}, not waiting")
+    return True

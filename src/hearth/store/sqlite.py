@@ -24,13 +24,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hearth.errors import ConfigurationError, StoreUnavailable
-from hearth.records import Record, loads
+from hearth.records import Record, WaitStarted, loads
 from hearth.store import rules
 from hearth.store import sqlite_ops as ops
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import StoreEvents
 from hearth.store.rows import (
     RUNNING,
+    WAIT_PENDING,
     Admission,
     ConversationInfo,
     ConversationSummary,
@@ -41,11 +42,13 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Submission,
+    Wait,
     conversation_from_row,
     cursor_from_row,
     delivery_from_row,
     submission_from_row,
     summary_from_row,
+    wait_from_row,
 )
 from hearth.store.sqlite_schema import connect
 from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
@@ -359,6 +362,59 @@ class SQLiteStore(Store):
         def work(conn: sqlite3.Connection) -> list[ScheduleCursor]:
             rows = conn.execute("SELECT * FROM schedules ORDER BY name")
             return [cursor_from_row(row) for row in rows]
+
+        return await self._read(work)
+
+    # --- durable waits --------------------------------------------------------------------------
+    async def begin_wait(self, fence: Fence, started: Sequence[tuple[str, WaitStarted]]) -> None:
+        batch = list(started)
+        await self._write(
+            lambda conn, outbox: ops.begin_wait(conn, fence, batch, outbox, self.clock())
+        )
+
+    async def resolve_wait(self, conversation_id: str, wait_id: str, value: Any) -> Wait:
+        return await self._write(
+            lambda conn, outbox: ops.resolve_wait(
+                conn, conversation_id, wait_id, value, outbox, self.clock()
+            )
+        )
+
+    async def expire_waits(self, limit: int = LIST_LIMIT) -> list[Wait]:
+        return await self._write(
+            lambda conn, outbox: ops.expire_waits(conn, limit, outbox, self.clock())
+        )
+
+    async def get_wait(self, conversation_id: str, wait_id: str) -> Wait | None:
+        def work(conn: sqlite3.Connection) -> Wait | None:
+            row = conn.execute(
+                "SELECT * FROM waits WHERE conversation_id = ? AND wait_id = ?",
+                (conversation_id, wait_id),
+            ).fetchone()
+            return None if row is None else wait_from_row(row)
+
+        return await self._read(work)
+
+    async def list_waits(
+        self, conversation_id: str | None = None, *, after: int = 0, limit: int = LIST_LIMIT
+    ) -> list[Wait]:
+        def work(conn: sqlite3.Connection) -> list[Wait]:
+            # The state is written out, so the partial index of pending waits serves the query.
+            rows = conn.execute(
+                f"SELECT * FROM waits WHERE state = '{WAIT_PENDING}' AND seq > ?"
+                " AND (? IS NULL OR conversation_id = ?) ORDER BY seq LIMIT ?",
+                (after, conversation_id, conversation_id, max(limit, 0)),
+            )
+            return [wait_from_row(row) for row in rows]
+
+        return await self._read(work)
+
+    async def next_wait_expiry(self) -> float | None:
+        def work(conn: sqlite3.Connection) -> float | None:
+            row = conn.execute(
+                f"SELECT MIN(expires_at) FROM waits WHERE state = '{WAIT_PENDING}'"
+                " AND expires_at IS NOT NULL"
+            ).fetchone()
+            return None if row is None or row[0] is None else float(row[0])
 
         return await self._read(work)
 

@@ -10,8 +10,8 @@ import json
 import sqlite3
 from typing import Any
 
-from hearth.errors import StoreError
-from hearth.records import ConversationCreated, Record
+from hearth.errors import AbortRequested, StoreError, WaitNotFound
+from hearth.records import ConversationCreated, Record, WaitStarted
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
@@ -20,6 +20,11 @@ from hearth.store.rows import (
     JOINED,
     QUEUED,
     RUNNING,
+    WAIT_ABORTED,
+    WAIT_PENDING,
+    WAIT_RESOLVED,
+    WAIT_TIMED_OUT,
+    WAITING,
     Admission,
     DeliveryAdmission,
     Fence,
@@ -27,9 +32,11 @@ from hearth.store.rows import (
     NewSubmission,
     ScheduleCursor,
     StoredDelivery,
+    Wait,
     cursor_from_row,
     delivery_from_row,
     submission_from_row,
+    wait_from_row,
 )
 from hearth.store.rows import SETTLED as SETTLED_STATUS
 from hearth.store.sqlite_writer import Outbox
@@ -147,8 +154,8 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             return Admission(submission_from_row(row), row["admitted_offset"], True)
     offset = last_offset(conn, conversation_id)
     busy = conn.execute(
-        "SELECT 1 FROM submissions WHERE conversation_id = ? AND status IN (?, ?) LIMIT 1",
-        (conversation_id, QUEUED, RUNNING),
+        "SELECT 1 FROM submissions WHERE conversation_id = ? AND status IN (?, ?, ?) LIMIT 1",
+        (conversation_id, QUEUED, RUNNING, WAITING),
     ).fetchone()
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
@@ -262,20 +269,150 @@ def expire_owners(conn: sqlite3.Connection, owners: list[str], outbox: Outbox) -
 def request_abort(
     conn: sqlite3.Connection, conversation_id: str, outbox: Outbox, now: float
 ) -> list[str]:
-    unsettled = (conversation_id, QUEUED, RUNNING)
+    unsettled = (conversation_id, QUEUED, RUNNING, WAITING)
     conn.execute(
         "UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, ?)"
-        " WHERE conversation_id = ? AND status IN (?, ?)",
+        " WHERE conversation_id = ? AND status IN (?, ?, ?)",
         (now, *unsettled),
     )
     rows = conn.execute(
-        "SELECT id FROM submissions WHERE conversation_id = ? AND status IN (?, ?) ORDER BY seq",
+        "SELECT id, status FROM submissions WHERE conversation_id = ? AND status IN (?, ?, ?)"
+        " ORDER BY seq",
         unsettled,
-    )
+    ).fetchall()
+    for sid, status in rows:
+        if status == WAITING:
+            for wait in pending_waits(conn, sid):
+                end_wait(conn, wait, WAIT_ABORTED, None, outbox, now)
+            resume(conn, sid, outbox, now)
     ids = [row[0] for row in rows]
     if ids:
         outbox.append(Event(ABORT, conversation_id, last_offset(conn, conversation_id)))
     return ids
+
+
+# --- durable waits --------------------------------------------------------------------------------
+def begin_wait(
+    conn: sqlite3.Connection,
+    fence: Fence,
+    started: list[tuple[str, WaitStarted]],
+    outbox: Outbox,
+    now: float,
+) -> None:
+    host = check_fence(conn, fence)
+    if host["abort_requested_at"] is not None:
+        raise AbortRequested(f"submission {fence.submission_id} is being aborted; it cannot wait")
+    for conversation_id, record in started:
+        append(conn, conversation_id, [record], outbox, now)
+        row = rules.wait_row(record)
+        conn.execute(
+            "INSERT INTO waits (conversation_id, wait_id, submission_id, tool_call_id, name,"
+            " prompt, expires_at, created_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (conversation_id, wait_id) DO NOTHING",
+            (
+                conversation_id,
+                row["wait_id"],
+                row["submission_id"],
+                row["tool_call_id"],
+                row["name"],
+                row["prompt"],
+                row["expires_at"],
+                now,
+                WAIT_PENDING,
+            ),
+        )
+    if not pending_waits(conn, fence.submission_id):
+        raise StoreError(f"submission {fence.submission_id} has no pending wait to wait for")
+    conn.execute(
+        "UPDATE submissions SET status = ?, lease_owner = NULL, lease_expires_at = NULL,"
+        " waits = waits + 1, waiting_since = ? WHERE id = ?",
+        (WAITING, now, fence.submission_id),
+    )
+
+
+def resolve_wait(
+    conn: sqlite3.Connection,
+    conversation_id: str,
+    wait_id: str,
+    value: Any,
+    outbox: Outbox,
+    now: float,
+) -> Wait:
+    row = conn.execute(
+        "SELECT * FROM waits WHERE conversation_id = ? AND wait_id = ?",
+        (conversation_id, wait_id),
+    ).fetchone()
+    if row is None:
+        raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
+    wait = wait_from_row(row)
+    sub = submission_row(conn, wait.submission_id)
+    status = None if sub is None else sub["status"]
+    if rules.judge_resolve(wait_id, wait.state, row["value"], status, value):
+        end_wait(conn, wait, WAIT_RESOLVED, value, outbox, now)
+        resume(conn, wait.submission_id, outbox, now)
+        row = conn.execute("SELECT * FROM waits WHERE seq = ?", (wait.seq,)).fetchone()
+    return wait_from_row(row)
+
+
+def expire_waits(conn: sqlite3.Connection, limit: int, outbox: Outbox, now: float) -> list[Wait]:
+    rows = conn.execute(
+        f"SELECT * FROM waits WHERE state = '{WAIT_PENDING}' AND expires_at IS NOT NULL"
+        " AND expires_at <= ? ORDER BY expires_at LIMIT ?",
+        (now, limit),
+    ).fetchall()
+    ended = []
+    for row in rows:
+        wait = wait_from_row(row)
+        end_wait(conn, wait, WAIT_TIMED_OUT, None, outbox, now)
+        resume(conn, wait.submission_id, outbox, now)
+        ended.append(wait)
+    return ended
+
+
+def end_wait(
+    conn: sqlite3.Connection, wait: Wait, state: str, value: Any, outbox: Outbox, now: float
+) -> None:
+    """Close a pending wait: its ``wait_resolved`` record and its row, together."""
+    sub = submission_row(conn, wait.submission_id)
+    attempt = 0 if sub is None else int(sub["attempt"])
+    record = rules.wait_resolved(
+        wait.wait_id,
+        wait.submission_id,
+        attempt,
+        value=value,
+        timed_out=state == WAIT_TIMED_OUT,
+        aborted=state == WAIT_ABORTED,
+    )
+    append(conn, wait.conversation_id, [record], outbox, now)
+    conn.execute(
+        "UPDATE waits SET state = ?, value = ?, resolved_at = ? WHERE seq = ?",
+        (state, None if state != WAIT_RESOLVED else rules.to_json(value), now, wait.seq),
+    )
+
+
+def resume(conn: sqlite3.Connection, submission_id: str, outbox: Outbox, now: float) -> None:
+    """A waiting submission with no pending wait left is queued again; its deadline moves on
+    by the time it waited (waiting does not count toward ``Durability.timeout``)."""
+    if pending_waits(conn, submission_id):
+        return
+    row = conn.execute(
+        "UPDATE submissions SET status = ?,"
+        " deadline = deadline + MAX(0, ? - COALESCE(waiting_since, ?)), waiting_since = NULL"
+        " WHERE id = ? AND status = ? RETURNING conversation_id",
+        (QUEUED, now, now, submission_id, WAITING),
+    ).fetchone()
+    if row is not None:
+        conversation_id = row[0]
+        offset = last_offset(conn, conversation_id)
+        outbox.append(Event(ADMITTED, conversation_id, offset, submission_id))
+
+
+def pending_waits(conn: sqlite3.Connection, submission_id: str) -> list[Wait]:
+    rows = conn.execute(
+        "SELECT * FROM waits WHERE submission_id = ? AND state = ? ORDER BY seq",
+        (submission_id, WAIT_PENDING),
+    )
+    return [wait_from_row(row) for row in rows]
 
 
 def last_offset(conn: sqlite3.Connection, conversation_id: str) -> int:

@@ -8,11 +8,12 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
 # 5: submissions.traceparent keeps the W3C trace context of the admission
+# 6: durable waits: the waits table, submissions.waits and submissions.waiting_since
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -74,6 +75,8 @@ CREATE TABLE IF NOT EXISTS submissions (
     is_head INTEGER NOT NULL DEFAULT 0,
     source TEXT,
     traceparent TEXT,
+    waits INTEGER NOT NULL DEFAULT 0,
+    waiting_since REAL,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -105,6 +108,25 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_occurrence REAL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS waits (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    wait_id TEXT NOT NULL,
+    submission_id TEXT NOT NULL,
+    tool_call_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    expires_at REAL,
+    created_at REAL NOT NULL,
+    state TEXT NOT NULL,
+    value TEXT,
+    resolved_at REAL,
+    UNIQUE (conversation_id, wait_id)
+);
+CREATE INDEX IF NOT EXISTS waits_pending ON waits (seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS waits_expiring ON waits (expires_at)
+    WHERE state = 'pending' AND expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state);
 """
 
 
@@ -185,6 +207,15 @@ def _add_traceparent(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE submissions ADD COLUMN traceparent TEXT")
 
 
+def _add_waits(conn: sqlite3.Connection) -> None:
+    """Schema 5 → 6: the columns of durable waits (the waits table is created with the rest)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "waits" not in have:
+        conn.execute("ALTER TABLE submissions ADD COLUMN waits INTEGER NOT NULL DEFAULT 0")
+    if "waiting_since" not in have:
+        conn.execute("ALTER TABLE submissions ADD COLUMN waiting_since REAL")
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -208,6 +239,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 _add_sources(conn)
             if found < 5:
                 _add_traceparent(conn)
+            if found < 6:
+                _add_waits(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

@@ -32,8 +32,10 @@ from hearth.records import (
     ToolOutcome,
     ToolResultsCommitted,
     ToolStepSettled,
+    WaitResolved,
+    WaitStarted,
 )
-from hearth.store.base import JOINED, SETTLED, Store, Submission, all_submissions
+from hearth.store.base import JOINED, SETTLED, WAITING, Store, Submission, all_submissions
 
 # The rules a violation names.
 SETTLED_ONCE = "settled_once"  # one submission_settled record per submission, in its conversation
@@ -51,6 +53,8 @@ MESSAGE_CLOSED = "message_closed"  # a settled submission left an assistant mess
 RECORDED_RAN_AGAIN = "recorded_call_ran_again"  # a call ran after its outcome was on disk
 ORDINARY_RAN_TWICE = "ordinary_call_ran_twice"  # an ordinary (non-durable) call ran twice
 STEP_RAN_AGAIN = "step_ran_again"  # a step's body ran after its record was on disk
+WAIT_ENDED_ONCE = "wait_ended_once"  # one wait_resolved per wait, after its wait_started
+WAITING_HAS_OPEN_WAIT = "waiting_has_open_wait"  # waiting ⇔ a wait of it is open; no lease
 
 Key = tuple[str, str, str | None]  # (conversation, tool call id, step name or None for the call)
 
@@ -116,6 +120,7 @@ async def check_invariants(
             continue  # linked, then the parent stopped before the child began: nothing to judge
         found += _check_stream(conv, records, subs, at_rest=conv not in abandoned)
     found += _check_settlements(streams, subs, at_rest)
+    found += _check_waits(streams, subs)
     if tool_log is not None:
         found += _check_tool_log(tool_log)
     return found
@@ -304,7 +309,7 @@ def _check_settlements(
             if settled_row:
                 detail = f"{sub.id} is {sub.status} without a submission_settled record"
                 found.append(Violation(SETTLED_ONCE, conv, detail))
-            elif at_rest:
+            elif at_rest and sub.status != WAITING:  # a waiting submission is at rest
                 found.append(Violation(UNSETTLED, conv, f"{sub.id} is still {sub.status}"))
             continue
         where, record = mine[0]
@@ -316,6 +321,48 @@ def _check_settlements(
         if not settled_row or row != said:
             detail = f"{sub.id} row is {sub.status} {row!r}, its record says {said!r}"
             found.append(Violation(ROW_MATCHES_RECORD, conv, detail))
+    return found
+
+
+def _check_waits(
+    streams: Mapping[str, list[Record]], subs: Mapping[str, Submission]
+) -> list[Violation]:
+    """Each wait ends once, after it started; a submission waits exactly while one of its waits
+    is open, and then holds no lease."""
+    found: list[Violation] = []
+    open_waits: dict[str, list[str]] = defaultdict(list)  # submission → its open wait ids
+    for conv, records in streams.items():
+        started: dict[str, WaitStarted] = {}
+        ended: Counter[str] = Counter()
+        for r in records:
+            if isinstance(r, WaitStarted):
+                started.setdefault(r.wait_id, r)
+            elif isinstance(r, WaitResolved):
+                ended[r.wait_id] += 1
+                if r.wait_id not in started:
+                    detail = f"wait_resolved {r.id} at {r.offset} ends a wait that never started"
+                    found.append(Violation(WAIT_ENDED_ONCE, conv, detail))
+        for wait_id, n in ended.items():
+            if n > 1:
+                found.append(Violation(WAIT_ENDED_ONCE, conv, f"wait {wait_id} ended {n} times"))
+        for wait_id, record in started.items():
+            if not ended[wait_id]:
+                open_waits[record.submission_id or ""].append(wait_id)
+    for sub in subs.values():
+        mine = open_waits.pop(sub.id, [])
+        conv = sub.conversation_id
+        if sub.status == WAITING and not mine:
+            detail = f"{sub.id} is waiting without an open wait: nothing can ever resume it"
+            found.append(Violation(WAITING_HAS_OPEN_WAIT, conv, detail))
+        if sub.status == WAITING and sub.lease_owner is not None:
+            detail = f"{sub.id} is waiting but holds a lease of {sub.lease_owner}"
+            found.append(Violation(WAITING_HAS_OPEN_WAIT, conv, detail))
+        if mine and sub.status != WAITING:
+            detail = f"{sub.id} is {sub.status} with open wait(s) {', '.join(mine)}"
+            found.append(Violation(WAITING_HAS_OPEN_WAIT, conv, detail))
+    for sid, mine in open_waits.items():
+        detail = f"open wait(s) {', '.join(mine)} of an unknown submission {sid!r}"
+        found.append(Violation(WAITING_HAS_OPEN_WAIT, None, detail))
     return found
 
 

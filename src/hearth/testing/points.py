@@ -17,7 +17,8 @@ The scheme:
 - per tool and step name (``KILL_POINT_PATTERNS``): ``tool:<name>`` before a tool body,
   ``tool-done:<name>`` after it returned or raised and before its outcome is appended,
   ``step:<name>`` before a ``step.do`` function, ``step-done:<name>`` after it and before its
-  record. The built-in ``task`` tool has ``tool-done:task`` (its "body" is the child).
+  record, ``wait:<name>`` where a ``step.wait`` without a value stops its call. The built-in
+  ``task`` tool has ``tool-done:task`` (its "body" is the child).
 
 ``KILL_POINTS`` maps each concrete name to where it sits. ``#N`` after a name picks its N-th
 occurrence in the process. Example::
@@ -45,6 +46,8 @@ STORE_WRITES: tuple[str, ...] = (
     "request_abort",
     "settle",
     "join",
+    "begin_wait",
+    "expire_waits",
 )
 
 RUNNER_SEAMS: Mapping[str, str] = MappingProxyType(
@@ -83,6 +86,7 @@ KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
         "tool-done:<name>": "the tool body returned or raised; its outcome is not appended",
         "step:<name>": "a step.do is about to run its function",
         "step-done:<name>": "the step's function returned; its record is not appended",
+        "wait:<name>": "a step.wait found no value yet; the call is about to stop and wait",
     }
 )
 

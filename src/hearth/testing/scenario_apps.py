@@ -79,6 +79,28 @@ async def provision(customer: str, ctx: hearth.ToolContext) -> str:
     return f"provisioned {customer}: {a + b + c}"
 
 
+APPROVAL_S = 0.3  # how long ``approve`` waits for an approval nobody sends
+
+
+@hearth.tool(durable=True)
+async def approve(ctx: hearth.ToolContext) -> str:
+    """A step, a durable wait that times out, another step."""
+    assert ctx.step is not None
+    ran("approve-start", ctx)
+
+    def step(name: str) -> str:
+        ran(f"step-{name}", ctx)
+        return name
+
+    await ctx.step.do("prepare", lambda: step("prepare"))
+    try:
+        answer = await ctx.step.wait("approval", prompt="approve?", timeout=APPROVAL_S)
+    except hearth.WaitTimedOut:
+        answer = "no answer"
+    await ctx.step.do("finish", lambda: step("finish"))
+    return f"approval: {answer}"
+
+
 # --- agents -----------------------------------------------------------------------------------
 
 
@@ -153,6 +175,13 @@ def pausing(ctx: hearth.AgentContext) -> str:
 
 
 @hearth.agent
+def approving(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/approving")
+    ctx.use_tool(approve)
+    return "You ask before you act."
+
+
+@hearth.agent
 def flaky(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/flaky")
     return "Your provider stumbles."
@@ -210,6 +239,12 @@ def pausing_script(request: ModelRequest) -> Step:
     return reply("resumed" if answered(request) else "ok")
 
 
+def approving_script(request: ModelRequest) -> Step:
+    if last_user_text(request) == "approve" and not answered(request):
+        return calls(call("approve"))
+    return reply("approved" if answered(request) else "ok")
+
+
 _stumbled: set[int] = set()  # the user turns (by their count) this process already failed
 
 
@@ -237,7 +272,7 @@ def compacting_script(request: ModelRequest) -> Step:
 
 trace_points()
 app = hearth.App(
-    [parallel, durable, parent, child, grandchild, hooks, pausing, flaky, compacting],
+    [parallel, durable, parent, child, grandchild, hooks, pausing, flaky, compacting, approving],
     providers=[
         ScriptedModel("parallel", parallel_script),
         ScriptedModel("durable", durable_script),
@@ -248,5 +283,6 @@ app = hearth.App(
         ScriptedModel("pausing", pausing_script),
         ScriptedModel("flaky", flaky_script),
         ScriptedModel("compacting", compacting_script),
+        ScriptedModel("approving", approving_script),
     ],
 )

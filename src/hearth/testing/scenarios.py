@@ -113,6 +113,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         dispatch=(),
         followup=("parent", "r2", "one more"),
     ),
+    Scenario(
+        "wait",
+        "a durable tool waits for an approval that never comes: the attempt pauses, the wait"
+        " times out, and the tool runs again with its first step replayed",
+        dispatch=(("approving", "w1", "approve"),),
+        followup=("approving", "w1", "one more"),
+    ),
 )
 
 BY_NAME: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in SCENARIOS})

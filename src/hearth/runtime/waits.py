@@ -1,0 +1,90 @@
+"""Durable waits in the turn loop: what a tool batch does when a call waits, and what a
+re-executed call learns from the records about its waits.
+
+A call that waits (``step.wait`` raised ``WaitPending``) gets no outcome. Once every other call of
+its batch has recorded its outcome, the batch raises ``PauseForWait`` instead of committing; a
+delegated task's child passes it up to its parent's batch, and the submission's own loop hands
+the new ``wait_started`` records to ``Store.begin_wait``, which ends the attempt: the submission
+waits, holding no lease and no task, until a resolve, a timeout or an abort queues it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hearth.records import Record, WaitResolved, WaitStarted, iso_from_unix
+from hearth.steps import WaitOutcome, WaitPending
+
+Started = tuple[str, WaitStarted]  # (conversation id, its wait_started record)
+
+
+@dataclass
+class PauseForWait(Exception):
+    """A tool batch cannot commit because some of its calls wait for a value from outside."""
+
+    started: list[Started] = field(default_factory=list)  # new wait_started records to append
+    expiries: list[float] = field(default_factory=list)  # unix seconds, of the new waits
+
+    def add(self, other: PauseForWait) -> None:
+        self.started += other.started
+        self.expiries += other.expiries
+
+    def carry_state(self, conversation_id: str, writes: Mapping[str, Any]) -> None:
+        """Put a batch's uncommitted state writes into its new wait records."""
+        if not writes:
+            return
+        self.started = [
+            (conv, dataclasses.replace(r, state_writes=dict(writes)))
+            if conv == conversation_id
+            else (conv, r)
+            for conv, r in self.started
+        ]
+
+    @property
+    def next_expiry(self) -> float | None:
+        return min(self.expiries, default=None)
+
+
+def wait_started(
+    message_id: str, tool_call_id: str, pending: WaitPending, now: float
+) -> tuple[WaitStarted, float | None]:
+    """The record that opens a wait (its id is deterministic) and its expiry in unix seconds."""
+    expires = None if pending.timeout is None else now + pending.timeout
+    record = WaitStarted(
+        id=f"{message_id}:wait:{tool_call_id}:{pending.name}",
+        wait_id=pending.wait_id,
+        tool_call_id=tool_call_id,
+        name=pending.name,
+        prompt=pending.prompt,
+        expires_at=None if expires is None else iso_from_unix(expires),
+    )
+    return record, expires
+
+
+def recorded_waits(
+    records: Sequence[Record], message_id: str, tool_call_id: str
+) -> tuple[frozenset[str], dict[str, WaitOutcome]]:
+    """The ids of the waits one call started, and how those that ended ended."""
+    prefix = f"{message_id}:wait:{tool_call_id}:"
+    started = frozenset(
+        r.wait_id for r in records if isinstance(r, WaitStarted) and r.id.startswith(prefix)
+    )
+    ended = {
+        r.wait_id: WaitOutcome(r.value, r.timed_out, r.aborted)
+        for r in records
+        if isinstance(r, WaitResolved) and r.wait_id in started
+    }
+    return started, ended
+
+
+def carried_state(records: Sequence[Record], message_id: str) -> dict[str, Any]:
+    """The state writes a batch made before it paused for waits, to commit when it resumes."""
+    prefix = f"{message_id}:wait:"
+    writes: dict[str, Any] = {}
+    for r in records:
+        if isinstance(r, WaitStarted) and r.id.startswith(prefix):
+            writes.update(r.state_writes)
+    return writes

@@ -1,0 +1,300 @@
+"""Durable waits over HTTP, the SDK and the CLI, and across real processes: SIGKILL while
+waiting, a resolve written while no process runs, a timeout that passed while none ran, and
+the same on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import waitapp
+from httpharness import HERE, SRC, ServerProcess, ThreadServer, wait_until
+from pgcluster import Cluster
+
+import hearth
+from hearth.records import WaitResolved
+from hearth.testing.crash import with_store
+from hearth.testing.invariants import assert_invariants
+
+APPS = HERE.parent / "apps"
+
+
+@pytest.fixture
+def wait_server(tmp_path: Path) -> Iterator[ThreadServer]:
+    app = hearth.App(waitapp.AGENTS, db=str(tmp_path / "h.db"), providers=waitapp.MODELS, port=0)
+    server = ThreadServer(app).start()
+    yield server
+    server.stop()
+
+
+def pending(http: httpx2.Client, count: int = 1) -> list[dict[str, Any]]:
+    """The pending waits, once there are ``count`` of them."""
+    found: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        nonlocal found
+        found = http.get("/waits").json()["waits"]
+        return len(found) >= count
+
+    wait_until(enough, timeout=20)
+    return found
+
+
+def settled(http: httpx2.Client, conversation: str, sid: str) -> dict[str, Any]:
+    answer: dict[str, Any] = http.get(
+        f"/agents/{conversation}/submissions/{sid}", params={"wait": 20}, timeout=30
+    ).json()
+    return answer
+
+
+def test_the_wait_routes_answer_as_documented(wait_server: ThreadServer) -> None:
+    with wait_server.client() as http:
+        sid = http.post("/agents/cashier/c-1", json={"message": "refund 250"}).json()[
+            "submission_id"
+        ]
+        [wait] = pending(http)
+        assert {
+            k: wait[k] for k in ("agent", "id", "conversation_id", "submission_id", "name")
+        } == {
+            "agent": "cashier",
+            "id": "c-1",
+            "conversation_id": "cashier/c-1",
+            "submission_id": sid,
+            "name": "approval",
+        }
+        assert wait["prompt"] == "Refund 250 (order for 250)?" and wait["expires_at"] is None
+        assert http.get("/agents/cashier/c-1/waits").json()["waits"] == [wait]
+        assert http.get(f"/agents/cashier/c-1/submissions/{sid}").json()["status"] == "waiting"
+        path = f"/agents/cashier/c-1/waits/{wait['wait_id']}"
+
+        bad = http.post(path, content=b"{not json", headers={"content-type": "application/json"})
+        assert bad.status_code == 400
+        assert http.post(path, json={"val": True}).status_code == 400
+        assert http.post(path, json={"value": True, "extra": 1}).status_code == 400
+        missing = http.post("/agents/cashier/c-1/waits/w_nope", json={"value": True})
+        assert (missing.status_code, missing.json()["error"]["type"]) == (404, "wait_not_found")
+        assert (
+            http.post(f"/agents/nobody/c-1/waits/{wait['wait_id']}", json={"value": 1}).json()[
+                "error"
+            ]["type"]
+            == "unknown_agent"
+        )
+
+        first = http.post(path, json={"value": {"ok": True}})
+        assert first.status_code == 200
+        assert first.json() == {"wait_id": wait["wait_id"], "submission_id": sid, "resolved": True}
+        assert http.post(path, json={"value": {"ok": True}}).status_code == 200
+        other = http.post(path, json={"value": {"ok": False}})
+        assert (other.status_code, other.json()["error"]["type"]) == (409, "wait_conflict")
+
+        done = settled(http, "cashier/c-1", sid)
+        assert done["outcome"] == "completed"
+        assert done["reply"] == "done: {'refunded': 250, 'approval': {'ok': True}}"
+        assert http.post(path, json={"value": {"ok": True}}).status_code == 200  # after settling
+        assert http.post(path, json={"value": "no"}).status_code == 409
+        assert http.get("/waits").json() == {"waits": []}
+        spec = http.get("/openapi.json").json()
+        assert "/agents/{agent}/{id}/waits/{wait_id}" in spec["paths"] and "/waits" in spec["paths"]
+
+
+def test_resolving_a_wait_of_an_aborted_submission_is_a_conflict(
+    wait_server: ThreadServer,
+) -> None:
+    with wait_server.client() as http:
+        sid = http.post("/agents/cashier/c-1", json={"message": "refund 250"}).json()[
+            "submission_id"
+        ]
+        [wait] = pending(http)
+        assert http.post("/agents/cashier/c-1/abort").json()["submission_ids"] == [sid]
+        assert settled(http, "cashier/c-1", sid)["outcome"] == "aborted"
+        answer = http.post(f"/agents/cashier/c-1/waits/{wait['wait_id']}", json={"value": 1})
+        assert answer.status_code == 409
+
+
+def test_the_sdk_resolves_waits_sync_and_async(wait_server: ThreadServer) -> None:
+    with hearth.Client(wait_server.url) as client:
+        conv = client.conversation("cashier", "c-1")
+        receipt = conv.send("refund 250")
+        wait_until(lambda: len(client.waits()) == 1, timeout=20)
+        [wait] = conv.waits()
+        answer = conv.resolve(wait["wait_id"], "yes")
+        assert answer["resolved"] and answer["submission_id"] == receipt.submission_id
+        with pytest.raises(hearth.WaitConflict):
+            conv.resolve(wait["wait_id"], "no")
+        with pytest.raises(hearth.WaitNotFound):
+            conv.resolve("w_nope", "yes")
+        assert "'approval': 'yes'" in conv.read(receipt, timeout=20).text
+
+    async def main() -> str:
+        async with hearth.AsyncClient(wait_server.url) as client:
+            conv = client.conversation("cashier", "c-2")
+            receipt = await conv.send("refund 300")
+            while not await conv.waits():
+                await asyncio.sleep(0.05)
+            [wait] = await client.waits()
+            await conv.resolve(wait["wait_id"], "sure")
+            with pytest.raises(hearth.WaitConflict):
+                await conv.resolve(wait["wait_id"], "nope")
+            return (await conv.read(receipt, timeout=20)).text
+
+    assert "'approval': 'sure'" in asyncio.run(main())
+
+
+def test_the_cli_lists_and_resolves_waits_through_the_server(wait_server: ThreadServer) -> None:
+    with wait_server.client() as http:
+        sid = http.post("/agents/cashier/c-1", json={"message": "refund 250"}).json()[
+            "submission_id"
+        ]
+        [wait] = pending(http)
+        listed = cli("waits", "--url", wait_server.url)
+        assert listed.returncode == 0 and "approval" in listed.stdout
+        as_json = cli("waits", "--url", wait_server.url, "--json")
+        assert [w["wait_id"] for w in json.loads(as_json.stdout)["waits"]] == [wait["wait_id"]]
+        done = cli("resolve", "cashier", "c-1", wait["wait_id"], '"ok"', "--url", wait_server.url)
+        assert done.returncode == 0, done.stderr
+        missing = cli("resolve", "cashier", "c-1", "w_nope", "1", "--url", wait_server.url)
+        assert missing.returncode == 1 and "no wait" in missing.stderr
+        assert settled(http, "cashier/c-1", sid)["outcome"] == "completed"
+
+
+# --- real processes ----------------------------------------------------------------------------
+def serve(db: Path | str, tmp_path: Path, **env: str) -> ServerProcess:
+    paths = os.pathsep.join([str(APPS), str(HERE), str(SRC)])
+    settings = {"PYTHONPATH": paths, "HEARTH_TEST_LOG": str(tmp_path / "tools.log"), **env}
+    return ServerProcess(db, app="waitapp:app", env=settings, log=tmp_path / "server.log")
+
+
+def ran(tmp_path: Path, what: str) -> int:
+    log = tmp_path / "tools.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return sum(1 for line in lines if line.split("|")[0] == what)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "hearth", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.crash
+def test_sigkill_while_waiting_then_restart_and_resolve_completes_with_the_value(
+    tmp_path: Path,
+) -> None:
+    server = serve(tmp_path / "h.db", tmp_path).start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            sid = http.post("/agents/cashier/c-1", json={"message": "refund 700"}).json()[
+                "submission_id"
+            ]
+            [wait] = pending(http)
+            server.kill()
+            server.start()
+            assert http.get("/waits").json()["waits"] == [wait]  # it survived, still pending
+            path = f"/agents/cashier/c-1/waits/{wait['wait_id']}"
+            assert http.post(path, json={"value": "approved by ana"}).status_code == 200
+            done = settled(http, "cashier/c-1", sid)
+        assert done["outcome"] == "completed"
+        assert done["reply"] == "done: {'refunded': 700, 'approval': 'approved by ana'}"
+        assert done["attempt"] == 2  # the wait ended attempt 1; the kill interrupted nothing
+    finally:
+        server.kill()
+    assert (ran(tmp_path, "step-load"), ran(tmp_path, "step-pay")) == (1, 1)
+    asyncio.run(with_store(str(tmp_path / "h.db"), assert_invariants))
+
+
+@pytest.mark.crash
+def test_a_resolve_written_while_no_process_runs_is_completed_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "h.db"
+    server = serve(db, tmp_path).start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            sid = http.post("/agents/cashier/c-1", json={"message": "refund 900"}).json()[
+                "submission_id"
+            ]
+            [wait] = pending(http)
+            server.kill()
+            listed = cli("waits", "--db", f"sqlite:///{db}")
+            assert listed.returncode == 0 and wait["wait_id"] in listed.stdout
+            done = cli(
+                "resolve", "cashier", "c-1", wait["wait_id"], '{"by": "cli"}', "--db", str(db)
+            )
+            assert done.returncode == 0, done.stderr
+            assert f"submission {sid}" in done.stdout
+            again = cli("resolve", "cashier", "c-1", wait["wait_id"], "false", "--db", str(db))
+            assert again.returncode == 1 and "another value" in again.stderr
+            bad = cli("resolve", "cashier", "c-1", wait["wait_id"], "not json", "--db", str(db))
+            assert bad.returncode == 1 and "must be JSON" in bad.stderr
+            server.start()
+            answer = settled(http, "cashier/c-1", sid)
+        assert answer["reply"] == "done: {'refunded': 900, 'approval': {'by': 'cli'}}"
+    finally:
+        server.kill()
+    assert (ran(tmp_path, "step-load"), ran(tmp_path, "step-pay")) == (1, 1)
+    asyncio.run(with_store(str(db), assert_invariants))
+
+
+@pytest.mark.crash
+def test_a_timeout_that_passed_while_no_process_ran_ends_the_wait_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "h.db"
+    server = serve(db, tmp_path, HEARTH_TEST_WAIT_S="1", HEARTH_SCAN_S="60").start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            sid = http.post("/agents/cashier/c-1", json={"message": "refund 400"}).json()[
+                "submission_id"
+            ]
+            [wait] = pending(http)
+            assert wait["expires_at"] is not None
+            server.kill()
+            records = asyncio.run(with_store(str(db), lambda s: s.read("cashier/c-1")))
+            assert not any(isinstance(r, WaitResolved) for r in records)
+            time.sleep(1.2)
+            server.start()
+            answer = settled(http, "cashier/c-1", sid)
+        assert answer["reply"] == "done: {'refunded': 0, 'why': 'nobody approved in time'}"
+    finally:
+        server.kill()
+    assert ran(tmp_path, "step-pay") == 0
+
+
+@pytest.mark.crash
+def test_on_postgresql_a_wait_survives_sigkill_and_a_resolve_from_outside(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    url = pg_cluster.url()
+    server = serve(url, tmp_path).start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            sid = http.post("/agents/cashier/c-1", json={"message": "refund 650"}).json()[
+                "submission_id"
+            ]
+            [wait] = pending(http)
+            server.kill()
+            done = cli("resolve", "cashier", "c-1", wait["wait_id"], "true", "--db", url)
+            assert done.returncode == 0, done.stderr
+            server.start()
+            answer = settled(http, "cashier/c-1", sid)
+        assert answer["reply"] == "done: {'refunded': 650, 'approval': True}"
+    finally:
+        server.kill()
+    assert (ran(tmp_path, "step-load"), ran(tmp_path, "step-pay")) == (1, 1)
+    asyncio.run(with_store(url, assert_invariants))
