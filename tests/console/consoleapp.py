@@ -5,7 +5,8 @@ calls ``hold``, an ordinary tool that sleeps ``$HEARTH_TEST_HOLD_S`` seconds (de
 SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells the model so.
 ``boss`` delegates to ``chores``, whose start hook counts visits in its state. ``notes`` makes
 ten quick tool calls for each message: long conversations, fast. ``talker`` streams its answer
-slowly, for a SIGKILL to cut off.
+slowly, for a SIGKILL to cut off. ``approver`` asks a person before it refunds (a durable wait),
+and the ``hooks`` channel routes a signed webhook to ``chores``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,28 @@ def _holder(request: ModelRequest) -> Step:
     return calls(call("hold"))
 
 
+@hearth.tool(durable=True)
+async def refund(ctx: hearth.ToolContext, amount: int) -> str:
+    """Refund an amount once a person approves it."""
+    assert ctx.step is not None
+    approved = await ctx.step.wait("approval", prompt={"question": f"refund {amount}?"})
+    return f"refunded {amount}" if approved is True else f"not refunded ({approved!r})"
+
+
+def _approver(request: ModelRequest) -> Step:
+    done = _result(request)
+    if done is not None:
+        return reply(f"Refund: {done.content}.")
+    return calls(call("refund", amount=250))
+
+
+def _route(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
+    return [hearth.Dispatch("chores", str(delivery.data["house"]), message=delivery.data["room"])]
+
+
+HOOK_SECRET = "console-hook-secret"
+
+
 @hearth.tool
 async def jot(line: int) -> str:
     """Write one line of a note."""
@@ -86,6 +109,7 @@ MODELS = [
     ScriptedModel("holder", _holder),
     ScriptedModel("notes", _notes),
     ScriptedModel("boss", _boss),
+    ScriptedModel("approver", _approver),
     # 60 words, 50 ms apart: three seconds of streaming to cut off.
     ScriptedModel(
         "talker", [stream(*[f"word{n} " for n in range(60)], delay=0.05)], repeat_last=True
@@ -133,5 +157,13 @@ def talker(ctx: hearth.AgentContext) -> str:
     return "Talk slowly."
 
 
-AGENTS = [chores, holder, notes, boss, talker]
-app = hearth.App(AGENTS, providers=MODELS)
+@hearth.agent
+def approver(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/approver")
+    ctx.use_tool(refund)
+    return "Refund what is asked, once approved."
+
+
+AGENTS = [chores, holder, notes, boss, talker, approver]
+HOOKS = hearth.Channel("hooks", verify=hearth.channels.hmac(HOOK_SECRET), receive=_route)
+app = hearth.App(AGENTS, providers=MODELS, channels=[HOOKS])

@@ -237,6 +237,43 @@ def test_sending_a_message_and_aborting_from_the_page(
     until(page, lambda d: "admitted s_" in text_of(d, "#action-result"))
 
 
+def test_a_pending_wait_is_resolved_from_the_page(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    server = console_server()
+    admit(server, "approver/r-1", "refund my order")
+    page.get(f"{server.url}/console/approver/r-1")
+    until(page, lambda d: "refund 250?" in text_of(d, "#waits li.wait"))
+    assert "approval" in text_of(page, "#waits li.wait .name")
+    until(page, lambda d: submission_cell(d, "status") == "waiting")
+    page.find_element(By.CSS_SELECTOR, "#waits li.wait button.resolve-button").click()
+    until(page, lambda d: "Refund: refunded 250." in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: d.find_element(By.ID, "waits-section").get_attribute("hidden"))
+    assert shown(page, "li.rec-wait_started") and shown(page, "li.rec-wait_resolved")
+    assert submission_cell(page, "status") == "settled"
+
+
+def test_a_webhook_submission_shows_its_channel_and_delivery(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    from consoleapp import HOOK_SECRET
+
+    from hearth.channels import sign
+
+    server = console_server()
+    body = b'{"house": "h-9", "room": "cellar"}'
+    headers = {
+        "content-type": "application/json",
+        "x-delivery-id": "d-42",
+        "x-signature": sign(HOOK_SECRET, body),
+    }
+    r = httpx2.post(f"{server.url}/channels/hooks", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    page.get(f"{server.url}/console/chores/h-9")
+    until(page, lambda d: "hooks #d-42" in submission_cell(d, "kind"))
+    assert submission_cell(page, "kind").startswith("channel")
+
+
 def test_sign_in_works_and_a_wrong_token_is_refused(
     console_server: Callable[..., ServerProcess], page: Any
 ) -> None:

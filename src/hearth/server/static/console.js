@@ -327,7 +327,7 @@
         const tools = (s.error.interrupted_tools || []).map((t) => t.name);
         if (tools.length) error += ` · interrupted: ${tools.join(", ")}`;
       }
-      const cells = [s.id, s.kind, s.status, `${s.attempt}/${s.max_attempts}`,
+      const cells = [s.id, kindText(s), s.status, `${s.attempt}/${s.max_attempts}`,
         s.outcome ? "" : inSeconds(s.deadline, data.now), lease, s.outcome || "", error];
       const names = ["id", "kind", "status", "attempt", "deadline", "lease", "outcome", "error"];
       cells.forEach((c, i) => tr.append(el("td", names[i], c)));
@@ -338,13 +338,57 @@
     const stuck = document.getElementById("stuck");
     stuck.replaceChildren(...data.stuck.map((s) => el("p", "stuck recovery", `stuck: ${s.submission_id}: ${s.reason}`)));
   }
+  function kindText(s) {
+    // Where it came from: a webhook delivery or a schedule's occurrence (null: sent directly).
+    const src = s.source;
+    if (!src) return s.kind;
+    if (src.channel) return `${s.kind} · ${src.channel} #${src.delivery_id}`;
+    if (src.schedule) return `${s.kind} · ${src.schedule} @${src.occurrence}`;
+    return `${s.kind} · ${JSON.stringify(src)}`;
+  }
+
+  // --- durable waits: a tool asked the outside world for a value -----------------------------
+  async function refreshWaits() {
+    const data = await getJSON(`${api}/waits`);
+    const list = document.getElementById("waits");
+    list.replaceChildren(...data.waits.map((w) => {
+      const li = el("li", "wait");
+      li.dataset.wait = w.wait_id;
+      li.append(el("strong", "name", w.name), el("span", "muted", ` · ${w.submission_id}`));
+      if (w.expires_at) li.append(el("span", "muted", ` · until ${w.expires_at}`));
+      li.append(el("pre", "prompt", show(w.prompt)));
+      const form = el("form", "resolve");
+      const input = el("input", "value");
+      input.type = "text";
+      input.value = "true";
+      input.setAttribute("aria-label", `value for ${w.name} (JSON)`);
+      const button = el("button", "resolve-button", "resolve");
+      button.type = "submit";
+      form.append(input, button);
+      form.addEventListener("submit", async (event) => {
+        event.preventDefault();
+        let value;
+        try { value = JSON.parse(input.value); } catch (err) { problem(new Error(`not JSON: ${input.value}`)); return; }
+        try {
+          const done = await post(`${api}/waits/${encodeURIComponent(w.wait_id)}`, { value });
+          result.className = "muted";
+          result.textContent = `${done.wait_id} resolved; ${done.submission_id} runs again`;
+          soon();
+        } catch (err) { problem(err); }
+      });
+      li.append(form);
+      return li;
+    }));
+    document.getElementById("waits-section").hidden = data.waits.length === 0;
+  }
+
   let pending = null;
   function soon() {
     if (pending) return;
     pending = setTimeout(() => {
       pending = null;
       // A background refresh that fails (the server restarting) says so beside the table only.
-      refreshSubmissions().then(
+      Promise.all([refreshSubmissions(), refreshWaits()]).then(
         () => { refreshNote.textContent = ""; },
         (err) => { refreshNote.textContent = `not refreshed: ${err.message || err}`; },
       );
