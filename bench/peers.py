@@ -25,6 +25,7 @@ this checkout.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -59,10 +60,12 @@ TITLES = {
 
 
 def peers_python() -> Path:
-    """The peers' venv interpreter, made and filled on first use (or when the pins change)."""
+    """The peers' venv interpreter, made and filled on first use, and filled again when the pins
+    or hearth's own dependencies (its pyproject.toml) change."""
     python = VENV / "bin" / "python"
     stamp = VENV / ".pins"
-    wanted = "\n".join(PEERS)
+    project = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = "\n".join([*PEERS, f"pyproject {project}"])
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
     print(f"installing the peers into {VENV} (first use only): {', '.join(PEERS)}", flush=True)
