@@ -20,6 +20,7 @@ from hearth.store.rows import (
     DELIVERY_ADMITTED,
     DELIVERY_FAILED,
     JOINED,
+    OPEN_SQL,
     QUEUED,
     RUNNING,
     WAIT_ABORTED,
@@ -212,7 +213,7 @@ async def admit(
         " is_head, source, traceparent) VALUES (%(id)s, %(c)s, %(kind)s, %(payload)s, %(key)s,"
         f" %(digest)s, %(offset)s, 'queued', 0, %(max)s, %(timeout)s, {NOW}, NOT EXISTS ("
         "SELECT 1 FROM submissions WHERE conversation_id = %(c)s"
-        " AND status IN ('queued', 'running', 'waiting')), %(source)s, %(traceparent)s)"
+        f" AND status IN {OPEN_SQL}), %(source)s, %(traceparent)s)"
         " RETURNING *",
         {
             "id": submission_id,
@@ -338,9 +339,9 @@ async def request_abort(
     rows = await fetchall(
         conn,
         f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
-        " WHERE conversation_id = %(c)s AND status IN (%(q)s, %(r)s, %(w)s)"
+        f" WHERE conversation_id = %(c)s AND status IN {OPEN_SQL}"
         " RETURNING id, seq, status",
-        {"c": conversation_id, "q": QUEUED, "r": RUNNING, "w": WAITING, "now": now},
+        {"c": conversation_id, "now": now},
     )
     rows.sort(key=lambda r: int(r["seq"]))
     for row in rows:

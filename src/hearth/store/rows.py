@@ -17,6 +17,9 @@ SETTLED = "settled"
 JOINED = "joined"
 WAITING = "waiting"  # a durable wait is pending: no lease, no attempt runs (§15)
 UNSETTLED = (QUEUED, RUNNING)  # what a claimer will run; a waiting submission is at rest
+# What holds a conversation: a message admitted meanwhile queues behind it, an abort reaches it.
+OPEN = (QUEUED, RUNNING, WAITING)
+OPEN_SQL = "(" + ", ".join(f"'{status}'" for status in OPEN) + ")"  # for an IN (...) in SQL
 DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admitted
 DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
 

@@ -29,6 +29,7 @@ from hearth.store.rows import (
     ACTIVE,
     CONVERSATION_STATUSES,
     IDLE,
+    OPEN_SQL,
     RUNNING,
     WAIT_ABORTED,
     WAIT_RESOLVED,
@@ -159,8 +160,7 @@ def conversation_list_sql(
     if status is not None and status not in CONVERSATION_STATUSES:
         raise ValueError(f"status must be one of {', '.join(CONVERSATION_STATUSES)}")
     unsettled = (
-        "FROM submissions s WHERE s.conversation_id = c.conversation_id"
-        " AND s.status IN ('queued', 'running', 'waiting')"
+        f"FROM submissions s WHERE s.conversation_id = c.conversation_id AND s.status IN {OPEN_SQL}"
     )
     where = ["TRUE"]
     if agent:

@@ -18,6 +18,7 @@ from hearth.store.rows import (
     DELIVERY_ADMITTED,
     DELIVERY_FAILED,
     JOINED,
+    OPEN_SQL,
     QUEUED,
     RUNNING,
     WAIT_ABORTED,
@@ -154,8 +155,8 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
             return Admission(submission_from_row(row), row["admitted_offset"], True)
     offset = last_offset(conn, conversation_id)
     busy = conn.execute(
-        "SELECT 1 FROM submissions WHERE conversation_id = ? AND status IN (?, ?, ?) LIMIT 1",
-        (conversation_id, QUEUED, RUNNING, WAITING),
+        f"SELECT 1 FROM submissions WHERE conversation_id = ? AND status IN {OPEN_SQL} LIMIT 1",
+        (conversation_id,),
     ).fetchone()
     row = conn.execute(
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
@@ -269,16 +270,15 @@ def expire_owners(conn: sqlite3.Connection, owners: list[str], outbox: Outbox) -
 def request_abort(
     conn: sqlite3.Connection, conversation_id: str, outbox: Outbox, now: float
 ) -> list[str]:
-    unsettled = (conversation_id, QUEUED, RUNNING, WAITING)
     conn.execute(
         "UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, ?)"
-        " WHERE conversation_id = ? AND status IN (?, ?, ?)",
-        (now, *unsettled),
+        f" WHERE conversation_id = ? AND status IN {OPEN_SQL}",
+        (now, conversation_id),
     )
     rows = conn.execute(
-        "SELECT id, status FROM submissions WHERE conversation_id = ? AND status IN (?, ?, ?)"
+        f"SELECT id, status FROM submissions WHERE conversation_id = ? AND status IN {OPEN_SQL}"
         " ORDER BY seq",
-        unsettled,
+        (conversation_id,),
     ).fetchall()
     for sid, status in rows:
         if status == WAITING:
