@@ -28,6 +28,7 @@ from hearth.records import (
     ToolResultsCommitted,
     UserMessage,
 )
+from hearth.store.rows import counted_attempts
 
 TASK_TOOL = "task"  # the built-in delegation tool
 TRANSIENT_BUDGET = 3  # consecutive transient provider errors retried per submission
@@ -76,7 +77,7 @@ class Evidence:
     @property
     def interruptions(self) -> int:
         """The attempts that count toward ``max_attempts``, this one included."""
-        return self.attempt - self.waits
+        return counted_attempts(self.attempt, self.waits)
 
 
 START_HOOK = "on_agent_start"

@@ -23,6 +23,14 @@ OPEN_SQL = "(" + ", ".join(f"'{status}'" for status in OPEN) + ")"  # for an IN 
 DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admitted
 DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
 
+
+
+def counted_attempts(attempt: int, waits: int) -> int:
+    """The attempts that count toward ``max_attempts``: an attempt that ended by a durable wait
+    was not interrupted, so it does not use up the retry budget."""
+    return attempt - waits
+
+
 # The states of a wait row.
 WAIT_PENDING = "pending"
 WAIT_RESOLVED = "resolved"
@@ -74,7 +82,7 @@ class Submission:
     @property
     def interruptions(self) -> int:
         """The attempts that count toward ``max_attempts`` (the current one included)."""
-        return self.attempt - self.waits
+        return counted_attempts(self.attempt, self.waits)
 
     @property
     def agent(self) -> str:
