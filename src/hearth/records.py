@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
@@ -26,9 +27,18 @@ _ENVELOPE = ("offset", "id", "type", "submission_id", "attempt", "at")
 _NOT_CONTENT = frozenset({"offset", "attempt", "at"})
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
+
 def now_iso() -> str:
     """The current UTC time in the stream's format (millisecond precision, ``Z`` suffix)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    global _second
+    millis = int(time.time() * 1000)
+    seconds, rest = divmod(millis, 1000)
+    cached = _second  # one read: another thread may replace it meanwhile
+    if cached[0] != seconds:  # every record is stamped: format the date once per second
+        cached = _second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+    return f"{cached[1]}.{rest:03d}Z"
 
 
 def iso_from_unix(seconds: float) -> str:
@@ -78,10 +88,17 @@ class Record:
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False), digest
 
     def with_offset(self: _R, offset: int) -> _R:
-        return dataclasses.replace(self, offset=offset)
+        return self._evolve({"offset": offset})
 
     def stamped(self: _R, submission_id: str | None, attempt: int | None) -> _R:
-        return dataclasses.replace(self, submission_id=submission_id, attempt=attempt)
+        return self._evolve({"submission_id": submission_id, "attempt": attempt})
+
+    def _evolve(self: _R, envelope: dict[str, Any]) -> _R:
+        # A copy with other envelope fields. Not dataclasses.replace: that re-runs __init__ for
+        # every field, and every append copies each record twice.
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__, **envelope)
+        return copy
 
 
 _R = TypeVar("_R", bound=Record)

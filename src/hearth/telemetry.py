@@ -39,6 +39,7 @@ __all__ = [
     "current_traceparent",
     "mark_error",
     "parse_traceparent",
+    "recording",
     "span",
     "start",
     "tracer",
@@ -49,6 +50,13 @@ __all__ = [
 def tracer() -> trace.Tracer:
     """hearth's tracer from the global tracer provider (a no-op until one is set)."""
     return trace.get_tracer("hearth", __version__)
+
+
+def recording() -> bool:
+    """Whether a tracer provider is set. Until one is, every span is a no-op, so a hot path may
+    skip making a leaf span (one that no other span or ``traceparent`` is derived from)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 def parse_traceparent(value: str | None) -> str | None:

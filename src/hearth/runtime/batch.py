@@ -189,6 +189,7 @@ class ToolBatch:
             if isinstance(r, ToolStepSettled) and r.id.startswith(prefix)
         }
         metrics = self.scope.env.metrics
+        traced = telemetry.recording()  # asked once per call: the answer costs an environ lookup
 
         async def record(name: str, value: Any) -> None:
             await self.journal.append(
@@ -201,9 +202,11 @@ class ToolBatch:
         def around(name: str) -> Iterator[None]:
             # A step that runs (not one replayed from its record): its span and its latency.
             t0 = time.perf_counter()
-            attributes: dict[str, str | int | float | bool] = {"hearth.step": name}
             try:
-                with telemetry.span("hearth.step", attributes=attributes):
+                if traced:
+                    with telemetry.span("hearth.step", attributes={"hearth.step": name}):
+                        yield
+                else:  # a no-op span per step costs more than the step's own bookkeeping
                     yield
             finally:
                 metrics.observe_step(time.perf_counter() - t0)
