@@ -190,7 +190,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=500, help="steps per 'step' sample series")
-    parser.add_argument("--concurrent-steps", type=int, default=64 * 20)
+    parser.add_argument(
+        "--concurrent-steps",
+        type=int,
+        default=64 * 100,
+        help="steps in all per 'concurrent' measurement (100 per worker: at 20 the time until"
+        " all 64 are stepping, not the stepping, decides the rate)",
+    )
     parser.add_argument("--submissions", type=int, default=1000, help="per 'e2e' measurement")
     parser.add_argument("--backends", nargs="+", choices=["sqlite", "pg"], default=["sqlite", "pg"])
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))

@@ -16,7 +16,7 @@ import pytest
 import hearth
 from hearth.records import Compaction, Record, UserMessage
 from hearth.runtime.runtime import Runtime
-from hearth.server.tail import follow
+from hearth.server.tail import EncodedEvents, follow
 from hearth.store.base import NewSubmission, Submission
 from hearth.store.rules import settlement
 from hearth.testing import ScriptedModel, call, calls, reply
@@ -179,3 +179,30 @@ async def test_a_turn_reads_only_the_records_since_the_last_compaction() -> None
     small, large = await records_read_by_one_turn(100), await records_read_by_one_turn(10_000)
     assert small == large
     assert large < 100
+
+
+async def test_followers_of_one_conversation_share_one_encoding_per_record() -> None:
+    events = EncodedEvents()
+    async with app().run() as rt:
+        await rt.coordinator.stop()
+        sub = await admit(rt, "w/enc")
+        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        sent: list[list[bytes]] = [[] for _ in range(WAITERS)]
+
+        async def one(into: list[bytes]) -> None:
+            async for batch in follow(rt, "w/enc", -1, stop):
+                into.extend(events.event(r) for r in batch)  # what each SSE stream sends
+
+        tasks = [asyncio.create_task(one(s)) for s in sent]
+        await until(lambda: all(len(s) == 1 for s in sent), "every follower caught up")
+        await asyncio.sleep(0.05)
+        for n in range(1, 4):
+            before = events.encoded
+            message = UserMessage(id=f"u{n}", message_id=f"u{n}", content="more")
+            await rt.store.append("w/enc", [message.stamped(sub.id, 0)])
+            await until(lambda n=n: all(len(s) == n + 1 for s in sent), "every follower got it")
+            await asyncio.sleep(0.05)
+            assert events.encoded - before == 1  # not one per follower
+            assert len({s[-1] for s in sent}) == 1 and b'"id":"u%d"' % n in sent[0][-1]
+        stop.set_result(None)
+        await asyncio.gather(*tasks)

@@ -35,6 +35,34 @@ def record_json(record: Record) -> str:
     return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False)
 
 
+class EncodedEvents:
+    """The SSE bytes of recently sent records, made once however many followers send them.
+
+    Followers woken by one append share one read, so they hold the same record objects: the
+    key is the object's identity, and the entry keeps the object alive so that its id cannot be
+    reused while it is cached.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.encoded = 0  # events encoded (not served from the cache): what a test counts
+        self._by_id: dict[int, tuple[Record, bytes]] = {}
+
+    def event(self, record: Record) -> bytes:
+        hit = self._by_id.get(id(record))
+        if hit is not None and hit[0] is record:
+            return hit[1]
+        data = ServerSentEvent(data=record_json(record), id=str(record.offset)).encode()
+        self.encoded += 1
+        self._by_id[id(record)] = (record, data)
+        if len(self._by_id) > self.size:
+            del self._by_id[next(iter(self._by_id))]  # the oldest entry (dicts keep order)
+        return data
+
+
+ENCODED = EncodedEvents()
+
+
 async def _until_woken(
     woken: asyncio.Future[int], also: asyncio.Future[Any], timeout: float | None
 ) -> None:
@@ -91,12 +119,12 @@ def sse_response(
     is called once when the stream has ended (the caller counted it open)."""
     shutdown = anyio.Event()  # set by sse-starlette when the ASGI server itself is exiting
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
+    async def events() -> AsyncIterator[bytes]:
         stop = closing.watch(shutdown.wait)
         try:
             async for batch in follow(runtime, conversation_id, after, stop):
-                for record in batch:
-                    yield ServerSentEvent(data=record_json(record), id=str(record.offset))
+                # One send per batch: a follower that fell behind catches up in one write.
+                yield b"".join(ENCODED.event(record) for record in batch)
         except StoreError:
             return  # the store closed under us: the server is going away
         finally:
