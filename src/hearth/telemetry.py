@@ -17,9 +17,10 @@ attempt after a crash, in another process, continues the same trace.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -54,9 +55,20 @@ def tracer() -> trace.Tracer:
 
 def recording() -> bool:
     """Whether a tracer provider is set. Until one is, every span is a no-op, so a hot path may
-    skip making a leaf span (one that no other span or ``traceparent`` is derived from)."""
-    provider = trace.get_tracer_provider()
+    skip making one."""
+    # ``get_tracer_provider`` looks at os.environ on every call while none is set, which costs
+    # more than the rest of a span; the global it fills is read directly when it exists and no
+    # provider is named in the environment (then the public call is the only way).
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) if not _NAMED_IN_ENV else _UNKNOWN
+    if provider is None:
+        return False
+    if provider is _UNKNOWN:
+        provider = trace.get_tracer_provider()
     return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+_UNKNOWN = object()
+_NAMED_IN_ENV = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
 
 
 def parse_traceparent(value: str | None) -> str | None:
@@ -94,6 +106,11 @@ def span(
 ) -> Iterator[Span]:
     """A current span around the block; an exception leaving it marks the span an error
     (cancellation too: an attempt stopped by a crash test or a shutdown says so)."""
+    if parent is None and not recording():
+        # Nothing records: a new span would only carry the current span's context again. (Not
+        # the current span itself: it may be a caller's, recording through its own provider.)
+        yield _stand_in()
+        return
     with tracer().start_as_current_span(
         name,
         context=parent,
@@ -111,11 +128,23 @@ def span(
 
 def start(name: str, attributes: dict[str, str | int | float | bool] | None = None) -> Span:
     """A span in the current context that the caller ends (for spans wider than one block)."""
+    if not recording():
+        return _stand_in()  # as in ``span``: a no-op span would add nothing
     return tracer().start_span(name, attributes=attributes)
+
+
+def _stand_in() -> Span:
+    """A non-recording span with the current span's context: what the no-op tracer would make,
+    without attaching it to the context."""
+    return trace.NonRecordingSpan(trace.get_current_span().get_span_context())
 
 
 def use(current: Span) -> AbstractContextManager[Span]:
     """Make ``current`` the current span inside the block, without ending it."""
+    if not current.is_recording() and (
+        current.get_span_context() == trace.get_current_span().get_span_context()
+    ):
+        return nullcontext(current)  # a stand-in for the current span: nothing to attach
     return trace.use_span(current, end_on_exit=False)
 
 

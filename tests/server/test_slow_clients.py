@@ -13,7 +13,7 @@ import pytest
 from httpharness import ThreadServer, make_app
 
 from hearth.server import body
-from hearth.server.protocol import HeadTimeoutH11Protocol
+from hearth.server.protocol import BoundedHeadProtocol
 
 STALLED = 200
 
@@ -21,7 +21,7 @@ STALLED = 200
 @pytest.fixture
 def quick_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
     """Deadlines of 2 s instead of 10 s and 30 s, so the test sees them pass."""
-    monkeypatch.setattr(HeadTimeoutH11Protocol, "head_timeout_s", 2.0)
+    monkeypatch.setattr(BoundedHeadProtocol, "head_timeout_s", 2.0)
     monkeypatch.setattr(body, "BODY_TIMEOUT_S", 2.0)
 
 
@@ -124,3 +124,27 @@ def test_a_kept_alive_connection_is_not_cut_by_the_head_deadline_of_a_past_reque
             answer = whole_response(sock)
             assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
             time.sleep(2.5)  # past the 2 s head deadline, inside the keep-alive
+
+
+def test_a_request_head_past_its_size_bound_is_refused_and_its_connection_closed(
+    stalled_server: ThreadServer,
+) -> None:
+    """An endless head (a header at a time, never the blank line) gets 431, not the memory."""
+    with connect(stalled_server.url) as sock:
+        pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+        # Just past the bound, in one write: the server reads all of it before it answers, so
+        # its close is not a reset that could discard the answer on the way.
+        count = BoundedHeadProtocol.max_head_bytes // len(pad) + 8
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad * count)
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+    with connect(stalled_server.url) as sock:  # and the server goes on serving
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert whole_response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_a_head_under_the_size_bound_is_served(stalled_server: ThreadServer) -> None:
+    with connect(stalled_server.url) as sock:
+        pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad * 40 + b"\r\n")
+        assert whole_response(sock).startswith(b"HTTP/1.1 200")

@@ -1,4 +1,4 @@
-"""uvicorn's h11 protocol with a deadline for a request's head.
+"""uvicorn's httptools protocol with a deadline and a size bound for a request's head.
 
 uvicorn closes a connection that stays idle between requests (``timeout_keep_alive``), but a
 client that sends part of a request head and then stalls (slowloris) keeps its connection, and
@@ -6,34 +6,62 @@ its file descriptor, for as long as it likes. Here the head of each request must
 within ``HEAD_TIMEOUT_S`` of its first byte (or of the connection); past that the connection is
 closed. Each stalled connection costs the event loop nothing while it waits, so the deadline is
 what bounds how many of them can pile up.
+
+The httptools parser (C) costs a quarter less CPU per request than h11 (pure Python), but unlike
+h11 it puts no bound on a head's size: a head past ``MAX_HEAD_BYTES`` is answered 431 and its
+connection closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEAD_TIMEOUT_S = 10.0
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
+
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: 31\r\n\r\n"
+    b"the request head is too large\r\n"
+)
 
 
-class HeadTimeoutH11Protocol(H11Protocol):
-    """An ``H11Protocol`` that closes a connection whose request head is not complete in time."""
+class BoundedHeadProtocol(HttpToolsProtocol):
+    """An ``HttpToolsProtocol`` that closes a connection whose request head is not complete in
+    time, and refuses a head larger than ``max_head_bytes``."""
 
     head_timeout_s = HEAD_TIMEOUT_S
+    max_head_bytes = MAX_HEAD_BYTES
     _head_timer: asyncio.TimerHandle | None = None
+    _in_head = False  # between the first byte of a request and the end of its head
+    _head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and self.conn.their_state is h11.IDLE:
-            self._arm()  # the first bytes of the next request on a kept-alive connection
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:
-            self._disarm()  # the head is in: the body and the answer have their own limits
+        if not self._in_head:
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > self.max_head_bytes and not self.transport.is_closing():
+            self._disarm()
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
+        if self._head_timer is None:
+            self._arm()  # the first bytes of the next request on a kept-alive connection
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm()  # the head is in: the body and the answer have their own limits
+        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -50,5 +78,5 @@ class HeadTimeoutH11Protocol(H11Protocol):
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()
+        if not self.transport.is_closing():
+            self.transport.close()  # armed only while no complete head has arrived

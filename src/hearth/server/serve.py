@@ -24,7 +24,7 @@ from hearth import logs
 from hearth.server.asgi import DEFAULT_HEARTBEAT_S, HearthASGI
 from hearth.server.errors import ApiError
 from hearth.server.host import RuntimeHost
-from hearth.server.protocol import HeadTimeoutH11Protocol
+from hearth.server.protocol import BoundedHeadProtocol
 
 log = logging.getLogger("hearth.server")
 
@@ -114,7 +114,7 @@ def make_server(
         timeout_graceful_shutdown=max(int(settings.shutdown_s * 0.8), 1),
         timeout_keep_alive=5,
         server_header=False,
-        http=HeadTimeoutH11Protocol,  # a stalled request head cannot hold its connection
+        http=BoundedHeadProtocol,  # a stalled or endless request head cannot hold its connection
         **extra,
     )
     logs.redact(settings.token)  # uvicorn's handlers exist now (made by Config)
