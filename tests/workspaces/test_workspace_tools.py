@@ -3,6 +3,7 @@ a tool of your own, and every refusal reaching the model as an error outcome."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,48 @@ def test_run_limits_refuse_nonsense() -> None:
     for kwargs in bad:
         with pytest.raises(hearth.ConfigurationError):
             hearth.RunLimits(**kwargs)
+
+
+@hearth.tool(durable=True)
+async def draft(ctx: hearth.ToolContext) -> dict[str, Any]:
+    """Write a draft, wait for a go-ahead, then list the workspace."""
+    assert ctx.step is not None and ctx.workspace is not None
+    workspace = ctx.workspace
+
+    async def write() -> int:
+        return await workspace.write_file("draft.txt", "first draft")
+
+    await ctx.step.do("write", write)  # replayed, not run, after the wait
+    await ctx.step.wait("go-ahead")
+    return {"files": await workspace.list_files()}
+
+
+async def until_waiting(rt: hearth.Runtime, submission_id: str) -> None:
+    for _ in range(2000):
+        if (await rt.submission(submission_id)).status == "waiting":
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the submission never started waiting")
+
+
+@pytest.mark.parametrize(("kind", "files"), [("durable", ["draft.txt"]), ("ephemeral", [])])
+async def test_after_a_durable_wait_an_ephemeral_workspace_is_fresh_again(
+    tmp_path: Path, kind: str, files: list[str]
+) -> None:
+    ws: hearth.Workspace = (
+        hearth.LocalWorkspace(tmp_path / "ws")
+        if kind == "durable"
+        else hearth.EphemeralWorkspace(tmp_path / "ws")
+    )
+    agent = coder(ws, draft)
+    script = [calls(call("draft", id="d")), reply("drafted")]
+    app = hearth.App([agent], db="memory", providers=[ScriptedModel("coder", script)])
+    async with app.run() as rt:
+        receipt = await rt.dispatch("coder", "c-1", "go")
+        await until_waiting(rt, receipt.submission_id)
+        [wait] = await rt.waits()
+        await rt.resolve("coder", "c-1", wait.wait_id, True)
+        await rt.read(receipt, timeout=30)
+        records = await rt.history("coder", "c-1")
+    result = outcomes(records)["d"]
+    assert result.attempt == 2 and result.content == {"files": files}
