@@ -170,3 +170,11 @@ async def test_an_ephemeral_attempt_clears_what_a_killed_attempt_left(tmp_path: 
     assert not killed.path.exists()
     assert await second.list_files() == []
     await second.close()
+
+
+async def test_run_ends_with_its_command_even_when_a_background_child_holds_the_output(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    result = await ws.run("sleep 60 & echo done", timeout=30)
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.output == "done\n"

@@ -4,6 +4,7 @@ confinement test first runs the same command unsandboxed, to show that it would 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import shutil
@@ -181,3 +182,27 @@ async def test_an_app_that_opts_out_runs_without_bubblewrap(
     result = await ws.run("echo hi > made.txt; echo done", timeout=5)
     assert result.exit_code == 0 and result.output == "done\n"
     assert await ws.read_file("made.txt") == "hi\n"
+
+
+async def test_unsandboxed_run_ends_with_its_command_and_its_background_children(
+    tmp_path: Path,
+) -> None:
+    ws = await opened(tmp_path, sandbox=False)
+    result = await ws.run("sleep 60 & echo $! > child.pid; echo done", timeout=30)
+    assert result.exit_code == 0 and not result.timed_out and result.output == "done\n"
+    child = int((await ws.read_file("child.pid")).strip())
+    for _ in range(1000):  # a SIGKILL lands when the child is next scheduled
+        if not alive(child):
+            break
+        await asyncio.sleep(0.01)
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has not been reaped by its parent (gone already) but is no longer running.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"

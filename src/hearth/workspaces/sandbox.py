@@ -97,6 +97,11 @@ def _limited(command: str, limits: RunLimits) -> list[str]:
     ]
 
 
+def _kill_session(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def hand_over(directory: str) -> None:
     """Give the workspace's files to the sandbox's user (hearth runs as root)."""
     for base, dirs, files in os.walk(directory):
@@ -147,18 +152,31 @@ async def run_command(
             room = limits.output_bytes - len(kept)
             kept.extend(chunk[:room])
             cut += max(0, len(chunk) - max(room, 0))
-        await proc.wait()
+
+    async def finish() -> None:
+        reading = asyncio.ensure_future(collect())
+        try:
+            # Until the output ends or the command exits (``proc.wait`` would also wait for the
+            # pipe, which a background child may hold open).
+            while proc.returncode is None and not reading.done():
+                await asyncio.wait({reading}, timeout=0.05)
+            # What the command left running in the background ends with it (inside bubblewrap
+            # its pid namespace is gone already), so the output pipe closes.
+            _kill_session(proc.pid)
+            await reading
+            await proc.wait()
+        finally:
+            reading.cancel()
 
     timed_out = False
     try:
-        await asyncio.wait_for(collect(), timeout)
+        await asyncio.wait_for(finish(), timeout)
     except TimeoutError:
         timed_out = True
     finally:
         if proc.returncode is None:
             # The whole session: the command and whatever it started (outside bwrap too).
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            _kill_session(proc.pid)
             await proc.wait()
     output = kept.decode("utf-8", errors="replace")
     if timed_out:
