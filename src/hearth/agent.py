@@ -131,7 +131,7 @@ class AgentContext:
                 f"use_workspace expects a hearth.Workspace (LocalWorkspace, EphemeralWorkspace, "
                 f"...), got {workspace!r}"
             )
-        if self._workspace is not None and self._workspace is not workspace:
+        if self._workspace is not None and self._workspace != workspace:
             raise ConfigurationError(f"{self.agent}: use_workspace was called with two workspaces")
         self._workspace = workspace
         for builtin in (*FILE_TOOLS, RUN_TOOL) if run else FILE_TOOLS:

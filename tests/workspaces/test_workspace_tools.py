@@ -277,3 +277,22 @@ async def test_after_a_durable_wait_an_ephemeral_workspace_is_fresh_again(
         records = await rt.history("coder", "c-1")
     result = outcomes(records)["d"]
     assert result.attempt == 2 and result.content == {"files": files}
+
+
+async def test_a_workspace_built_anew_at_every_render_is_the_same_within_an_attempt(
+    tmp_path: Path,
+) -> None:
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/coder")
+        ctx.use_workspace(hearth.EphemeralWorkspace(tmp_path / "ws"))
+        return "inline"
+
+    records = await play(
+        hearth.Agent(render, name="coder"),
+        [
+            calls(call("write_file", id="w", path="a.txt", content="kept between turns")),
+            calls(call("read_file", id="r", path="a.txt")),
+            seen,
+        ],
+    )
+    assert outcomes(records)["r"].content == "kept between turns"

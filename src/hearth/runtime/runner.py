@@ -71,7 +71,7 @@ class Attempt:
         self.paused = False  # the attempt ended by a durable wait (the submission waits)
         self.next_expiry: float | None = None  # the earliest expiry of the waits it began
         # The workspaces this attempt opened, closed when it ends (an ephemeral one is removed).
-        self._workspaces: dict[int, tuple[Workspace, OpenWorkspace]] = {}
+        self._workspaces: dict[Workspace, OpenWorkspace] = {}
 
     # --- the loop -------------------------------------------------------------------------
     @property
@@ -87,17 +87,16 @@ class Attempt:
 
     async def workspace(self, declared: Workspace) -> OpenWorkspace:
         """``declared`` opened for this attempt at this conversation, once."""
-        opened = self._workspaces.get(id(declared))
+        opened = self._workspaces.get(declared)
         if opened is None:
-            handle = await declared.open(
+            opened = self._workspaces[declared] = await declared.open(
                 self.conversation_id, submission_id=self.sub.id, attempt=self.sub.attempt
             )
-            opened = self._workspaces[id(declared)] = (declared, handle)
-        return opened[1]
+        return opened
 
     async def _close_workspaces(self) -> None:
         opened, self._workspaces = list(self._workspaces.values()), {}
-        for _, handle in opened:
+        for handle in opened:
             try:
                 await handle.close()
             except Exception:

@@ -80,6 +80,12 @@ class LocalWorkspace(Workspace):
     def __repr__(self) -> str:
         return f"<hearth.LocalWorkspace {self.root}>"
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and _identity(other) == _identity(self)
+
+    def __hash__(self) -> int:
+        return hash(_identity(self))
+
     def directory(self, conversation_id: str) -> Path:
         """Where the files of ``conversation_id`` live."""
         agent, id = _split(conversation_id)
@@ -112,6 +118,12 @@ class EphemeralWorkspace(Workspace):
     def __repr__(self) -> str:
         return f"<hearth.EphemeralWorkspace {self.root}>"
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and _identity(other) == _identity(self)
+
+    def __hash__(self) -> int:
+        return hash(_identity(self))
+
     async def open(self, conversation_id: str, *, submission_id: str, attempt: int) -> LocalFiles:
         agent, id = _split(conversation_id)
         if not _SUBMISSION_RE.fullmatch(submission_id):
@@ -134,6 +146,12 @@ def _fresh(parent: Path, directory: Path, submission_id: str, attempt: int) -> N
     directory.mkdir()
 
 
+def _identity(ws: Workspace) -> tuple[object, ...]:
+    """Two declarations of the same directory with the same settings are one workspace (an
+    agent may build its workspace anew at every render)."""
+    return (type(ws), getattr(ws, "root", None), getattr(ws, "sandbox", None), ws.limits)
+
+
 def _split(conversation_id: str) -> tuple[str, str]:
     agent, _, id = conversation_id.partition("/")
     if not _AGENT_RE.fullmatch(agent) or not ID_RE.fullmatch(id) or id in (".", ".."):
@@ -149,8 +167,14 @@ def _limits(limits: RunLimits | None) -> RunLimits:
     return limits
 
 
+_PROVEN: set[Path] = set()  # roots proven writable in this process
+
+
 def _writable_root(root: Path) -> Path:
-    """``root``, made when missing and proven writable by making and removing a file in it."""
+    """``root``, made when missing and proven writable by making and removing a file in it
+    (once per process and root)."""
+    if root.is_absolute() and root in _PROVEN:
+        return root
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".hearth-probe-", dir=root)
@@ -161,4 +185,6 @@ def _writable_root(root: Path) -> Path:
             f"workspace root {str(root)!r} is not a writable directory ({exc.strerror or exc}); "
             "give a directory hearth's user can write"
         ) from None
-    return root.resolve()
+    resolved = root.resolve()
+    _PROVEN.update({root, resolved} if root.is_absolute() else {resolved})
+    return resolved
