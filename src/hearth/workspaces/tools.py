@@ -59,8 +59,8 @@ async def run(
     ctx: ToolContext,
     timeout: Annotated[float, Field(gt=0, description="seconds before it is killed")] = 30,
 ) -> dict[str, object]:
-    """Run a shell command in the workspace's top directory, without network access; only the
-    workspace is writable. Returns its exit code and its output (stdout and stderr)."""
+    """Run a shell command in the workspace's top directory (usually in a sandbox: no network,
+    only the workspace writable). Returns its exit code and its output (stdout and stderr)."""
     result = await _workspace(ctx).run(command, timeout=timeout)
     return result.as_json()
 
