@@ -127,7 +127,8 @@ async def test_run_output_is_cut_at_the_limit_with_a_note(
 
 
 async def test_run_is_killed_at_its_timeout(ws: hearth.OpenWorkspace, bwrap: str) -> None:
-    result = await ws.run("echo started; sleep 60", timeout=0.5)
+    # Output from before the kill is kept (3 s leaves the sandbox ample time to start).
+    result = await ws.run("echo started; sleep 60", timeout=3)
     assert result.timed_out
     assert result.exit_code is None
     assert "started" in result.output
