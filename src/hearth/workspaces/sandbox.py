@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import tempfile
 
 from hearth.errors import SandboxUnavailable
 from hearth.workspaces.base import RunLimits, RunResult
@@ -97,6 +98,35 @@ def _limited(command: str, limits: RunLimits) -> list[str]:
     ]
 
 
+_SANDBOX_WORKS: dict[tuple[str, int], str] = {}  # (bwrap, euid) → "" or why it cannot
+
+
+async def _check_sandbox(bwrap: str, limits: RunLimits) -> None:
+    """Refuse clearly, once per process, where bubblewrap is installed but cannot make a sandbox
+    (a container without the privileges or user namespaces it needs): otherwise its complaint
+    would look like the command's own output."""
+    key = (bwrap, os.geteuid())
+    if key not in _SANDBOX_WORKS:
+        with tempfile.TemporaryDirectory(prefix="hearth-sandbox-check-") as directory:
+            if os.geteuid() == 0:
+                os.chown(directory, SANDBOX_UID, SANDBOX_UID)
+            proc = await asyncio.create_subprocess_exec(
+                *sandbox_argv(bwrap, directory, "true", limits),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await proc.communicate()
+        why = out.decode("utf-8", errors="replace").strip() or f"exit code {proc.returncode}"
+        _SANDBOX_WORKS[key] = "" if proc.returncode == 0 else why
+    why = _SANDBOX_WORKS[key]
+    if why:
+        raise SandboxUnavailable(
+            f"run is refused: bubblewrap cannot make a sandbox here ({why}); give hearth the "
+            "privileges it needs (or user namespaces), or let the app opt out with sandbox=False"
+        )
+
+
 def _kill_session(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -128,6 +158,7 @@ async def run_command(
                 "sandboxed; install Debian's bubblewrap, or let the app opt out with "
                 "sandbox=False"
             )
+        await _check_sandbox(bwrap, limits)
         if os.geteuid() == 0:
             await asyncio.to_thread(hand_over, directory)
         argv = sandbox_argv(bwrap, directory, command, limits)
