@@ -22,7 +22,9 @@ from hearth.errors import (
     InvalidId,
     InvalidInput,
     InvalidSignature,
+    PathOutsideWorkspace,
     ProviderError,
+    SandboxUnavailable,
     SchemaTooNew,
     ShuttingDown,
     StateWriteDuringRender,
@@ -37,6 +39,7 @@ from hearth.errors import (
     WaitConflict,
     WaitNotFound,
     WaitTimedOut,
+    WorkspaceError,
 )
 from hearth.receipts import AbortResult, Receipt, Reply
 from hearth.runtime.hooks import AgentFinish, AgentStart
@@ -44,6 +47,14 @@ from hearth.runtime.runtime import Runtime
 from hearth.schedules import Schedule
 from hearth.steps import Steps
 from hearth.tools import Tool, ToolContext, tool
+from hearth.workspaces import (
+    EphemeralWorkspace,
+    LocalWorkspace,
+    OpenWorkspace,
+    RunLimits,
+    RunResult,
+    Workspace,
+)
 
 __all__ = [
     "AbortResult",
@@ -62,6 +73,7 @@ __all__ = [
     "DeliveryNotFound",
     "Dispatch",
     "Durability",
+    "EphemeralWorkspace",
     "FencedOut",
     "HearthError",
     "IdempotencyConflict",
@@ -69,10 +81,16 @@ __all__ = [
     "InvalidId",
     "InvalidInput",
     "InvalidSignature",
+    "LocalWorkspace",
+    "OpenWorkspace",
+    "PathOutsideWorkspace",
     "ProviderError",
     "Receipt",
     "Reply",
+    "RunLimits",
+    "RunResult",
     "Runtime",
+    "SandboxUnavailable",
     "Schedule",
     "SchemaTooNew",
     "ShuttingDown",
@@ -91,6 +109,8 @@ __all__ = [
     "WaitConflict",
     "WaitNotFound",
     "WaitTimedOut",
+    "Workspace",
+    "WorkspaceError",
     "__version__",
     "agent",
     "channels",

@@ -19,6 +19,8 @@ from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
 from hearth.tools import Tool
+from hearth.workspaces.base import Workspace
+from hearth.workspaces.tools import FILE_TOOLS, RUN_TOOL
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 MAX_CONTINUATIONS = 32
@@ -87,6 +89,7 @@ class Rendered:
     on_start: list[Hook] = field(default_factory=list)
     on_finish: list[Hook] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # the committed state it rendered with
+    workspace: Workspace | None = None  # what ctx.use_workspace declared
 
 
 class AgentContext:
@@ -103,6 +106,7 @@ class AgentContext:
         self._subagents: dict[str, Subagent] = {}
         self._on_start: list[Hook] = []
         self._on_finish: list[Hook] = []
+        self._workspace: Workspace | None = None
 
     def use_model(self, spec: str, **options: Any) -> None:
         """Choose the model for this turn: ``"provider/model"``. Exactly once per render."""
@@ -118,6 +122,20 @@ class AgentContext:
         if tool.name in self._tools and self._tools[tool.name] is not tool:
             raise ConfigurationError(f"two different tools are named {tool.name!r}")
         self._tools[tool.name] = tool
+
+    def use_workspace(self, workspace: Workspace, *, run: bool = False) -> None:
+        """Give the tools a workspace (``ToolContext.workspace``) and offer the built-in
+        ``read_file``, ``write_file`` and ``list_files`` tools, and ``run`` when ``run=True``."""
+        if not isinstance(workspace, Workspace):
+            raise ConfigurationError(
+                f"use_workspace expects a hearth.Workspace (LocalWorkspace, EphemeralWorkspace, "
+                f"...), got {workspace!r}"
+            )
+        if self._workspace is not None and self._workspace != workspace:
+            raise ConfigurationError(f"{self.agent}: use_workspace was called with two workspaces")
+        self._workspace = workspace
+        for builtin in (*FILE_TOOLS, RUN_TOOL) if run else FILE_TOOLS:
+            self.use_tool(builtin)
 
     def use_subagent(self, agent: Agent, *, description: str) -> None:
         """Let the model delegate to ``agent`` through the built-in ``task`` tool."""
@@ -198,6 +216,7 @@ class Agent:
             on_start=list(ctx._on_start),
             on_finish=list(ctx._on_finish),
             state=state,
+            workspace=ctx._workspace,
         )
 
 

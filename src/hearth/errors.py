@@ -171,3 +171,18 @@ class ProviderError(HearthError):
         if self.retry_after is not None:
             out["retry_after"] = self.retry_after
         return out
+
+
+class WorkspaceError(HearthError):
+    """A workspace operation failed: a missing file, a directory where a file was expected, a
+    path that is not valid. Raised inside a tool, it becomes an error outcome the model sees."""
+
+
+class PathOutsideWorkspace(WorkspaceError):
+    """A path leads outside the workspace: an absolute path, ``..`` past its top, or a symbolic
+    link that points out of it. Nothing was read or written."""
+
+
+class SandboxUnavailable(WorkspaceError):
+    """The ``run`` tool cannot sandbox a command because bubblewrap (``bwrap``) is not
+    installed. Install Debian's ``bubblewrap``, or opt out with ``sandbox=False``."""

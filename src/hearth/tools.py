@@ -20,13 +20,16 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 import pydantic
 
 from hearth.errors import ConfigurationError
 from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
+
+if TYPE_CHECKING:
+    from hearth.workspaces.base import OpenWorkspace
 
 _TOOL_NAME_LIMIT = 64
 # What the model providers accept as a function name (ASCII only), matched in full.
@@ -41,6 +44,7 @@ class ToolContext:
     conversation_id: str
     log: logging.LoggerAdapter[logging.Logger]
     step: Steps | None = None  # durable tools only
+    workspace: OpenWorkspace | None = None  # when the agent declared ctx.use_workspace
 
 
 class Tool:

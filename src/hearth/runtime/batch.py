@@ -156,11 +156,14 @@ class ToolBatch:
     async def _invoke(self, tool: Tool, call: AssistantToolCall) -> Any:
         arguments = tool.validate(call.arguments)
         steps = self._steps(call) if tool.durable else None
+        declared = self.rendered.workspace
+        workspace = None if declared is None else await self.scope.workspace(declared)
         ctx = ToolContext(
             tool_call_id=call.tool_call_id,
             conversation_id=self.scope.conversation_id,
             log=logging.LoggerAdapter(log, {"tool": tool.name, "tool_call_id": call.tool_call_id}),
             step=steps,
+            workspace=workspace,
         )
         _faults.reached(f"tool:{tool.name}")
         return await tool.invoke(arguments, ctx)

@@ -35,6 +35,7 @@ from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
 from hearth.runtime.waits import PauseForWait
 from hearth.store.base import Submission
+from hearth.workspaces.base import OpenWorkspace, Workspace
 
 
 class Attempt:
@@ -69,6 +70,8 @@ class Attempt:
         self.spending = spending or Spending(env.store, sub.id, self.journal)
         self.paused = False  # the attempt ended by a durable wait (the submission waits)
         self.next_expiry: float | None = None  # the earliest expiry of the waits it began
+        # The workspaces this attempt opened, closed when it ends (an ephemeral one is removed).
+        self._workspaces: dict[Workspace, OpenWorkspace] = {}
 
     # --- the loop -------------------------------------------------------------------------
     @property
@@ -80,6 +83,24 @@ class Attempt:
             await self._run()
         finally:
             self._end_turn()
+            await self._close_workspaces()
+
+    async def workspace(self, declared: Workspace) -> OpenWorkspace:
+        """``declared`` opened for this attempt at this conversation, once."""
+        opened = self._workspaces.get(declared)
+        if opened is None:
+            opened = self._workspaces[declared] = await declared.open(
+                self.conversation_id, submission_id=self.sub.id, attempt=self.sub.attempt
+            )
+        return opened
+
+    async def _close_workspaces(self) -> None:
+        opened, self._workspaces = list(self._workspaces.values()), {}
+        for handle in opened:
+            try:
+                await handle.close()
+            except Exception:
+                self.log.exception("closing a workspace failed")
 
     def _turn(self, *, begin: bool) -> telemetry.Span:
         """The span of the current turn: a model call and the tool calls of its answer. A

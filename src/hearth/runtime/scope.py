@@ -16,6 +16,7 @@ from hearth.records import Record
 from hearth.runtime.env import Env
 from hearth.runtime.journal import Journal
 from hearth.store.base import Store, Submission
+from hearth.workspaces.base import OpenWorkspace, Workspace
 
 Log = logging.LoggerAdapter[logging.Logger]
 
@@ -50,6 +51,11 @@ class AttemptScope(Protocol):
 
     async def run_child(self, policy: TurnPolicy) -> None:
         """Run another conversation through the same loop, under this attempt's claim."""
+        ...
+
+    async def workspace(self, declared: Workspace) -> OpenWorkspace:
+        """``declared`` opened for this attempt at this conversation (once; closed when the
+        attempt ends)."""
         ...
 
 

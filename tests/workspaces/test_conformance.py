@@ -1,0 +1,181 @@
+"""The ``hearth.Workspace`` contract (SPEC §16), passed by both built-ins. A workspace of your own
+(a remote sandbox, say) can run these tests by adding its factory to ``FACTORIES``.
+
+Everything goes through the interface: files are made with ``write_file``, links with ``run``,
+so nothing here depends on the workspace being a local directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+import hearth
+
+pytestmark = pytest.mark.anyio
+
+Factory = Callable[[Path], hearth.Workspace]
+FACTORIES: dict[str, Factory] = {
+    "local": lambda tmp: hearth.LocalWorkspace(tmp / "durable"),
+    "ephemeral": lambda tmp: hearth.EphemeralWorkspace(tmp / "ephemeral"),
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=sorted(FACTORIES))
+def declared(request: pytest.FixtureRequest, tmp_path: Path) -> hearth.Workspace:
+    return FACTORIES[request.param](tmp_path)
+
+
+@pytest.fixture
+async def ws(declared: hearth.Workspace) -> AsyncIterator[hearth.OpenWorkspace]:
+    opened = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_a_written_file_reads_back(ws: hearth.OpenWorkspace) -> None:
+    assert await ws.write_file("notes.txt", "héllo\n") == len("héllo\n".encode())
+    assert await ws.read_file("notes.txt") == "héllo\n"
+
+
+async def test_writing_replaces_a_file_and_makes_missing_directories(
+    ws: hearth.OpenWorkspace,
+) -> None:
+    await ws.write_file("src/pkg/a.py", "first version, longer")
+    await ws.write_file("src/pkg/a.py", "second")
+    assert await ws.read_file("src/pkg/a.py") == "second"
+
+
+async def test_listing_is_recursive_sorted_and_marks_directories(ws: hearth.OpenWorkspace) -> None:
+    await ws.write_file("b.txt", "")
+    await ws.write_file("a/z.txt", "")
+    await ws.write_file("a/y/x.txt", "")
+    assert await ws.list_files() == ["a/", "a/y/", "a/y/x.txt", "a/z.txt", "b.txt"]
+    assert await ws.list_files("a/y") == ["a/y/x.txt"]
+
+
+async def test_a_new_workspace_is_empty(ws: hearth.OpenWorkspace) -> None:
+    assert await ws.list_files() == []
+
+
+async def test_reading_a_missing_file_is_a_workspace_error(ws: hearth.OpenWorkspace) -> None:
+    with pytest.raises(hearth.WorkspaceError, match="does not exist"):
+        await ws.read_file("nope.txt")
+
+
+@pytest.mark.parametrize("path", ["../escape.txt", "a/../../escape.txt", "/etc/passwd", "/tmp/x"])
+async def test_paths_outside_are_refused(ws: hearth.OpenWorkspace, path: str) -> None:
+    with pytest.raises(hearth.PathOutsideWorkspace):
+        await ws.write_file(path, "x")
+    with pytest.raises(hearth.PathOutsideWorkspace):
+        await ws.read_file(path)
+    with pytest.raises(hearth.PathOutsideWorkspace):
+        await ws.list_files(path)
+
+
+async def test_a_dot_dot_that_stays_inside_is_allowed(ws: hearth.OpenWorkspace) -> None:
+    await ws.write_file("a/../b.txt", "inside")
+    assert await ws.read_file("b.txt") == "inside"
+
+
+async def test_symbolic_links_pointing_outside_are_refused(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    made = await ws.run("ln -s /etc out && ln -s /etc/passwd pw && ln -s a.txt in", timeout=30)
+    assert made.exit_code == 0, made.output
+    for path in ("out/passwd", "pw"):
+        with pytest.raises(hearth.PathOutsideWorkspace):
+            await ws.read_file(path)
+    with pytest.raises(hearth.PathOutsideWorkspace):
+        await ws.write_file("out/hearth-was-here", "x")
+    with pytest.raises(hearth.PathOutsideWorkspace):
+        await ws.list_files("out")
+    # A link that stays inside is followed.
+    await ws.write_file("a.txt", "through the link")
+    assert await ws.read_file("in") == "through the link"
+
+
+async def test_run_sees_the_files_and_reports_the_exit_code(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    await ws.write_file("in.txt", "three\nlines\nhere\n")
+    result = await ws.run("wc -l < in.txt; echo made > out.txt; exit 3", timeout=30)
+    assert result.exit_code == 3
+    assert result.output.strip() == "3"
+    assert not result.timed_out
+    assert await ws.read_file("out.txt") == "made\n"
+
+
+async def test_run_output_is_cut_at_the_limit_with_a_note(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    limit = hearth.RunLimits().output_bytes  # both built-ins use the default limits here
+    result = await ws.run(f"head -c {limit + 5000} /dev/zero | tr '\\0' a", timeout=30)
+    assert result.exit_code == 0
+    assert result.output == "a" * limit
+    assert result.cut_bytes == 5000
+    shown = result.as_json()["output"]
+    assert isinstance(shown, str) and shown.endswith("[output truncated: 5000 more bytes were cut]")
+
+
+async def test_run_is_killed_at_its_timeout(ws: hearth.OpenWorkspace, bwrap: str) -> None:
+    # Output from before the kill is kept (3 s leaves the sandbox ample time to start).
+    result = await ws.run("echo started; sleep 60", timeout=3)
+    assert result.timed_out
+    assert result.exit_code is None
+    assert "started" in result.output
+
+
+async def test_the_durable_workspace_opens_the_same_files_for_every_attempt(
+    tmp_path: Path,
+) -> None:
+    declared = hearth.LocalWorkspace(tmp_path / "root")
+    first = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    await first.write_file("kept.txt", "from attempt 1")
+    await first.close()
+    later = await declared.open("coder/c-1", submission_id="s_2", attempt=3)
+    assert await later.read_file("kept.txt") == "from attempt 1"
+    other = await declared.open("coder/c-2", submission_id="s_3", attempt=1)
+    assert await other.list_files() == []
+    assert (tmp_path / "root" / "coder" / "c-1" / "kept.txt").read_text() == "from attempt 1"
+
+
+async def test_the_ephemeral_workspace_is_fresh_for_every_attempt_and_removed_after(
+    tmp_path: Path,
+) -> None:
+    declared = hearth.EphemeralWorkspace(tmp_path / "root")
+    first = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    await first.write_file("lost.txt", "from attempt 1")
+    assert first.path is not None and first.path.exists()
+    await first.close()
+    assert not first.path.exists()
+    second = await declared.open("coder/c-1", submission_id="s_1", attempt=2)
+    assert await second.list_files() == []
+    await second.close()
+
+
+async def test_an_ephemeral_attempt_clears_what_a_killed_attempt_left(tmp_path: Path) -> None:
+    declared = hearth.EphemeralWorkspace(tmp_path / "root")
+    killed = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    await killed.write_file("left.txt", "x")  # never closed: its process died
+    assert killed.path is not None
+    second = await declared.open("coder/c-1", submission_id="s_1", attempt=2)
+    assert not killed.path.exists()
+    assert await second.list_files() == []
+    await second.close()
+
+
+async def test_run_ends_with_its_command_even_when_a_background_child_holds_the_output(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    result = await ws.run("sleep 60 & echo done", timeout=30)
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.output == "done\n"

@@ -1,0 +1,208 @@
+"""``run`` under bubblewrap (SPEC §16): only the workspace is writable, there is no network, and
+the limits on memory and processes bind (also when hearth runs as root, as in CI). Each
+confinement test first runs the same command unsandboxed, to show that it would do harm."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import shutil
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import hearth
+
+pytestmark = pytest.mark.anyio
+
+
+# The sandbox shows the host's /usr: the tests that need a program to open sockets or start
+# processes with use Debian's python3 there.
+HAS_PYTHON = Path("/usr/bin/python3").exists()
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def opened(
+    tmp_path: Path, *, sandbox: bool = True, limits: hearth.RunLimits | None = None
+) -> hearth.OpenWorkspace:
+    ws = hearth.LocalWorkspace(tmp_path / "root", sandbox=sandbox, limits=limits)
+    return await ws.open("coder/c-1", submission_id="s_1", attempt=1)
+
+
+@pytest.fixture
+async def sandboxed(tmp_path: Path, bwrap: str) -> AsyncIterator[hearth.OpenWorkspace]:
+    yield await opened(tmp_path)
+
+
+@pytest.fixture
+def host_tmp_marker() -> Iterator[Path]:
+    path = Path("/tmp") / f"hearth-sandbox-test-{uuid.uuid4().hex}"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+async def test_run_cannot_write_outside_the_workspace(
+    tmp_path: Path, sandboxed: hearth.OpenWorkspace, host_tmp_marker: Path
+) -> None:
+    victim = tmp_path / "outside" / "victim.txt"
+    victim.parent.mkdir()
+    victim.write_text("original")
+    command = (
+        f"echo changed > {victim}; echo made > {host_tmp_marker}; echo made > ../escape; "
+        f"touch /usr/hearth-sandbox-test; echo inside > kept.txt; echo finished"
+    )
+    result = await sandboxed.run(command, timeout=30)
+    assert "finished" in result.output
+    assert victim.read_text() == "original"
+    assert not exists(host_tmp_marker)
+    assert not exists(tmp_path / "root" / "coder" / "escape")
+    assert not exists(Path("/usr/hearth-sandbox-test"))
+    assert await sandboxed.read_file("kept.txt") == "inside\n"
+    # The same command unsandboxed does write outside: the check above could fail.
+    plain = await opened(tmp_path, sandbox=False)
+    await plain.run(f"echo changed > {victim}; echo made > {host_tmp_marker}", timeout=30)
+    assert victim.read_text() == "changed\n" and exists(host_tmp_marker)
+
+
+def connect_command(port: int) -> str:
+    return (
+        '/usr/bin/python3 -c "import socket; '
+        f"socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')\""
+    )
+
+
+def pending_connection(listener: socket.socket) -> bool:
+    readable, _, _ = select.select([listener], [], [], 0)
+    return bool(readable)
+
+
+async def test_run_cannot_reach_the_network(
+    tmp_path: Path, sandboxed: hearth.OpenWorkspace
+) -> None:
+    if not HAS_PYTHON:
+        pytest.skip("the sandbox's system has no /usr/bin/python3 to open a connection with")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        result = await sandboxed.run(connect_command(port), timeout=30)
+        assert result.exit_code != 0
+        assert "connected" not in result.output
+        assert not pending_connection(listener)
+        # Unsandboxed, the same command reaches the listener.
+        plain = await opened(tmp_path, sandbox=False)
+        reached = await plain.run(connect_command(port), timeout=30)
+        assert reached.exit_code == 0, reached.output
+        assert pending_connection(listener)
+
+
+SPAWN = (
+    "/usr/bin/python3 -c '\n"
+    "import subprocess\n"
+    "started = []\n"
+    "for _ in range(20):\n"
+    "    try:\n"
+    '        started.append(subprocess.Popen(["sleep", "5"]))\n'
+    "    except OSError:\n"
+    "        break\n"
+    'print("started", len(started))\n'
+    "'"
+)
+
+
+def started(result: hearth.RunResult) -> int:
+    line = next(x for x in result.output.splitlines() if x.startswith("started "))
+    return int(line.split()[1])
+
+
+async def test_the_process_limit_binds(tmp_path: Path, bwrap: str) -> None:
+    if not HAS_PYTHON:
+        pytest.skip("the sandbox's system has no /usr/bin/python3 to start processes with")
+    capped = await opened(tmp_path, limits=hearth.RunLimits(processes=8))
+    result = await capped.run(SPAWN, timeout=30)
+    assert started(result) < 8, result.output  # python itself is one of the 8
+    roomy = await opened(tmp_path)
+    result = await roomy.run(SPAWN, timeout=30)
+    assert started(result) == 20, result.output
+
+
+ALLOCATE = "/usr/bin/python3 -c 'x = bytearray({mb} * 1024 * 1024); print(\"allocated\")'"
+
+
+async def test_the_memory_limit_binds(tmp_path: Path, bwrap: str) -> None:
+    if not HAS_PYTHON:
+        pytest.skip("the sandbox's system has no /usr/bin/python3 to allocate with")
+    capped = await opened(tmp_path, limits=hearth.RunLimits(memory_bytes=200 * 1024**2))
+    result = await capped.run(ALLOCATE.format(mb=400), timeout=30)
+    assert result.exit_code != 0 and "MemoryError" in result.output
+    fits = await capped.run(ALLOCATE.format(mb=20), timeout=30)
+    assert fits.exit_code == 0 and "allocated" in fits.output
+
+
+async def test_a_timeout_is_bounded_by_the_configured_maximum(tmp_path: Path, bwrap: str) -> None:
+    ws = await opened(tmp_path, limits=hearth.RunLimits(max_timeout=0.5))
+    result = await ws.run("sleep 30; echo too-late", timeout=3600)
+    assert result.timed_out and "too-late" not in result.output
+
+
+@pytest.fixture
+def no_bwrap_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PATH where bubblewrap is absent but the other tools ``run`` uses are there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("prlimit", "sh"):
+        found = shutil.which(tool)
+        assert found is not None
+        os.symlink(found, bin_dir / tool)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert shutil.which("bwrap") is None
+
+
+async def test_without_bubblewrap_run_is_refused(tmp_path: Path, no_bwrap_on_path: None) -> None:
+    ws = await opened(tmp_path)
+    with pytest.raises(hearth.SandboxUnavailable, match="bubblewrap"):
+        await ws.run("echo hi > made.txt", timeout=5)
+    assert await ws.list_files() == []
+
+
+async def test_an_app_that_opts_out_runs_without_bubblewrap(
+    tmp_path: Path, no_bwrap_on_path: None
+) -> None:
+    ws = await opened(tmp_path, sandbox=False)
+    result = await ws.run("echo hi > made.txt; echo done", timeout=5)
+    assert result.exit_code == 0 and result.output == "done\n"
+    assert await ws.read_file("made.txt") == "hi\n"
+
+
+async def test_unsandboxed_run_ends_with_its_command_and_its_background_children(
+    tmp_path: Path,
+) -> None:
+    ws = await opened(tmp_path, sandbox=False)
+    result = await ws.run("sleep 60 & echo $! > child.pid; echo done", timeout=30)
+    assert result.exit_code == 0 and not result.timed_out and result.output == "done\n"
+    child = int((await ws.read_file("child.pid")).strip())
+    for _ in range(1000):  # a SIGKILL lands when the child is next scheduled
+        if not alive(child):
+            break
+        await asyncio.sleep(0.01)
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has not been reaped by its parent (gone already) but is no longer running.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
