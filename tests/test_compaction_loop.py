@@ -1,0 +1,242 @@
+"""Compaction inside a submission's own tool loop: a long agentic loop compacts as often as it
+needs, its user messages stay verbatim, and no request passes the model's window.
+
+Real SQLite files and the real runtime; the model is the scripted walker of
+``tests/apps/compactapp.py``, which refuses any request past its window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compactapp import TASK, steps_walked, user_texts, walk, walker
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult, estimate_tokens
+from hearth.records import (
+    AssistantMessageCompleted,
+    AssistantMessageStarted,
+    AssistantToolCall,
+    Compaction,
+    Record,
+    ToolOutcome,
+    ToolResultsCommitted,
+    UserMessage,
+)
+from hearth.runtime.budget import usage_tokens
+from hearth.runtime.compaction import SUMMARY_PROMPT, plan_compaction, turn_boundaries
+from hearth.runtime.recovery import Action, Evidence, classify_recovery
+from hearth.testing import ScriptedModel
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def walker_app(db: Path, model: ScriptedModel, **durability: Any) -> hearth.App:
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/walker")
+        ctx.use_tool(walk)
+        return "You walk routes."
+
+    agent = hearth.Agent(render, name="walker", durability=hearth.Durability(**durability))
+    return hearth.App([agent], db=f"sqlite:///{db}", providers=[model])
+
+
+def of(records: list[Record], kind: type[Record]) -> list[Any]:
+    return [r for r in records if isinstance(r, kind)]
+
+
+def turn_requests(model: ScriptedModel) -> list[ModelRequest]:
+    return [r for r in model.requests if r.system != SUMMARY_PROMPT]
+
+
+async def test_a_200_turn_tool_loop_compacts_as_often_as_it_needs(tmp_path: Path) -> None:
+    window = 1000
+    model = ScriptedModel("walker", walker(200, window), context_window=window)
+    async with walker_app(tmp_path / "h.db", model).run() as rt:
+        reply = await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=120)
+        records = await rt.history("walker", "c1")
+    assert reply.text == "Arrived after 200 steps."
+    compactions = of(records, Compaction)
+    summaries = [r for r in model.requests if r.system == SUMMARY_PROMPT]
+    print(f"\n200-turn loop, window {window}: {len(compactions)} compactions")
+    assert len(compactions) >= 10
+    assert len(summaries) == len(compactions)  # one summary call, one record, per compaction
+    # Every request fits the window and shows the user's message verbatim.
+    assert max(estimate_tokens(r) for r in model.requests) <= window
+    assert all(TASK in user_texts(r) for r in model.requests)
+    assert len(turn_requests(model)) == 201
+    # Each compaction keeps the input and moves the cut forward, at a turn boundary.
+    (task,) = of(records, UserMessage)
+    starts = {r.offset for r in of(records, AssistantMessageStarted)}
+    cuts = [c.first_kept_offset for c in compactions]
+    assert cuts == sorted(set(cuts))
+    for c in compactions:
+        assert c.kept_offsets == [task.offset]
+        assert c.first_kept_offset in starts
+        assert c.submission_id == task.submission_id
+        assert usage_tokens(c.usage) > 0
+        assert c.tokens_before > 0
+    # The walk never lost its place: every step walked exactly once, in order.
+    assert [r.content["step"] for r in of(records, ToolOutcome)] == list(range(1, 201))
+
+
+async def test_no_request_separates_a_tool_call_from_its_result(tmp_path: Path) -> None:
+    window = 900
+    model = ScriptedModel("walker", walker(40, window), context_window=window)
+    async with walker_app(tmp_path / "h.db", model).run() as rt:
+        await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=60)
+        records = await rt.history("walker", "c1")
+    assert len(of(records, Compaction)) >= 2
+    for request in model.requests:
+        called = {c.id for m in request.messages for c in getattr(m, "tool_calls", ())}
+        results = {m.tool_call_id for m in request.messages if isinstance(m, ToolResult)}
+        assert results <= called
+    # And every cut of every compaction falls where no call waits for its outcome.
+    for c in of(records, Compaction):
+        before = [r for r in records if r.offset < c.first_kept_offset]
+        calls = {r.tool_call_id for r in before if isinstance(r, AssistantToolCall)}
+        outcomes = {r.tool_call_id for r in before if isinstance(r, ToolOutcome)}
+        assert calls == outcomes
+
+
+async def test_a_message_joined_into_the_loop_stays_verbatim(tmp_path: Path) -> None:
+    window = 1000
+    extra = "Also count the bridges you cross."
+    joined: list[Any] = []
+
+    async def script(request: ModelRequest) -> Any:
+        if steps_walked(request) == 5 and not joined and request.system != SUMMARY_PROMPT:
+            joined.append(await rt.dispatch("walker", "c1", extra))  # joins at the boundary
+        return walker(60, window)(request)
+
+    model = ScriptedModel("walker", script, context_window=window)
+    async with walker_app(tmp_path / "h.db", model).run() as rt:
+        reply = await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=60)
+        (receipt,) = joined
+        sub = await rt.submission(receipt.submission_id)
+        records = await rt.history("walker", "c1")
+    assert reply.text == "Arrived after 60 steps."
+    assert (sub.status, sub.outcome) == ("joined", "completed")
+    task, late = of(records, UserMessage)
+    assert late.content == extra
+    compactions = of(records, Compaction)
+    assert compactions and all(late.offset < c.first_kept_offset for c in compactions)
+    for c in compactions:
+        assert c.kept_offsets == [task.offset, late.offset]
+    after_join = [r for r in turn_requests(model) if steps_walked(r) > 6]
+    assert after_join and all(user_texts(r) == [TASK, extra] for r in after_join)
+    assert max(estimate_tokens(r) for r in model.requests) <= window
+
+
+async def test_a_message_alone_larger_than_the_window_fails_with_context_overflow(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel("walker", walker(3, 1000), context_window=1000)
+    async with walker_app(tmp_path / "h.db", model).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as failed:
+            await rt.read(await rt.dispatch("walker", "c1", "x" * 5000), timeout=20)
+    assert failed.value.type == "context_overflow"
+    assert "1000-token window" in failed.value.error["message"]
+    assert model.requests == []  # nothing was sent
+
+
+async def test_compaction_summaries_count_toward_the_token_budget(tmp_path: Path) -> None:
+    window = 1000
+    model = ScriptedModel("walker", walker(200, window), context_window=window)
+    async with walker_app(tmp_path / "h.db", model, max_tokens=20_000).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as failed:
+            await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=60)
+        records = await rt.history("walker", "c1")
+    assert failed.value.type == "budget_exhausted"
+    compactions = of(records, Compaction)
+    assert compactions
+    spent = int(failed.value.error["message"].split()[3])
+    turns = sum(usage_tokens(getattr(r, "usage", None)) for r in records)
+    assert spent == turns  # turns and summaries alike
+    assert spent > sum(usage_tokens(c.usage) for c in compactions) > 0
+
+
+# --- the plan and the retry rule, from hand-built records ----------------------------------------
+
+
+def _loop(turns: int, parallel: int = 2) -> list[Record]:
+    """A submission's input, then ``turns`` tool turns of ``parallel`` calls each."""
+    out: list[Record] = [UserMessage(id="s:input", message_id="s", content="go")]
+    for t in range(turns):
+        mid = f"m{t}"
+        ids = [f"c{t}_{k}" for k in range(parallel)]
+        out.append(AssistantMessageStarted(id=f"{mid}:s", message_id=mid, model="x/y"))
+        out += [
+            AssistantToolCall(
+                id=f"{mid}:{c}", message_id=mid, tool_call_id=c, name="t", arguments={}
+            )
+            for c in ids
+        ]
+        out.append(AssistantMessageCompleted(id=f"{mid}:d", message_id=mid, stop_reason="tool_use"))
+        out += [
+            ToolOutcome(
+                id=f"{mid}:o{c}",
+                message_id=mid,
+                tool_call_id=c,
+                name="t",
+                is_error=False,
+                content="r" * 200,
+                duration_ms=1,
+            )
+            for c in reversed(ids)
+        ]
+        out.append(ToolResultsCommitted(id=f"{mid}:k", message_id=mid, tool_call_ids=ids))
+    return [r.stamped("s", 1).with_offset(i + 10) for i, r in enumerate(out)]
+
+
+def test_cuts_fall_only_between_tool_turns() -> None:
+    records = _loop(6)
+    starts = [r.offset for r in records if isinstance(r, AssistantMessageStarted)]
+    assert turn_boundaries(records) == [*starts, records[-1].offset + 1]
+    # A batch still waiting for an outcome offers no cut at its end.
+    assert turn_boundaries(records[:-2])[-1] == starts[-1]
+
+
+def test_the_plan_keeps_the_input_and_the_most_recent_turns_that_fit() -> None:
+    records = _loop(10)
+    plan = plan_compaction(records, records, room=300)
+    assert plan is not None
+    assert plan.kept_offsets == (records[0].offset,)
+    kept_tail = [r for r in records if r.offset >= plan.first_kept_offset]
+    assert isinstance(kept_tail[0], AssistantMessageStarted)
+    assert 1 <= sum(isinstance(r, AssistantMessageStarted) for r in kept_tail) < 10
+    assert records[0] in plan.shown and records[0] not in plan.summarised
+    # Room for nothing: everything but the input is summarised.
+    bare = plan_compaction(records, records, room=0)
+    assert bare is not None and bare.first_kept_offset == records[-1].offset + 1
+    # Nothing but the input: nothing to summarise.
+    assert plan_compaction(records[:1], records[:1], room=0) is None
+
+
+def test_a_second_compaction_without_progress_fails_with_context_overflow() -> None:
+    records = _loop(3)
+    ev = Evidence(
+        records=records,
+        input_appended=True,
+        attempt=1,
+        max_attempts=5,
+        deadline_passed=False,
+        abort_requested=False,
+        over_budget=True,
+    )
+    assert classify_recovery(ev).action is Action.COMPACT
+    compaction = Compaction(id="k", summary="s", first_kept_offset=records[-1].offset + 1)
+    again = [*records, compaction.with_offset(records[-1].offset + 1)]
+    d = classify_recovery(Evidence(**{**ev.__dict__, "records": again}))
+    assert d.action is Action.SETTLE_FAILED and d.error is not None
+    assert d.error["type"] == "context_overflow"
+    # Once the compaction made room, the turn goes ahead.
+    fits = classify_recovery(Evidence(**{**ev.__dict__, "records": again, "over_budget": False}))
+    assert fits.action is Action.CONTINUE
