@@ -21,6 +21,7 @@ import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn, estimate_tokens
 from hearth.runtime.compaction import SUMMARY_PROMPT
 from hearth.testing import ScriptedModel, Step, call, calls, error, reply
+from hearth.testing.toollog import ran
 
 TURNS = int(os.environ.get("HEARTH_LOOP_TURNS", "200"))
 WINDOW = int(os.environ.get("HEARTH_LOOP_WINDOW", "1000"))
@@ -30,8 +31,9 @@ _SUMMARY_STEP = re.compile(r"walked (\d+) steps")
 
 
 @hearth.tool
-async def walk(n: int) -> dict[str, Any]:
+async def walk(n: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Walk step ``n`` of the route."""
+    ran("walk", ctx)
     return {"step": n, "seen": f"step {n}: " + "gravel and pines " * 8}
 
 
