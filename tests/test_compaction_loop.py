@@ -14,7 +14,15 @@ import pytest
 from compactapp import TASK, steps_walked, user_texts, walk, walker
 
 import hearth
-from hearth.providers.base import ModelRequest, ToolResult, estimate_tokens
+from hearth.providers.base import (
+    AssistantTurn,
+    ModelRequest,
+    SystemNote,
+    ToolCall,
+    ToolResult,
+    UserTurn,
+    estimate_tokens,
+)
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
@@ -26,7 +34,13 @@ from hearth.records import (
     UserMessage,
 )
 from hearth.runtime.budget import usage_tokens
-from hearth.runtime.compaction import SUMMARY_PROMPT, plan_compaction, turn_boundaries
+from hearth.runtime.compaction import (
+    SUMMARY_ASK,
+    SUMMARY_PROMPT,
+    plan_compaction,
+    summary_request,
+    turn_boundaries,
+)
 from hearth.runtime.recovery import Action, Evidence, classify_recovery
 from hearth.testing import ScriptedModel
 
@@ -38,10 +52,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def walker_app(db: Path, model: ScriptedModel, **durability: Any) -> hearth.App:
+def walker_app(
+    db: Path, model: ScriptedModel, tool: hearth.Tool = walk, **durability: Any
+) -> hearth.App:
     def render(ctx: hearth.AgentContext) -> str:
         ctx.use_model("scripted/walker")
-        ctx.use_tool(walk)
+        ctx.use_tool(tool)
         return "You walk routes."
 
     agent = hearth.Agent(render, name="walker", durability=hearth.Durability(**durability))
@@ -163,6 +179,43 @@ async def test_compaction_summaries_count_toward_the_token_budget(tmp_path: Path
     assert spent > sum(usage_tokens(c.usage) for c in compactions) > 0
 
 
+async def test_a_tool_result_larger_than_the_window_is_summarised_from_a_clipped_copy(
+    tmp_path: Path,
+) -> None:
+    window = 1000
+
+    @hearth.tool(name="walk")
+    async def walk_into_a_forest(n: int) -> dict[str, Any]:
+        """Walk step ``n`` of the route."""
+        trees = "pine " * (3000 if n == 10 else 10)  # step 10 sees a forest: ~4,000 tokens
+        return {"step": n, "seen": f"step {n}: {trees}"}
+
+    model = ScriptedModel("walker", walker(30, window), context_window=window)
+    async with walker_app(tmp_path / "h.db", model, walk_into_a_forest).run() as rt:
+        reply = await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=60)
+        records = await rt.history("walker", "c1")
+    assert reply.text == "Arrived after 30 steps."
+    assert max(estimate_tokens(r) for r in model.requests) <= window
+    clipped = [r for r in model.requests if "characters cut]" in str(r.messages)]
+    assert len(clipped) == 1 and clipped[0].system == SUMMARY_PROMPT
+    (compaction,) = of(records, Compaction)
+    assert compaction.tokens_before > window  # the forest was sent to no one but the summary
+
+
+def test_the_summary_call_clips_a_turn_too_long_for_it_and_keeps_the_call() -> None:
+    call = AssistantTurn("", (ToolCall("c1", "walk", {"n": 1}),))
+    messages = [UserTurn("go"), call, ToolResult("c1", "walk", {"seen": "x" * 20_000})]
+    request, held = summary_request("m", None, messages, budget=700)
+    assert estimate_tokens(request) <= 700
+    assert held == 2  # the call and its result; the user's message is left out
+    note, kept_call, result, ask = request.messages
+    assert isinstance(note, SystemNote) and kept_call == call and ask == UserTurn(SUMMARY_ASK)
+    assert isinstance(result, ToolResult) and "characters cut]" in result.content
+    # What fits is sent whole, and never from a tool result on.
+    request, held = summary_request("m", None, messages[1:], budget=100_000)
+    assert held == 2 and request.messages[:2] == (call, messages[2])
+
+
 # --- the plan and the retry rule, from hand-built records ----------------------------------------
 
 
@@ -240,3 +293,53 @@ def test_a_second_compaction_without_progress_fails_with_context_overflow() -> N
     # Once the compaction made room, the turn goes ahead.
     fits = classify_recovery(Evidence(**{**ev.__dict__, "records": again, "over_budget": False}))
     assert fits.action is Action.CONTINUE
+
+
+async def test_the_next_submission_reads_only_what_the_last_compaction_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    window = 1000
+    phase = {"turns": 60, "task": TASK}
+    later = "Walk on until step 120."
+
+    def script(request: ModelRequest) -> Any:
+        return walker(phase["turns"], window, str(phase["task"]))(request)
+
+    model = ScriptedModel("walker", script, context_window=window)
+    async with walker_app(tmp_path / "h.db", model).run() as rt:
+        await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=60)
+        first = await rt.history("walker", "c1")
+    last = of(first, Compaction)[-1]
+    (task,) = of(first, UserMessage)
+    assert last.kept_offsets == [task.offset]
+
+    # A new process: the next submission reads the kept input and the tail, not the old loop.
+    phase.update(turns=120, task=later)
+    model.requests.clear()
+    app = walker_app(tmp_path / "h.db", model)
+    async with app.run() as rt:
+        reads: list[int] = []
+        real_read = rt.store.read
+
+        async def counting_read(conversation_id: str, after: int = -1, limit: Any = None) -> Any:
+            records = await real_read(conversation_id, after=after, limit=limit)
+            reads.append(len(records))
+            return records
+
+        monkeypatch.setattr(rt.store, "read", counting_read)
+        reply = await rt.read(await rt.dispatch("walker", "c1", later), timeout=60)
+        monkeypatch.undo()
+        records = await rt.history("walker", "c1")
+    assert reply.text == "Arrived after 120 steps."
+    kept_then = first[-1].offset - last.first_kept_offset + 1
+    assert 0 < sum(reads) <= kept_then + 1 < len(first) // 4
+    # Its first turn still shows the first submission's input, after that loop's summary.
+    assert user_texts(model.requests[0]) == [TASK, later]
+    # Its own compactions fold that input into the summary and keep only its own.
+    (_, mine) = of(records, UserMessage)
+    ours = [c for c in of(records, Compaction) if c.offset > mine.offset]
+    # The first cuts at its input (the old loop is summarised whole), the next inside its loop.
+    assert [c.kept_offsets for c in ours] == [None] + [[mine.offset]] * (len(ours) - 1)
+    assert ours[0].first_kept_offset == mine.offset and len(ours) >= 2
+    after = [r for r in turn_requests(model) if r.summary and "walked" in r.summary][-1]
+    assert user_texts(after) == [later]

@@ -28,6 +28,7 @@ WINDOW = int(os.environ.get("HEARTH_LOOP_WINDOW", "1000"))
 TASK = "Walk the whole route, one step per call, then say where you arrived."
 
 _SUMMARY_STEP = re.compile(r"walked (\d+) steps")
+_RESULT_STEP = re.compile(r'\{"step": (\d+)')
 
 
 @hearth.tool
@@ -46,6 +47,9 @@ def steps_walked(request: ModelRequest) -> int:
     for m in request.messages:
         if isinstance(m, ToolResult) and isinstance(m.content, dict):
             walked = max(walked, int(m.content.get("step", 0)))
+        elif isinstance(m, ToolResult) and isinstance(m.content, str):  # clipped for a summary
+            found = _RESULT_STEP.match(m.content)
+            walked = max(walked, int(found.group(1)) if found else 0)
     return walked
 
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hearth import _faults
 from hearth.errors import ProviderError
 from hearth.providers.base import (
+    AssistantTurn,
     Finished,
     Message,
     ModelProvider,
@@ -250,9 +252,11 @@ def summary_request(
     budget: int,
     conversation_id: str = "",
 ) -> tuple[ModelRequest, int]:
-    """The summary call: the older messages (the most recent ones that fit in ``budget``
-    tokens, at least one, never a tool result without its call) and the ask, with the previous
-    summary and no tools. Also returns how many of ``messages`` it holds."""
+    """The summary call: the older messages and the ask, with the previous summary and no
+    tools, in ``budget`` tokens. It holds the most recent messages that fit, starting at a
+    message that is not a tool result (a result is never sent without its call); when not even
+    the last turn fits, its longest texts are clipped. Also returns how many of ``messages`` it
+    holds."""
     bare = ModelRequest(
         model=model,
         system=SUMMARY_PROMPT,
@@ -262,11 +266,15 @@ def summary_request(
     )
     room = budget - estimate_tokens(bare)
     sizes = [messages_tokens((m,)) for m in messages]
-    total, first = sum(sizes), 0
-    while first < len(messages) - 1 and (total > room or isinstance(messages[first], ToolResult)):
-        total -= sizes[first]
-        first += 1
+    after = [0] * (len(messages) + 1)  # after[i]: the size of messages[i:]
+    for i in range(len(messages) - 1, -1, -1):
+        after[i] = after[i + 1] + sizes[i]
+    starts = [i for i, m in enumerate(messages) if not isinstance(m, ToolResult)] or [0]
+    first = next((i for i in starts if after[i] <= room), starts[-1])
     kept: list[Message] = list(messages[first:])
+    if after[first] > room and kept:
+        share = max(room, 0) * 4 // len(kept) - _CLIP_MARGIN
+        kept = [_clip(m, max(share, _CLIP_MARGIN)) for m in kept]
     if first:
         left_out = f"{first} earlier messages were too long to include and are left out."
         kept.insert(0, SystemNote("compaction", left_out))
@@ -278,6 +286,30 @@ def summary_request(
         conversation_id=conversation_id,
     )
     return request, len(messages) - first
+
+
+_CLIP_MARGIN = 64  # characters kept free per clipped message, for the marker and JSON quoting
+
+
+def _clip(message: Message, chars: int) -> Message:
+    """``message`` with its text cut to about ``chars`` characters (tool results as JSON)."""
+
+    def cut(text: str) -> str:
+        if len(text) <= chars:
+            return text
+        return f"{text[:chars]} [... {len(text) - chars} characters cut]"
+
+    if isinstance(message, ToolResult):
+        content = message.content
+        text = content if isinstance(content, str) else json.dumps(content, default=str)
+        return dataclasses.replace(message, content=cut(text)) if len(text) > chars else message
+    if isinstance(message, UserTurn) and isinstance(message.content, str):
+        return UserTurn(cut(message.content))
+    if isinstance(message, AssistantTurn):
+        return dataclasses.replace(message, text=cut(message.text))
+    if isinstance(message, SystemNote):
+        return SystemNote(message.kind, cut(message.text))
+    return message
 
 
 async def _text_of(

@@ -103,9 +103,7 @@ class Attempt:
             self._turn_span = None
 
     async def _run(self) -> None:
-        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
-        after = first_needed_offset(compaction) - 1 if isinstance(compaction, Compaction) else -1
-        await self.journal.load(after)
+        await self._load()
         while True:
             rendered, render_error = await self._try_render()
             evidence = await self._evidence(rendered)
@@ -133,6 +131,20 @@ class Attempt:
                 if await self._pause(pause):
                     return
                 # An abort came first: classifying again settles the submission aborted.
+
+    async def _load(self) -> None:
+        """Read what the loop needs: from the latest compaction's cut on, and the records it
+        keeps from before the cut. A compaction of this submission's own loop keeps its input,
+        so everything of the submission is read (its evidence); an earlier submission's kept
+        records are read one by one, so a long loop of the past is not read again."""
+        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
+        if not isinstance(compaction, Compaction):
+            await self.journal.load(-1)
+        elif compaction.submission_id == self.sub.id:
+            await self.journal.load(first_needed_offset(compaction) - 1)
+        else:
+            kept = compaction.kept_offsets or ()
+            await self.journal.load(compaction.first_kept_offset - 1, also=kept)
 
     async def _pause(self, pause: PauseForWait) -> bool:
         """End the attempt for durable waits: the submission waits, without a lease. False
