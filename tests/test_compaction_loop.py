@@ -26,6 +26,7 @@ from hearth.providers.base import (
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
+    AssistantTextDelta,
     AssistantToolCall,
     Compaction,
     Record,
@@ -52,8 +53,17 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database: a SQLite file, or a schema of the session's PostgreSQL cluster."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'h.db'}"
+    url: str = request.getfixturevalue("pg_cluster").url()
+    return url
+
+
 def walker_app(
-    db: Path, model: ScriptedModel, tool: hearth.Tool = walk, **durability: Any
+    db: Path | str, model: ScriptedModel, tool: hearth.Tool = walk, **durability: Any
 ) -> hearth.App:
     def render(ctx: hearth.AgentContext) -> str:
         ctx.use_model("scripted/walker")
@@ -61,7 +71,8 @@ def walker_app(
         return "You walk routes."
 
     agent = hearth.Agent(render, name="walker", durability=hearth.Durability(**durability))
-    return hearth.App([agent], db=f"sqlite:///{db}", providers=[model])
+    url = db if isinstance(db, str) else f"sqlite:///{db}"
+    return hearth.App([agent], db=url, providers=[model])
 
 
 def of(records: list[Record], kind: type[Record]) -> list[Any]:
@@ -72,16 +83,16 @@ def turn_requests(model: ScriptedModel) -> list[ModelRequest]:
     return [r for r in model.requests if r.system != SUMMARY_PROMPT]
 
 
-async def test_a_200_turn_tool_loop_compacts_as_often_as_it_needs(tmp_path: Path) -> None:
+async def test_a_200_turn_tool_loop_compacts_as_often_as_it_needs(db_url: str) -> None:
     window = 1000
     model = ScriptedModel("walker", walker(200, window), context_window=window)
-    async with walker_app(tmp_path / "h.db", model).run() as rt:
+    async with walker_app(db_url, model).run() as rt:
         reply = await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=120)
         records = await rt.history("walker", "c1")
     assert reply.text == "Arrived after 200 steps."
     compactions = of(records, Compaction)
     summaries = [r for r in model.requests if r.system == SUMMARY_PROMPT]
-    print(f"\n200-turn loop, window {window}: {len(compactions)} compactions")
+    print(f"\n200-turn loop, window {window}, {db_url[:8]}: {len(compactions)} compactions")
     assert len(compactions) >= 10
     assert len(summaries) == len(compactions)  # one summary call, one record, per compaction
     # Every request fits the window and shows the user's message verbatim.
@@ -296,7 +307,7 @@ def test_a_second_compaction_without_progress_fails_with_context_overflow() -> N
 
 
 async def test_the_next_submission_reads_only_what_the_last_compaction_keeps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     window = 1000
     phase = {"turns": 60, "task": TASK}
@@ -306,7 +317,7 @@ async def test_the_next_submission_reads_only_what_the_last_compaction_keeps(
         return walker(phase["turns"], window, str(phase["task"]))(request)
 
     model = ScriptedModel("walker", script, context_window=window)
-    async with walker_app(tmp_path / "h.db", model).run() as rt:
+    async with walker_app(db_url, model).run() as rt:
         await rt.read(await rt.dispatch("walker", "c1", TASK), timeout=60)
         first = await rt.history("walker", "c1")
     last = of(first, Compaction)[-1]
@@ -316,7 +327,7 @@ async def test_the_next_submission_reads_only_what_the_last_compaction_keeps(
     # A new process: the next submission reads the kept input and the tail, not the old loop.
     phase.update(turns=120, task=later)
     model.requests.clear()
-    app = walker_app(tmp_path / "h.db", model)
+    app = walker_app(db_url, model)
     async with app.run() as rt:
         reads: list[int] = []
         real_read = rt.store.read
@@ -343,3 +354,49 @@ async def test_the_next_submission_reads_only_what_the_last_compaction_keeps(
     assert ours[0].first_kept_offset == mine.offset and len(ours) >= 2
     after = [r for r in turn_requests(model) if r.summary and "walked" in r.summary][-1]
     assert user_texts(after) == [later]
+
+
+def _evidence(records: list[Record], over_budget: bool) -> Evidence:
+    return Evidence(
+        records=records,
+        input_appended=True,
+        attempt=2,
+        max_attempts=5,
+        deadline_passed=False,
+        abort_requested=False,
+        over_budget=over_budget,
+    )
+
+
+def test_a_turn_cut_after_a_compaction_made_progress_and_may_compact_again() -> None:
+    # Compacted, then the retried turn streamed text and the process died: the turn fit, so a
+    # restart that finds the context too long again compacts instead of giving up.
+    records = _loop(2)
+    end = records[-1].offset
+    cut = AssistantMessageCompleted(id="m9:d", message_id="m9", stop_reason="aborted", text="Wa")
+    records += [
+        Compaction(id="k", summary="s", first_kept_offset=end + 1).with_offset(end + 1),
+        AssistantMessageStarted(id="m9:s", message_id="m9", model="x/y").with_offset(end + 2),
+        AssistantTextDelta(id="m9:t", message_id="m9", seq=0, delta="Wa").with_offset(end + 3),
+        cut.with_offset(end + 4),
+    ]
+    assert classify_recovery(_evidence(records, False)).action is Action.CONTINUE_PARTIAL
+    assert classify_recovery(_evidence(records, True)).action is Action.COMPACT
+    # A turn that failed before any output made no progress: the retry was the one allowed.
+    failed = AssistantMessageCompleted(
+        id="m9:d", message_id="m9", stop_reason="error", error={"kind": "transient"}
+    )
+    records[-2:] = [failed.with_offset(end + 3)]
+    d = classify_recovery(_evidence(records, True))
+    assert d.action is Action.SETTLE_FAILED and d.error is not None
+    assert d.error["type"] == "context_overflow"
+
+
+def test_a_joined_message_is_progress() -> None:
+    records = _loop(2)
+    end = records[-1].offset
+    records += [
+        Compaction(id="k", summary="s", first_kept_offset=end + 1).with_offset(end + 1),
+        UserMessage(id="j:input", message_id="j", content="and more").with_offset(end + 2),
+    ]
+    assert classify_recovery(_evidence(records, True)).action is Action.COMPACT
