@@ -219,7 +219,7 @@ def test_a_context_overflow_compacts_then_retries_once() -> None:
     assert decide(s).action is Action.CONTINUE
     s.started("m2").completed("error", mid="m2", error={"kind": "overflow", "message": "long"})
     d = decide(s)
-    assert d.action is Action.SETTLE_FAILED and d.error["type"] == "provider_error"
+    assert d.action is Action.SETTLE_FAILED and d.error["type"] == "context_overflow"
 
 
 def test_a_terminal_provider_error_fails() -> None:

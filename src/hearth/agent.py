@@ -19,8 +19,8 @@ from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
 from hearth.tools import Tool
-from hearth.workspaces.base import Workspace
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
+from hearth.workspaces.base import Workspace
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 MAX_CONTINUATIONS = 32

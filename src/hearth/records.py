@@ -253,6 +253,10 @@ class Compaction(Record):
     first_kept_offset: int
     tokens_before: int = 0
     usage: dict[str, int] | None = None  # of the summary call(s), for the spending budget
+    # Records before ``first_kept_offset`` the model still sees verbatim, after the summary and
+    # before the kept tail: the running submission's input and joined messages, when its own
+    # tool loop was compacted. None when nothing before ``first_kept_offset`` is kept.
+    kept_offsets: list[int] | None = None
 
 
 @_register

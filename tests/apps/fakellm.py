@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class FakeServer:
     def __init__(self) -> None:
         self.requests: list[Seen] = []
         self.answers: deque[Answer] = deque()
+        # Answers requests the queue has no answer for: SSE events computed from the request.
+        self.responder: Callable[[Seen], list[str]] | None = None
         self.disconnected_at: float | None = None
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -94,6 +97,21 @@ class FakeServer:
             await asyncio.sleep(0.01)
         return self.disconnected_at - start
 
+    def respond(self, responder: Callable[[Seen], list[str]]) -> None:
+        """Answer each request the queue has no answer for with the SSE events
+        ``responder(request)`` returns (called on the server's thread)."""
+        self.responder = responder
+
+    def _answer(self, seen: Seen) -> Answer:
+        if self.answers:
+            return self.answers.popleft()
+        if self.responder is not None:
+            events = self.responder(seen)
+            return Answer(
+                headers={"content-type": "text/event-stream"}, parts=[e.encode() for e in events]
+            )
+        return Answer(status=599)
+
     # --- the server ---
 
     def start(self) -> None:
@@ -144,7 +162,7 @@ class FakeServer:
                 headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         self.requests.append(Seen(method, path, headers, body))
-        answer = self.answers.popleft() if self.answers else Answer(status=599)
+        answer = self._answer(self.requests[-1])
         await asyncio.sleep(answer.head_delay)
         keep_alive = answer.end == "finish"
         lines = [f"HTTP/1.1 {answer.status} Scripted", "transfer-encoding: chunked"]

@@ -488,7 +488,8 @@ async def test_a_second_overflow_right_after_compaction_fails(
     server.error(400, dialect.overflow())
     with pytest.raises(hearth.SubmissionFailed) as failed:
         await ask(rt, "second")
-    assert failed.value.type == "provider_error"
+    assert failed.value.type == "context_overflow"
+    assert "after compaction" in failed.value.error["message"]
     assert len(server.requests) == 4
 
 
@@ -541,18 +542,23 @@ async def test_a_summary_call_that_overflows_is_retried_with_the_recent_part(
 
 
 async def test_history_too_long_for_one_summary_call_keeps_its_recent_part(
-    server: FakeServer, dialect: Dialect
+    server: FakeServer, dialect: Dialect, tmp_path: Path
 ) -> None:
+    # The conversation grew under a large window; the model now runs with a small one.
     model = dialect.model.partition("/")[2]
-    provider = dialect.provider(server.url, context_windows={model: 1000})
-    app = hearth.App([assistant(dialect.model)], db="memory", providers=[provider])
-    async with app.run() as rt:
-        server.sse(dialect.reply("ok1"))
-        await ask(rt, "A" * 5000)  # alone over the window: nothing older to compact, so sent
-        server.sse(dialect.reply("the summary"))
-        server.sse(dialect.reply("fine"))
-        reply = await ask(rt, "next?")
-    await provider.aclose()
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    for window in (8000, 1000):
+        provider = dialect.provider(server.url, context_windows={model: window})
+        app = hearth.App([assistant(dialect.model)], db=db, providers=[provider])
+        async with app.run() as rt:
+            if window == 8000:
+                server.sse(dialect.reply("ok1"))
+                await ask(rt, "A" * 5000)
+            else:
+                server.sse(dialect.reply("the summary"))
+                server.sse(dialect.reply("fine"))
+                reply = await ask(rt, "next?")
+        await provider.aclose()
     assert reply.text == "fine"
     _, summary_request, asked = bodies(server)
     assert "AAAA" not in json.dumps(summary_request)
@@ -565,20 +571,21 @@ async def test_the_pre_call_estimate_compacts_before_asking(
     server: FakeServer, dialect: Dialect
 ) -> None:
     model = dialect.model.partition("/")[2]
-    provider = dialect.provider(server.url, context_windows={model: 400})
+    provider = dialect.provider(server.url, context_windows={model: 600})
     app = hearth.App([assistant(dialect.model)], db="memory", providers=[provider])
+    later = "and now? " + "y" * 300
     async with app.run() as rt:
         server.sse(dialect.reply("noted"))
-        await ask(rt, "remember: " + "x" * 1200)
+        await ask(rt, "remember: " + "x" * 1200)  # fits the window alone
         server.sse(dialect.reply("a short summary"))
         server.sse(dialect.reply("done"))
-        reply = await ask(rt, "and now?")
+        reply = await ask(rt, later)  # together with the history, it does not
         records = await history(rt)
     await provider.aclose()
     assert reply.text == "done"
     _, summary_request, asked = bodies(server)
     assert "tools" not in summary_request
-    assert dialect.turns(asked) == [("user", "and now?")]
+    assert dialect.turns(asked) == [("user", later)]
     assert "a short summary" in dialect.system(asked)
     # No overflow error was needed: the estimate caught it first.
     assert not [c for c in of(records, AssistantMessageCompleted) if c.stop_reason == "error"]

@@ -33,8 +33,13 @@ class Journal:
     def last_offset(self) -> int:
         return self.records[-1].offset if self.records else -1
 
-    async def load(self, after: int) -> None:
-        self.records = await self.store.read(self.conversation_id, after=after)
+    async def load(self, after: int, also: Sequence[int] = ()) -> None:
+        """Read the records after ``after``, preceded by those at the offsets ``also`` (records
+        a compaction keeps from before its cut)."""
+        head: list[Record] = []
+        for offset in sorted(o for o in also if o <= after):
+            head += await self.store.read(self.conversation_id, after=offset - 1, limit=1)
+        self.records = head + await self.store.read(self.conversation_id, after=after)
 
     async def refresh(self) -> None:
         """Pick up records appended since the last read (by this attempt or anyone else)."""

@@ -1,4 +1,5 @@
-"""Model context rebuilt from records alone: the latest compaction summary, then every
+"""Model context rebuilt from records alone: the latest compaction summary, the records it keeps
+verbatim (``kept_offsets``: a running submission's input and joined messages), then every
 model-visible record from its ``first_kept_offset`` on."""
 
 from __future__ import annotations
@@ -29,19 +30,34 @@ def signal_text(sig: Signal) -> str:
     return text if when is None else f"{text} (scheduled for {when})"
 
 
+def first_needed_offset(compaction: Compaction) -> int:
+    """The first offset the context after ``compaction`` shows: read from there on."""
+    kept: list[int] = list(compaction.kept_offsets or ())
+    return min([compaction.first_kept_offset, *kept])
+
+
+def shown_records(records: Sequence[Record]) -> tuple[str | None, Sequence[Record]]:
+    """The latest compaction's summary and the records the model sees after it, in order.
+    ``records`` must start at or before that compaction's ``first_needed_offset``."""
+    for i in range(len(records) - 1, -1, -1):
+        rec = records[i]
+        if isinstance(rec, Compaction):
+            kept = set(rec.kept_offsets or ())
+            first = rec.first_kept_offset
+            return rec.summary, [r for r in records if r.offset >= first or r.offset in kept]
+    return None, records
+
+
 def build_context(records: Sequence[Record]) -> tuple[str | None, list[Message]]:
     """Return ``(summary, messages)`` for the model from records in stream order. ``records``
-    must start at or before the latest compaction's ``first_kept_offset``."""
-    summary: str | None = None
-    start = 0
-    for rec in reversed(records):
-        if isinstance(rec, Compaction):
-            summary = rec.summary
-            start = next(
-                (i for i, r in enumerate(records) if r.offset >= rec.first_kept_offset),
-                len(records),
-            )
-            break
+    must start at or before the latest compaction's ``first_needed_offset``."""
+    summary, shown = shown_records(records)
+    return summary, messages_of(shown)
+
+
+def messages_of(records: Sequence[Record]) -> list[Message]:
+    """The model-visible messages of ``records`` (no compaction applied): tool results follow
+    their calls, in call order."""
     messages: list[Message] = []
     calls: dict[str, list[ToolCall]] = {}
     position: dict[str, int] = {}  # tool_call_id → its place among its message's calls
@@ -52,7 +68,7 @@ def build_context(records: Sequence[Record]) -> tuple[str | None, list[Message]]
         messages.extend(ordered)
         results.clear()
 
-    for rec in records[start:]:
+    for rec in records:
         if isinstance(rec, ToolOutcome):
             results.append(ToolResult(rec.tool_call_id, rec.name, rec.content, rec.is_error))
             continue
@@ -76,7 +92,7 @@ def build_context(records: Sequence[Record]) -> tuple[str | None, list[Message]]
                     )
                 )
     flush()
-    return summary, messages
+    return messages
 
 
 _MODEL_VISIBLE = frozenset(

@@ -14,14 +14,13 @@ from typing import Any
 from hearth import _faults, telemetry
 from hearth.agent import Rendered
 from hearth.errors import ProviderError
-from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec, estimate_tokens
+from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
     AssistantToolCall,
     Signal,
 )
-from hearth.runtime.compaction import compact, input_budget
 from hearth.runtime.deltas import DeltaWriter
 from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.scope import AttemptScope
@@ -50,14 +49,11 @@ def _task_tools(scope: AttemptScope, rendered: Rendered) -> tuple[ToolSpec, ...]
 
 
 async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
-    """Ask the model once (compacting first if the request would not fit) and record its
-    answer; a provider error is recorded as the completion's ``error``."""
+    """Ask the model once and record its answer; a provider error is recorded as the
+    completion's ``error``. (A request estimated past the window is compacted before this, by
+    the turn loop's ``Action.COMPACT``.)"""
     provider, model = scope.env.providers.resolve(rendered.model)
     request = build_request(scope, rendered, model)
-    window = provider.context_window(model)
-    if estimate_tokens(request) > input_budget(window):
-        if await compact(scope, provider, model):
-            request = build_request(scope, rendered, model)
     mid = f"m_{uuid.uuid4().hex[:20]}"
     writer = DeltaWriter(scope.journal, mid)
     started = False

@@ -73,6 +73,9 @@ class Evidence:
     waits: int = 0  # attempts that ended by a durable wait: they do not count toward the budget
     tokens_spent: int = 0  # model tokens the submission spent so far (all turns, all attempts)
     max_tokens: int | None = None  # its spending budget; None: unbounded
+    # The next turn's request, rebuilt from the records, is estimated past the model's input
+    # budget (``window − reserve``). Only asked for when the decision is a turn (``TURNS``).
+    over_budget: bool = False
 
     @property
     def interruptions(self) -> int:
@@ -291,10 +294,10 @@ def _pending_start_seam(records: Sequence[Record], views: Sequence[MessageView])
     return None
 
 
+# The decisions that ask the model for a turn: a request over the window compacts first.
+TURNS = frozenset({Action.CONTINUE, Action.CONTINUE_PARTIAL, Action.RETRY_TRANSIENT})
 # The decisions that call the model: the spending budget is checked before each.
-MODEL_CALLS = frozenset(
-    {Action.CONTINUE, Action.CONTINUE_PARTIAL, Action.RETRY_TRANSIENT, Action.COMPACT}
-)
+MODEL_CALLS = TURNS | {Action.COMPACT}
 
 
 def classify_recovery(ev: Evidence) -> Decision:
@@ -302,6 +305,8 @@ def classify_recovery(ev: Evidence) -> Decision:
     (``close_open_messages``); this function assumes every message in ``ev.records`` is closed
     or was never started."""
     decision = _classify(ev)
+    if decision.action in TURNS and ev.over_budget:
+        decision = _compact_or_fail(ev.records, decision)
     if (
         decision.action in MODEL_CALLS
         and ev.max_tokens is not None
@@ -402,20 +407,42 @@ def _after_error(
     if kind == "overflow":
         if any(isinstance(r, Compaction) for r in records[last.index :]):
             return Decision(Action.CONTINUE)  # compacted: retry the turn
-        if _followed_compaction(records, last):
-            return _fail("provider_error", "the context is still too long after compaction", ())
-        return Decision(Action.COMPACT, message_id=last.message_id)
+        return _compact_or_fail(records, Decision(Action.COMPACT, message_id=last.message_id))
     return _fail("provider_error", str(error.get("message", "the model provider failed")), ())
 
 
-def _followed_compaction(records: Sequence[Record], last: MessageView) -> bool:
-    """Whether the overflowing turn was itself the retry after a compaction (retry only once)."""
-    for rec in reversed(records[: last.index]):
+def _compact_or_fail(records: Sequence[Record], turn: Decision) -> Decision:
+    """The context is too long for ``turn``: compact, unless a compaction already happened
+    since the conversation last moved on (then the turn was its retry: retry only once)."""
+    if compacted_since_progress(records):
+        return _fail(
+            "context_overflow",
+            "the context is still too long for the model's window after compaction",
+            (),
+        )
+    return Decision(Action.COMPACT, message_id=turn.message_id)
+
+
+def compacted_since_progress(records: Sequence[Record]) -> bool:
+    """Whether a compaction was appended after the last progress of the conversation: a model
+    answer that produced output, or a user message. Counted from records, so a restart neither
+    forgets a compaction nor counts one whose record was never written."""
+    for rec in reversed(records):
         if isinstance(rec, Compaction):
             return True
-        if isinstance(rec, AssistantMessageCompleted):
+        if isinstance(rec, UserMessage):
+            return False
+        if isinstance(rec, AssistantMessageCompleted) and _answered(rec):
             return False
     return False
+
+
+def _answered(done: AssistantMessageCompleted) -> bool:
+    """Whether the model answered this request (the context fit): it ended normally, or was
+    cut off after producing output."""
+    return done.stop_reason in ("stop", "tool_use", "length") or (
+        done.stop_reason == "aborted" and bool(done.text)
+    )
 
 
 def _fail(kind: str, message: str, interrupted: tuple[InterruptedTool, ...]) -> Decision:

@@ -8,20 +8,24 @@ loop settles. What differs between a submission and a child is the loop's ``Turn
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from hearth import _faults, telemetry
 from hearth.agent import Agent, Rendered
 from hearth.errors import AbortRequested, ConfigurationError, FencedOut, ProviderError
+from hearth.providers.base import estimate_tokens
 from hearth.records import Compaction, Record, ToolOutcome
 from hearth.runtime.batch import ToolBatch
 from hearth.runtime.budget import Spending
-from hearth.runtime.compaction import compact
+from hearth.runtime.compaction import ContextTooLong, compact, input_budget
 from hearth.runtime.env import Env
 from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
 from hearth.runtime.journal import Journal
-from hearth.runtime.model_turn import model_turn, note_interrupted_stream
+from hearth.runtime.model_context import first_needed_offset
+from hearth.runtime.model_turn import build_request, model_turn, note_interrupted_stream
 from hearth.runtime.recovery import (
+    TURNS,
     Action,
     Decision,
     Evidence,
@@ -120,13 +124,13 @@ class Attempt:
             self._turn_span = None
 
     async def _run(self) -> None:
-        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
-        after = compaction.first_kept_offset - 1 if isinstance(compaction, Compaction) else -1
-        await self.journal.load(after)
+        await self._load()
         while True:
             rendered, render_error = await self._try_render()
             evidence = await self._evidence(rendered)
             decision = classify_recovery(evidence)
+            if decision.action in TURNS and rendered is not None and self._over_budget(rendered):
+                decision = classify_recovery(dataclasses.replace(evidence, over_budget=True))
             if rendered is None and decision.action not in _SETTLING:
                 assert render_error is not None
                 await self._settle_failed(render_error)
@@ -148,6 +152,20 @@ class Attempt:
                 if await self._pause(pause):
                     return
                 # An abort came first: classifying again settles the submission aborted.
+
+    async def _load(self) -> None:
+        """Read what the loop needs: from the latest compaction's cut on, and the records it
+        keeps from before the cut. A compaction of this submission's own loop keeps its input,
+        so everything of the submission is read (its evidence); an earlier submission's kept
+        records are read one by one, so a long loop of the past is not read again."""
+        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
+        if not isinstance(compaction, Compaction):
+            await self.journal.load(-1)
+        elif compaction.submission_id == self.sub.id:
+            await self.journal.load(first_needed_offset(compaction) - 1)
+        else:
+            kept = compaction.kept_offsets or ()
+            await self.journal.load(compaction.first_kept_offset - 1, also=kept)
 
     async def _pause(self, pause: PauseForWait) -> bool:
         """End the attempt for durable waits: the submission waits, without a lease. False
@@ -260,15 +278,13 @@ class Attempt:
                     await self._tool_batch(d.message_id, rendered)
             case Action.COMPACT:
                 try:
-                    compacted = await self._compact(rendered)
+                    await self._compact(rendered)
+                except ContextTooLong as exc:
+                    await self._settle_failed({"type": "context_overflow", "message": str(exc)})
+                    return True
                 except ProviderError as exc:
-                    compacted, reason = False, f"compaction failed: {exc.message}"
-                else:
-                    reason = (
-                        "the context exceeds the model's window and nothing older can be compacted"
-                    )
-                if not compacted:
-                    await self._settle_failed({"type": "provider_error", "message": reason})
+                    message = f"compaction failed: {exc.message}"
+                    await self._settle_failed({"type": "provider_error", "message": message})
                     return True
         return False
 
@@ -304,9 +320,18 @@ class Attempt:
         view = next(v for v in views if v.message_id == message_id)
         await ToolBatch(self, rendered, view).run()
 
-    async def _compact(self, rendered: Rendered) -> bool:
+    def _over_budget(self, rendered: Rendered) -> bool:
+        """Whether the next turn's request, as the records rebuild it, is too long to send."""
+        try:
+            provider, model = self.env.providers.resolve(rendered.model)
+        except ConfigurationError:
+            return False  # the turn itself reports it
+        request = build_request(self, rendered, model)
+        return estimate_tokens(request) > input_budget(provider.context_window(model))
+
+    async def _compact(self, rendered: Rendered) -> None:
         provider, model = self.env.providers.resolve(rendered.model)
-        return await compact(self, provider, model)
+        await compact(self, provider, model, build_request(self, rendered, model))
 
 
 class _AgentFailure(Exception):

@@ -11,7 +11,7 @@ The scheme:
 - ``store:commit-begin`` / ``store:commit-done`` — inside the SQLite writer thread: the group's
   statements ran but COMMIT has not; COMMIT returned but no caller has heard of it.
 - runner seams (``RUNNER_SEAMS``): ``model:start|chunk|end``, ``render``, ``batch:start|commit``,
-  ``child:start|resume|end``, ``delta:flush``, ``compaction:start|end``, and per hook
+  ``child:start|resume|end``, ``delta:flush``, ``compaction:start|chunk|end``, and per hook
   ``hook:<hook>`` (before each callback) and ``hook-done:<hook>`` (its callbacks ran, its seam
   is not committed).
 - per tool and step name (``KILL_POINT_PATTERNS``): ``tool:<name>`` before a tool body,
@@ -63,6 +63,7 @@ RUNNER_SEAMS: Mapping[str, str] = MappingProxyType(
         "child:end": "a child's loop ended; the parent's outcome for the task is not written",
         "delta:flush": "buffered text deltas are about to be appended",
         "compaction:start": "a compaction's summary is about to be asked for",
+        "compaction:chunk": "an event of the summary call's stream arrived, before it is handled",
         "compaction:end": "the summary arrived; the compaction record is not written",
         "store:commit-begin": "the store's transaction ran, COMMIT has not (SQLite writer thread,"
         " or a PostgreSQL transaction)",
