@@ -113,6 +113,58 @@ async def test_an_unreachable_server_is_one_clear_error() -> None:
         await store.open()
 
 
+async def test_an_admission_waits_for_a_busy_pool_instead_of_calling_the_server_unreachable(
+    pg_cluster: Cluster,
+) -> None:
+    """A burst that keeps every connection busy for longer than admission's 1.5 s budget, while
+    the server goes on answering, is not an outage: the admission queues and is admitted."""
+    async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
+        pool = store._tx().pool
+        stop = asyncio.Event()
+        done = 0
+
+        async def burst() -> None:  # 100 callers, 50 ms each, on 2 connections: ~2.5 s deep
+            nonlocal done
+            while not stop.is_set():
+                async with pool.connection(timeout=60) as conn:
+                    await conn.execute("SELECT pg_sleep(0.05)")
+                done += 1
+                store._tx().progressed()
+
+        callers = [asyncio.create_task(burst()) for _ in range(100)]
+        while done < 10:
+            await asyncio.sleep(0.01)
+        try:
+            admission = await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+            assert admission.submission.conversation_id == CONV
+        finally:
+            stop.set()
+            await asyncio.gather(*callers)
+
+
+async def test_an_admission_gives_up_quickly_when_connections_are_stuck_and_nothing_answers(
+    pg_cluster: Cluster,
+) -> None:
+    """Every connection in use but no work finishing (a server that stopped answering): the
+    1.5 s budget holds and the error names the server."""
+    async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
+        pool = store._tx().pool
+        release = asyncio.Event()
+
+        async def stuck() -> None:
+            async with pool.connection():
+                await release.wait()
+
+        holders = [asyncio.create_task(stuck()) for _ in range(2)]
+        await asyncio.sleep(1.6)  # nothing has finished for longer than the budget
+        try:
+            with pytest.raises(StoreUnavailable, match="is unreachable"):
+                await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+
+
 # --- migrations ------------------------------------------------------------------------------
 
 

@@ -287,6 +287,7 @@ class PostgresStore(Store):
             self._tails.pop(conversation_id, None)
             return None
         _faults.reached("store:commit-done")
+        self._tx().progressed()
         self._remember_tail(conversation_id, last)
         self.events.publish(Event(APPENDED, conversation_id, last))
         assert self._notes is not None

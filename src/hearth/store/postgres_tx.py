@@ -11,8 +11,9 @@ right after the commit by ``Notes`` (an abort intent: inside its transaction).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -31,6 +32,9 @@ Resolve = Callable[[ops.Conn], Awaitable[T | None]]
 
 ADMIT_WAIT_S = 1.5  # admission gives up within two seconds, so HTTP answers 503 quickly
 READ_RETRY_S = 10.0
+# How long a caller queues for a connection while every connection of the pool is in use: a
+# burst of work is slow, not a server that cannot be reached.
+POOL_BUSY_S = 30.0
 RECONNECT_S = 3.0
 
 
@@ -82,6 +86,7 @@ class Transactions:
         self.sender = sender
         self.events = events
         self.notes = notes
+        self.last_answer = float("-inf")  # when the server last finished a piece of work
 
     async def read(self, work: Callable[[ops.Conn], Awaitable[T]]) -> T:
         async def run(conn: ops.Conn, _: ops.Outbox) -> T:
@@ -102,19 +107,22 @@ class Transactions:
         transaction: bool = True,
         resolve: Resolve[T] | None = None,
     ) -> T:
-        end = time.monotonic() + budget_s
-        delay, uncertain = 0.05, False
+        start = time.monotonic()
+        end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
+        delay, uncertain, queued = 0.05, False, False
         while True:
             outbox: ops.Outbox = []
             try:
                 wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
-                async with self.pool.connection(timeout=wait) as conn:
+                async with self._connection(wait, busy_end if queued else None) as conn:
                     if uncertain and resolve is not None:
                         found = await resolve(conn)
                         if found is not None:
                             return found
                     if not transaction:
-                        return await work(conn, outbox)
+                        result = await work(conn, outbox)
+                        self.progressed()
+                        return result
                     async with conn.transaction():
                         result = await work(conn, outbox)
                         urgent = [e for e in outbox if e.kind == ABORT]
@@ -122,6 +130,7 @@ class Transactions:
                             await self._notify(conn, urgent)
                         _faults.reached("store:commit-begin")  # the work ran; not committed yet
                     _faults.reached("store:commit-done")  # committed; no caller has heard of it
+                self.progressed()
                 self.events.publish_all(outbox)
                 self.notes.add([e for e in outbox if e.kind != ABORT])
                 return result
@@ -132,16 +141,84 @@ class Transactions:
                 if found is None:
                     raise
                 return found
-            except (psycopg.OperationalError, PoolTimeout) as exc:
+            except PoolTimeout as exc:
+                if self._busy() and time.monotonic() < busy_end:
+                    queued = True  # the server answers, every connection is in use: wait on
+                    continue
+                if time.monotonic() + delay >= end or self.pool.closed:
+                    raise StoreUnavailable(self._why(exc)) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except psycopg.OperationalError as exc:
                 uncertain = uncertain or transaction  # its COMMIT may have gone through
                 if time.monotonic() + delay >= end or self.pool.closed:
-                    raise StoreUnavailable(
-                        f"{self.where} is unreachable: {first_line(exc)}"
-                    ) from None
+                    raise StoreUnavailable(self._why(exc)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.Error as exc:
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, wait: float, patient_until: float | None
+    ) -> AsyncIterator[ops.Conn]:
+        """A connection of the pool, as ``pool.connection`` gives it; with ``patient_until``,
+        waiting in the pool's queue for as long as the pool stays busy."""
+        if patient_until is None:
+            conn = await self.pool.getconn(timeout=wait)
+        else:
+            conn = await self._wait_in_line(patient_until)
+        try:
+            async with conn:
+                yield conn
+        finally:
+            await self.pool.putconn(conn)
+
+    async def _wait_in_line(self, until: float) -> ops.Conn:
+        # One request keeps this caller's place in the pool's queue (asking again in short
+        # turns would send it to the back each time, behind a burst that never ends); the
+        # server is looked at meanwhile, so that an outage still ends the wait soon.
+        getting = asyncio.ensure_future(
+            self.pool.getconn(timeout=max(0.05, until - time.monotonic()))
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({getting}, timeout=ADMIT_WAIT_S / 3)
+                if done:
+                    return getting.result()
+                if not self._busy():
+                    raise PoolTimeout(
+                        "the server stopped answering while every connection was busy"
+                    )
+        except BaseException:
+            getting.cancel()
+            try:
+                conn = await getting
+            except BaseException:  # cancelled, or failed: no connection to give back
+                pass
+            else:
+                await self.pool.putconn(conn)  # handed over just as the wait ended
+            raise
+
+    def progressed(self) -> None:
+        """Note that the server just answered (a connection is not lost if work gets done)."""
+        self.last_answer = time.monotonic()
+
+    def _busy(self) -> bool:
+        """Whether every connection of the pool is in use while the server goes on answering
+        (a burst), as opposed to connections stuck on a server that does not (an outage)."""
+        if time.monotonic() - self.last_answer > ADMIT_WAIT_S:
+            return False
+        stats = self.pool.get_stats()
+        return stats.get("pool_size", 0) > 0 and stats.get("pool_available", 0) == 0
+
+    def _why(self, exc: BaseException) -> str:
+        if isinstance(exc, PoolTimeout) and self._busy():
+            return (
+                f"{self.where} is busy: every connection of the pool was in use for"
+                f" {POOL_BUSY_S:.0f} s (raise HEARTH_PG_POOL, or send less at once)"
+            )
+        return f"{self.where} is unreachable: {first_line(exc)}"
 
     async def _resolve_late(self, resolve: Resolve[T] | None) -> T | None:
         if resolve is None or self.pool.closed:
