@@ -412,6 +412,28 @@ def deliveries(
     out.print(table)
 
 
+# --- fork ------------------------------------------------------------------------------------
+@main.command()
+@click.argument("agent")
+@click.argument("id")
+@click.argument("offset", type=int)
+@click.argument("new_id")
+@url_option
+@token_option
+@friendly
+def fork(agent: str, id: str, offset: int, new_id: str, url: str, token: str | None) -> None:
+    """Fork AGENT/ID at the rest point OFFSET into a new conversation AGENT/NEW_ID.
+
+    The fork holds the records up to OFFSET and the state as of then; the source is not touched.
+    A rest point is the offset of a `submission_settled` record with no submission open at it,
+    or 0. For example, replay a failed conversation against fixed code:
+    `hearth fork support c-1 14 c-1-retry && hearth send support c-1-retry "try again" --wait`.
+    """
+    with Client(url, token) as client:
+        client.conversation(agent, id).fork(offset, new_id)
+    click.echo(f"forked {agent}/{id} at offset {offset} into {agent}/{new_id}")
+
+
 # --- resolve and waits -----------------------------------------------------------------------
 db_option = click.option(
     "--db",
