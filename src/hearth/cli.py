@@ -118,6 +118,11 @@ def main() -> None:
 @click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's log level.")
 @click.option("--access-log", is_flag=True, help="Log every request.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse to start when this code would withdraw a durable contract (see hearth check).",
+)
 @friendly
 def serve(
     app_ref: str,
@@ -125,6 +130,7 @@ def serve(
     app_dir: str,
     log_level: str,
     access_log: bool,
+    strict: bool,
     **options: Any,
 ) -> None:
     """Serve MODULE:APP (a hearth.App) over HTTP.
@@ -138,6 +144,8 @@ def serve(
     app = load_app(app_ref, app_dir)
     app.configure(**options)
     settings = app.settings
+    if strict:
+        _refuse_withdrawals(app)
     if reload:
         _serve_reload(app_ref, app_dir, options, log_level)
         return
@@ -149,6 +157,25 @@ def serve(
         sys.stdout.flush()
 
     run_server(app, log_level=log_level, access_log=access_log, on_ready=ready)
+
+
+def _refuse_withdrawals(app: hearth.App) -> None:
+    """``serve --strict``: the redeploy check's findings stop the server before it starts."""
+    from hearth.app import open_database
+    from hearth.redeploy import Report, check_store
+
+    async def run() -> Report:
+        store = await open_database(app.settings.db, pg_pool=1)  # the server opens it next
+        try:
+            return await check_store(store, app.agents)
+        finally:
+            await store.close()
+
+    report = asyncio.run(run())
+    if report.withdrawn:
+        for line in report.lines():
+            err.print(escape(line), soft_wrap=True)
+        fail("--strict: this code would withdraw durable contracts of accepted work (above)")
 
 
 def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level: str) -> None:
@@ -535,6 +562,43 @@ async def _waits_in(db: str) -> list[Any]:
                 return found
     finally:
         await store.close()
+
+
+# --- check -----------------------------------------------------------------------------------
+@main.command()
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--db", default=None, help="Database URL; default the app's (HEARTH_DB).")
+@click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
+    """Before a deploy: what recovery would do to unsettled work under MODULE:APP.
+
+    Reads the records of every queued, running and waiting submission (it never claims, writes
+    or runs anything) and prints one line per submission whose durable contract the new code
+    would change: durable tools withdrawn, delegates or agents removed, waits whose tool is
+    gone. Exits 1 when any durable contract would be withdrawn, 0 otherwise, 2 when the app or
+    the database cannot be read. On SQLite, stop the server first; on PostgreSQL it runs beside
+    the servers.
+    """
+    from hearth.app import load_app
+    from hearth.redeploy import check_database
+
+    try:
+        app = load_app(app_ref, app_dir)
+    except HearthError as exc:
+        fail(str(exc), 2)
+    except Exception as exc:  # the module itself failed to import: its own error, one line
+        fail(f"cannot import {app_ref}: {type(exc).__name__}: {exc}", 2)
+    try:
+        report = asyncio.run(check_database(db if db is not None else app.settings.db, app.agents))
+    except (HearthError, OSError) as exc:
+        fail(str(exc) or type(exc).__name__, 2)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        for line in report.lines():
+            out.print(escape(line))
+    sys.exit(1 if report.withdrawn else 0)
 
 
 # --- migrate ---------------------------------------------------------------------------------
