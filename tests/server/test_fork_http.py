@@ -17,6 +17,8 @@ from httpharness import ThreadServer
 import hearth
 from hearth.cli import main
 from hearth.providers.base import ModelRequest
+from hearth.testing.crash import with_store
+from hearth.testing.invariants import assert_invariants
 
 AGENT = "notary"
 
@@ -28,6 +30,12 @@ def fork_server(tmp_path: Path) -> Iterator[ThreadServer]:
     server = ThreadServer(app).start()
     yield server
     server.stop()
+
+
+def db_of(server: ThreadServer) -> str:
+    db = server.app.settings.db
+    assert db is not None
+    return db
 
 
 def requests_of(conversation_id: str) -> list[ModelRequest]:
@@ -80,6 +88,8 @@ def test_a_message_sent_to_a_fork_runs_with_the_context_the_source_had(
         assert [r["type"] for r in alt_records[: first + 1]] == [
             r["type"] for r in records[: first + 1]
         ]
+    fork_server.stop()  # one process owns the SQLite file: let go of it to read it whole
+    asyncio.run(with_store(db_of(fork_server), assert_invariants))
 
 
 def test_a_fork_of_a_fork_works_through_both_sdks(fork_server: ThreadServer) -> None:
