@@ -67,6 +67,9 @@ WITHDRAWING = frozenset(
     {DURABLE_TOOL_WITHDRAWN, TOOL_REMOVED, WAIT_ORPHANED, DELEGATE_REMOVED, AGENT_REMOVED}
 )
 MAX_DEPTH = 4  # delegation depth, as the runtime bounds it
+# Decisions that end the work the same way under any code: a completed response, an abort
+# intent, a deadline or a retry budget that ran out.
+_SETTLES_ANYWAY = (Action.SETTLE_COMPLETED, Action.SETTLE_ABORTED, Action.SETTLE_FAILED)
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ class _Reader:
                 return
         decision = classify_recovery(self._evidence(mine, rendered))
         if agent is None:
-            if decision.action not in (Action.SETTLE_COMPLETED, Action.SETTLE_ABORTED):
+            if decision.action not in _SETTLES_ANYWAY:
                 name = conversation_id.split("/", 1)[0]
                 self.findings.append(
                     Finding(
