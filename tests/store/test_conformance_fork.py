@@ -147,6 +147,8 @@ async def test_bad_forks_store_nothing(store: Store) -> None:
         await store.fork(CONV, first, FORK)
     with pytest.raises(ConversationExists):
         await store.fork(CONV, 0, CONV)
+    with pytest.raises(ConversationExists):  # an existing target is named before the offset
+        await store.fork(CONV, first + 5, FORK)
     with pytest.raises(InvalidInput):
         await store.fork(CONV, first + 1, "support/y")
     with pytest.raises(InvalidInput):

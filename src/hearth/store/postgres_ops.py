@@ -204,6 +204,8 @@ async def fork(
     )
     if row is None:
         raise ConversationNotFound(f"no conversation {source!r}")
+    if await last_offset(conn, target) >= 0:  # (the insert below settles a race)
+        raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
     settlements = [r["settled"] for r in await fetchall(conn, _SETTLEMENTS, {"c": source})]
     spans = [
         (r["admitted"], r["settled"])
