@@ -1,4 +1,5 @@
-"""The ``hearth`` command (also ``python -m hearth``): serve, send, tail, inspect, migrate, demo.
+"""The ``hearth`` command (also ``python -m hearth``): serve, send, tail, inspect, fork, check,
+migrate, demo and more.
 
 Errors are one line on stderr and a non-zero exit, never a traceback.
 """

@@ -39,6 +39,7 @@ from hearth.agent import Agent, Rendered
 from hearth.errors import StoreError
 from hearth.records import (
     AssistantToolCall,
+    Compaction,
     Record,
     ToolStepSettled,
     WaitStarted,
@@ -201,7 +202,10 @@ class _Reader:
     async def conversation(
         self, conversation_id: str, agent: Agent | None, input_id: str, *, depth: int
     ) -> None:
-        records = await self.store.read(conversation_id)
+        # What the runner loads: from the latest compaction's first kept record on.
+        compaction = await self.store.last_of_type(conversation_id, Compaction.type)
+        after = compaction.first_kept_offset - 1 if isinstance(compaction, Compaction) else -1
+        records = await self.store.read(conversation_id, after=after)
         mine = _from_input(records, input_id)
         rendered: Rendered | None = None
         if agent is not None:
