@@ -6,7 +6,13 @@ import pytest
 from test_conformance import CONV, admitted, last_offset, msg, running, settlement
 
 from hearth.errors import ConversationExists, ConversationNotFound, InvalidInput, NotARestPoint
-from hearth.records import Compaction, ConversationCreated, Record, StateWrite
+from hearth.records import (
+    ChildConversationLinked,
+    Compaction,
+    ConversationCreated,
+    Record,
+    StateWrite,
+)
 from hearth.store import Store, Submission
 from hearth.store.rules import rest_points
 
@@ -94,6 +100,23 @@ async def test_a_fork_can_be_forked_and_keeps_compaction_offsets(store: Store) -
     assert created.forked_from == {"conversation_id": FORK, "offset": first}
     [kept] = [r for r in again if isinstance(r, Compaction)]
     assert kept.first_kept_offset == 2
+
+
+async def test_a_child_conversation_is_referenced_not_copied(store: Store) -> None:
+    child = "helper/c-1-child"
+    link = ChildConversationLinked(id="link", tool_call_id="call-1", child_conversation_id=child)
+    host = await running(store)
+    parent = {"conversation_id": CONV, "tool_call_id": "call-1"}
+    created = ConversationCreated(
+        id=f"{child}:created", agent="helper", conversation_id=child, parent=parent
+    )
+    await store.append(CONV, [msg(1, host.id), link], fence=host.fence)
+    await store.append(child, [created, msg(7)], fence=host.fence)
+    at = await store.settle(host.fence, settlement(host), outcome="completed", error=None, reply="")
+    await store.fork(CONV, at, FORK)
+    [copied] = [r for r in await store.read(FORK) if isinstance(r, ChildConversationLinked)]
+    assert copied.child_conversation_id == child
+    assert [r.id for r in await store.read(child)] == [f"{child}:created", "m7"]
 
 
 async def test_an_offset_that_is_no_rest_point_is_refused_naming_the_nearest(
