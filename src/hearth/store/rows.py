@@ -24,6 +24,7 @@ DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admit
 DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
 
 
+
 def counted_attempts(attempt: int, waits: int) -> int:
     """The attempts that count toward ``max_attempts``: an attempt that ended by a durable wait
     was not interrupted, so it does not use up the retry budget."""
