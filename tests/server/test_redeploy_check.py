@@ -160,13 +160,18 @@ def test_the_text_report_has_one_line_per_affected_submission_and_a_summary(
     )
 
 
-def test_serve_strict_refuses_to_start_and_prints_the_findings(killed_v1: Path) -> None:
-    copy = killed_v1.parent / "strict" / "h.db"
+def copy_of(db: Path, name: str) -> Path:
+    copy = db.parent / name / "h.db"
     copy.parent.mkdir()
     for suffix in ("", "-wal", "-shm"):
-        source = Path(f"{killed_v1}{suffix}")
+        source = Path(f"{db}{suffix}")
         if source.exists():
             shutil.copy(source, f"{copy}{suffix}")
+    return copy
+
+
+def test_serve_strict_refuses_to_start_and_prints_the_findings(killed_v1: Path) -> None:
+    copy = copy_of(killed_v1, "strict")
     done = hearth_cli(
         "serve", "deploy_v2:app", "--db", f"sqlite:///{copy}", "--port", "0", "--strict"
     )
@@ -176,13 +181,17 @@ def test_serve_strict_refuses_to_start_and_prints_the_findings(killed_v1: Path) 
         assert conversation in done.stderr
 
 
+def test_serve_strict_starts_when_nothing_would_be_withdrawn(killed_v1: Path) -> None:
+    copy = copy_of(killed_v1, "strict-ok")
+    server = ServerProcess(copy, app="deploy_v1:app", env=ENV, args=("--strict",)).start()
+    try:
+        assert "serving http" in server.ready_line
+    finally:
+        server.kill()
+
+
 def test_recovery_under_the_new_code_does_what_the_check_said(killed_v1: Path) -> None:
-    copy = killed_v1.parent / "recovered" / "h.db"
-    copy.parent.mkdir()
-    for suffix in ("", "-wal", "-shm"):
-        source = Path(f"{killed_v1}{suffix}")
-        if source.exists():
-            shutil.copy(source, f"{copy}{suffix}")
+    copy = copy_of(killed_v1, "recovered")
     server = ServerProcess(copy, app="deploy_v2:app", env=ENV).start()
     try:
         with hearth.Client(server.url) as client:
