@@ -1,4 +1,5 @@
-"""The ``hearth`` command (also ``python -m hearth``): serve, send, tail, inspect, migrate, demo.
+"""The ``hearth`` command (also ``python -m hearth``): serve, send, tail, inspect, fork, check,
+migrate, demo and more.
 
 Errors are one line on stderr and a non-zero exit, never a traceback.
 """
@@ -118,6 +119,11 @@ def main() -> None:
 @click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
 @click.option("--log-level", default="warning", show_default=True, help="uvicorn's log level.")
 @click.option("--access-log", is_flag=True, help="Log every request.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse to start when this code would withdraw a durable contract (see hearth check).",
+)
 @friendly
 def serve(
     app_ref: str,
@@ -125,6 +131,7 @@ def serve(
     app_dir: str,
     log_level: str,
     access_log: bool,
+    strict: bool,
     **options: Any,
 ) -> None:
     """Serve MODULE:APP (a hearth.App) over HTTP.
@@ -138,6 +145,8 @@ def serve(
     app = load_app(app_ref, app_dir)
     app.configure(**options)
     settings = app.settings
+    if strict:
+        _refuse_withdrawals(app)
     if reload:
         _serve_reload(app_ref, app_dir, options, log_level)
         return
@@ -149,6 +158,25 @@ def serve(
         sys.stdout.flush()
 
     run_server(app, log_level=log_level, access_log=access_log, on_ready=ready)
+
+
+def _refuse_withdrawals(app: hearth.App) -> None:
+    """``serve --strict``: the redeploy check's findings stop the server before it starts."""
+    from hearth.app import open_database
+    from hearth.redeploy import Report, check_store
+
+    async def run() -> Report:
+        store = await open_database(app.settings.db, pg_pool=1)  # the server opens it next
+        try:
+            return await check_store(store, app.agents)
+        finally:
+            await store.close()
+
+    report = asyncio.run(run())
+    if report.withdrawn:
+        for line in report.lines():
+            err.print(escape(line), soft_wrap=True)
+        fail("--strict: this code would withdraw durable contracts of accepted work (above)")
 
 
 def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level: str) -> None:
@@ -412,6 +440,28 @@ def deliveries(
     out.print(table)
 
 
+# --- fork ------------------------------------------------------------------------------------
+@main.command()
+@click.argument("agent")
+@click.argument("id")
+@click.argument("offset", type=int)
+@click.argument("new_id")
+@url_option
+@token_option
+@friendly
+def fork(agent: str, id: str, offset: int, new_id: str, url: str, token: str | None) -> None:
+    """Fork AGENT/ID at the rest point OFFSET into a new conversation AGENT/NEW_ID.
+
+    The fork holds the records up to OFFSET and the state as of then; the source is not touched.
+    A rest point is the offset of a `submission_settled` record with no submission open at it,
+    or 0. For example, replay a failed conversation against fixed code:
+    `hearth fork support c-1 14 c-1-retry && hearth send support c-1-retry "try again" --wait`.
+    """
+    with Client(url, token) as client:
+        client.conversation(agent, id).fork(offset, new_id)
+    click.echo(f"forked {agent}/{id} at offset {offset} into {agent}/{new_id}")
+
+
 # --- resolve and waits -----------------------------------------------------------------------
 db_option = click.option(
     "--db",
@@ -513,6 +563,43 @@ async def _waits_in(db: str) -> list[Any]:
                 return found
     finally:
         await store.close()
+
+
+# --- check -----------------------------------------------------------------------------------
+@main.command()
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--db", default=None, help="Database URL; default the app's (HEARTH_DB).")
+@click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
+    """Before a deploy: what recovery would do to unsettled work under MODULE:APP.
+
+    Reads the records of every queued, running and waiting submission (it never claims, writes
+    or runs anything) and prints one line per submission whose durable contract the new code
+    would change: durable tools withdrawn, delegates or agents removed, waits whose tool is
+    gone. Exits 1 when any durable contract would be withdrawn, 0 otherwise, 2 when the app or
+    the database cannot be read. On SQLite, stop the server first; on PostgreSQL it runs beside
+    the servers.
+    """
+    from hearth.app import load_app
+    from hearth.redeploy import check_database
+
+    try:
+        app = load_app(app_ref, app_dir)
+    except HearthError as exc:
+        fail(str(exc), 2)
+    except Exception as exc:  # the module itself failed to import: its own error, one line
+        fail(f"cannot import {app_ref}: {type(exc).__name__}: {exc}", 2)
+    try:
+        report = asyncio.run(check_database(db if db is not None else app.settings.db, app.agents))
+    except (HearthError, OSError) as exc:
+        fail(str(exc) or type(exc).__name__, 2)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        for line in report.lines():
+            out.print(escape(line))
+    sys.exit(1 if report.withdrawn else 0)
 
 
 # --- migrate ---------------------------------------------------------------------------------

@@ -60,6 +60,20 @@ class ConversationNotFound(HearthError):
     """The conversation has never been admitted any input."""
 
 
+class ConversationExists(HearthError):
+    """A fork names a conversation that already exists (HTTP 409); pick another ``new_id``."""
+
+
+class NotARestPoint(HearthError):
+    """A fork's offset is not a rest point of the conversation (HTTP 409): the offset of a
+    settlement with no submission still open at it, or 0 (before any submission).
+    ``rest_points`` holds the nearest ones below and above it."""
+
+    def __init__(self, message: str, rest_points: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.rest_points = list(rest_points or [])
+
+
 class SubmissionNotFound(HearthError):
     """No submission with that id exists in that conversation."""
 

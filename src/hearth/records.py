@@ -56,6 +56,9 @@ class Record:
     """Envelope shared by every record type."""
 
     type: ClassVar[str] = "record"
+    # Fields left out of the JSON form (and so of the digest) while None: fields added later,
+    # so that records written before them keep their digest.
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset()
 
     id: str
     offset: int = -1
@@ -72,8 +75,12 @@ class Record:
             "attempt": self.attempt,
             "at": self.at,
         }
+        omitted = self.omitted_when_none
         for name in _type_fields(type(self)):
-            out[name] = getattr(self, name)
+            value = getattr(self, name)
+            if value is None and name in omitted:
+                continue
+            out[name] = value
         return out
 
     def content_digest(self) -> str:
@@ -132,9 +139,12 @@ def _register(cls: type[_R]) -> type[_R]:
 @dataclass(frozen=True, kw_only=True)
 class ConversationCreated(Record):
     type: ClassVar[str] = "conversation_created"
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"forked_from"})
     agent: str
     conversation_id: str
     parent: dict[str, str] | None = None
+    # A fork's origin (SPEC §17): {"conversation_id", "offset"} of the copied stream.
+    forked_from: dict[str, Any] | None = None
 
 
 @_register

@@ -53,8 +53,9 @@ STORE_READS = {
 }
 # Called only by ``Store.settle`` inside the store; a runtime call of its own would be unguarded.
 STORE_INTERNAL = {"settle_batch"}
-# Writes made for an operator, outside any attempt: bracketed by their points in Runtime.resolve.
-STORE_OPERATOR = {"resolve_wait"}
+# Writes made for an operator, outside any attempt: bracketed by their points in Runtime.resolve
+# and Runtime.fork.
+STORE_OPERATOR = {"resolve_wait", "fork"}
 
 Who = tuple[int, int | None]  # (thread, asyncio task): whose event it is
 
@@ -182,6 +183,9 @@ async def _scenario(db: str) -> None:
             expiring,
         ):
             await rt.wait_settled(receipt.submission_id, timeout=20)
+        info = await rt.conversation_info("lab/c")  # at rest: its last record is a settlement
+        assert info is not None
+        await rt.fork("lab", "c", info.last_offset, "c-fork")
         sub = await rt.submission(left.submission_id)
         assert sub.outcome is None
     async with _app(db).run() as rt:  # resumes the child the shutdown left

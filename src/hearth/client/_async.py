@@ -158,6 +158,11 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
     async def abort(self) -> AbortResult:
         return await _do(self._http, self._abort_call())
 
+    async def fork(self, offset: int, new_id: str) -> AsyncConversation:
+        """Fork this conversation at a rest point (see ``Conversation.fork``)."""
+        answer = await _do(self._http, self._fork_call(offset, new_id))
+        return AsyncConversation(self._client, self.agent, str(answer["id"]))
+
     async def resolve(self, wait_id: str, value: Any) -> dict[str, Any]:
         """Resolve a durable wait of this conversation (see ``Conversation.resolve``)."""
         return await _do(self._http, self._resolve_call(wait_id, value))

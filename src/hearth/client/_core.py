@@ -295,6 +295,10 @@ class BaseConversation(Generic[HTTP]):
     def _waits_call(self) -> Call[list[dict[str, Any]]]:
         return Call(Request("GET", f"{self._base}/waits"), waits_from)
 
+    def _fork_call(self, offset: int, new_id: str) -> Call[dict[str, Any]]:
+        body = {"offset": offset, "new_id": new_id}
+        return Call(Request("POST", f"{self._base}/fork", json=body), as_is)
+
     def _abort_call(self) -> Call[AbortResult]:
         return Call(Request("POST", f"{self._base}/abort"), abort_result_from)
 

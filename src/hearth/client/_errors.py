@@ -11,10 +11,12 @@ from typing import Any
 import httpx2
 
 from hearth.errors import (
+    ConversationExists,
     ConversationNotFound,
     HearthError,
     IdempotencyConflict,
     InvalidId,
+    NotARestPoint,
     ShuttingDown,
     SubmissionNotFound,
     UnknownAgent,
@@ -60,6 +62,7 @@ _BY_TYPE: dict[str, type[HearthError]] = {
     "shutting_down": ShuttingDown,
     "wait_not_found": WaitNotFound,
     "wait_conflict": WaitConflict,
+    "conversation_exists": ConversationExists,
 }
 
 
@@ -71,6 +74,11 @@ def error_from(response: httpx2.Response) -> HearthError:
         details = envelope.get("details")
     except Exception:
         kind, message, details = "http_error", response.reason_phrase or "error", None
+    if kind == "not_a_rest_point":
+        points = (details or {}).get("rest_points") if isinstance(details, dict) else None
+        rest = NotARestPoint(message, [int(p) for p in points or []])
+        rest.status = response.status_code  # type: ignore[attr-defined]
+        return rest
     known = _BY_TYPE.get(kind)
     if known is not None:
         exc = known(message)

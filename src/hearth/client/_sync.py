@@ -157,6 +157,14 @@ class Conversation(BaseConversation[httpx2.Client]):
     def abort(self) -> AbortResult:
         return _do(self._http, self._abort_call())
 
+    def fork(self, offset: int, new_id: str) -> Conversation:
+        """Fork this conversation at the rest point ``offset`` into a new conversation ``new_id``
+        of the same agent, and return it: it holds the records up to ``offset`` and the state as
+        of then, and no submissions; this one is not touched. Raises ``hearth.NotARestPoint``
+        (with the nearest ``rest_points``) or ``hearth.ConversationExists``."""
+        answer = _do(self._http, self._fork_call(offset, new_id))
+        return Conversation(self._client, self.agent, str(answer["id"]))
+
     def resolve(self, wait_id: str, value: Any) -> dict[str, Any]:
         """Resolve a durable wait of this conversation with a JSON ``value``; the same value
         again is accepted, another raises ``hearth.WaitConflict``."""

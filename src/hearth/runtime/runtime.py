@@ -17,6 +17,7 @@ from hearth.config import Settings
 from hearth.errors import (
     ConversationNotFound,
     HearthError,
+    InvalidId,
     InvalidInput,
     ShuttingDown,
     SubmissionNotFound,
@@ -275,6 +276,29 @@ class Runtime:
         _faults.reached("after:store.resolve_wait")
         _faults.reached("after:wait_resolved")
         return wait
+
+    async def fork(self, agent: str, id: str, offset: int, new_id: str) -> ConversationInfo:
+        """Fork conversation ``agent``/``id`` at the rest point ``offset`` into a new
+        conversation ``agent``/``new_id`` (SPEC §17): its stream starts with
+        ``conversation_created{forked_from}``, copies the records up to ``offset`` and has the
+        state as of then; the source is not touched. A message sent to the fork runs with the
+        context the source had at ``offset``.
+
+        ``ConversationNotFound``, ``InvalidInput`` (an offset outside the stream),
+        ``NotARestPoint`` (naming the nearest rest points), ``ConversationExists``."""
+        source = self.conversation_id(agent, id)
+        try:
+            check_id(new_id)
+        except InvalidId as exc:
+            raise InvalidInput(str(exc), "new_id") from None
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInput("offset must be an integer of 0 or more", "offset")
+        if self.shutting_down:
+            raise ShuttingDown("the runtime is shutting down and admits no new work")
+        _faults.reached("before:store.fork")
+        info = await self.store.fork(source, offset, f"{agent}/{new_id}")
+        _faults.reached("after:store.fork")
+        return info
 
     async def waits(self, conversation_id: str | None = None) -> list[Wait]:
         """The pending durable waits, oldest first (of one conversation, or of all)."""

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from hearth.errors import (
     ChannelFailed,
     ConfigurationError,
+    ConversationExists,
     ConversationNotFound,
     DeliveryNotFound,
     HearthError,
@@ -21,6 +22,7 @@ from hearth.errors import (
     InvalidId,
     InvalidInput,
     InvalidSignature,
+    NotARestPoint,
     ShuttingDown,
     StoreError,
     SubmissionNotFound,
@@ -79,6 +81,8 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (InvalidId, 400, "invalid_id"),
     (InvalidInput, 400, "invalid_request"),
     (IdempotencyConflict, 409, "idempotency_conflict"),
+    (ConversationExists, 409, "conversation_exists"),
+    (NotARestPoint, 409, "not_a_rest_point"),
     (ShuttingDown, 503, "shutting_down"),
     (StoreError, 503, "unavailable"),
     (ConfigurationError, 503, "unavailable"),
@@ -96,7 +100,9 @@ def api_error(exc: BaseException) -> ApiError:
         if isinstance(exc, kind):
             headers = {"Retry-After": "1"} if status == 503 else None
             field = exc.field if isinstance(exc, InvalidInput) else None
-            details = {"field": field} if field else None
+            details: Any = {"field": field} if field else None
+            if isinstance(exc, NotARestPoint):
+                details = {"rest_points": exc.rest_points}
             message = str(exc) or name.replace("_", " ")
             return ApiError(status, name, message, details, headers)
     if isinstance(exc, HearthError):

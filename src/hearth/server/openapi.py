@@ -235,6 +235,30 @@ _SCHEMAS: dict[str, Any] = {
             "resolved": {"const": True},
         },
     },
+    "Fork": {
+        "type": "object",
+        "required": ["offset", "new_id"],
+        "properties": {
+            "offset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "a rest point: a settlement's offset with no submission open at"
+                " it, or 0",
+            },
+            "new_id": {"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
+        },
+        "additionalProperties": False,
+    },
+    "Forked": {
+        "type": "object",
+        "required": ["conversation_id", "agent", "id", "offset"],
+        "properties": {
+            "conversation_id": {"type": "string"},
+            "agent": {"type": "string"},
+            "id": {"type": "string"},
+            "offset": {"type": "integer"},
+        },
+    },
     "AbortResult": {
         "type": "object",
         "required": ["aborted", "submission_ids"],
@@ -410,6 +434,42 @@ def openapi_document(
                 "responses": answers(
                     {"200": _json(_ref("AbortResult"), "abort intents stamped")}, 400, 404
                 ),
+            },
+        },
+        conv + "/fork": {
+            "parameters": path_params,
+            "post": {
+                "operationId": "fork",
+                "summary": "Fork the conversation at a rest point into a new conversation",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("Fork")}},
+                },
+                "responses": {
+                    **answers(
+                        {
+                            "201": {
+                                **_json(_ref("Forked"), "the new conversation"),
+                                "headers": {
+                                    "Location": {
+                                        "description": "the new conversation's URL",
+                                        "schema": {"type": "string"},
+                                    }
+                                },
+                            }
+                        },
+                        400,
+                        404,
+                        408,
+                        413,
+                        415,
+                    ),
+                    "409": _json(
+                        _ref("Error"),
+                        "new_id exists (conversation_exists), or the offset is not a rest point"
+                        " (not_a_rest_point; details.rest_points names the nearest)",
+                    ),
+                },
             },
         },
         conv + "/waits": {

@@ -59,6 +59,7 @@ def routes() -> list[tuple[str, Endpoint, list[str]]]:
         (base + "/stream", stream, ["GET"]),
         (base + "/submissions/{sid}", get_submission, ["GET"]),
         (base + "/abort", abort, ["POST"]),
+        (base + "/fork", fork, ["POST"]),
         ("/channels/{name}", inputs.deliver, ["POST"]),
         ("/channels/{name}/deliveries", inputs.list_deliveries, ["GET"]),
         ("/channels/{name}/deliveries/{delivery_id}/replay", inputs.replay, ["POST"]),
@@ -242,6 +243,45 @@ async def abort(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     result = await rt.abort(request.path_params["agent"], request.path_params["id"])
     return JSONResponse({"aborted": result.aborted, "submission_ids": result.submission_ids})
+
+
+# --- POST /agents/{agent}/{id}/fork ----------------------------------------------------------
+async def fork(server: ServerContext, request: Request) -> Response:
+    """``{"offset": N, "new_id": "..."}``: a new conversation from the records up to the rest
+    point N (SPEC §17); 201 with the new conversation's ``Location``."""
+    rt, agent, id = await _runtime_for(server, request)
+    body = await read_json(request, server.settings.max_body)
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, "invalid_request", 'the body must be a JSON object: {"offset": N, "new_id": "..."}'
+        )
+    unknown = sorted(set(body) - {"offset", "new_id"})
+    if unknown:
+        raise ApiError(
+            400, "invalid_request", f"unknown field(s): {', '.join(unknown)}", {"field": unknown[0]}
+        )
+    offset, new_id = body.get("offset"), body.get("new_id")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ApiError(
+            400, "invalid_request", "offset must be an integer of 0 or more", {"field": "offset"}
+        )
+    if not isinstance(new_id, str):
+        raise ApiError(400, "invalid_request", "new_id must be a string", {"field": "new_id"})
+    if server.shutting_down:
+        raise ApiError(
+            503,
+            "shutting_down",
+            "the server is shutting down and creates no new conversations",
+            headers={"Retry-After": "1"},
+        )
+    info = await rt.fork(agent, id, offset, new_id)
+    root = request.scope.get("root_path", "")
+    location = f"{root}/agents/{agent}/{new_id}"
+    return JSONResponse(
+        {"conversation_id": info.conversation_id, "agent": agent, "id": new_id, "offset": offset},
+        status_code=201,
+        headers={"Location": location},
+    )
 
 
 # --- durable waits ---------------------------------------------------------------------------

@@ -118,6 +118,18 @@ class Store(ABC):
         """The committed persistent state of the conversation (name → JSON value)."""
         ...
 
+    @abstractmethod
+    async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
+        """Create conversation ``target`` as a fork of ``source`` at ``offset`` (SPEC §17):
+        its stream is a ``conversation_created{forked_from}`` and copies of the records
+        1..``offset`` with fresh ids at their original offsets, its state is the source's as of
+        ``offset``, and it has no submissions. Atomic; the source is not written.
+
+        ``ConversationNotFound`` for an unknown source, ``InvalidInput`` for an offset outside
+        its stream, ``NotARestPoint`` (naming the nearest ones) when ``offset`` is not a rest
+        point (``rules.rest_points``), ``ConversationExists`` when ``target`` exists. Returns
+        the new conversation. Publishes ``appended``."""
+
     # --- submissions ------------------------------------------------------------------------
     @abstractmethod
     async def admit(self, new: NewSubmission) -> Admission:

@@ -349,6 +349,12 @@ class PostgresStore(Store):
         )
         return {row["name"]: json.loads(row["value"]) for row in rows}
 
+    async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
+        return await self._write(
+            lambda conn, outbox: ops.fork(conn, source, offset, target, outbox, self._now()),
+            resolve=lambda conn: readback.forked(conn, source, offset, target),
+        )
+
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back

@@ -12,8 +12,14 @@ from typing import Any
 
 import psycopg
 
-from hearth.errors import AbortRequested, StoreError, WaitNotFound
-from hearth.records import ConversationCreated, Record, WaitStarted
+from hearth.errors import (
+    AbortRequested,
+    ConversationExists,
+    ConversationNotFound,
+    StoreError,
+    WaitNotFound,
+)
+from hearth.records import ConversationCreated, Record, WaitStarted, loads
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
@@ -29,6 +35,7 @@ from hearth.store.rows import (
     WAIT_TIMED_OUT,
     WAITING,
     Admission,
+    ConversationInfo,
     DeliveryAdmission,
     Fence,
     NewDelivery,
@@ -181,6 +188,49 @@ async def create_conversation(
         " ON CONFLICT DO NOTHING".encode(),
         {"c": conversation_id, "a": agent, "p": rules.to_json_or_none(parent), "now": now},
     )
+
+
+_SETTLEMENTS, _SUBMISSION_SPANS = rules.fork_evidence_sql(lambda name: f"%({name})s")
+
+
+async def fork(
+    conn: Conn, source: str, offset: int, target: str, outbox: Outbox, now: float | None
+) -> ConversationInfo:
+    # FOR SHARE: no append or admission to the source commits while the fork reads it.
+    row = await fetchone(
+        conn,
+        "SELECT agent, last_offset FROM conversations WHERE conversation_id = %(c)s FOR SHARE",
+        {"c": source},
+    )
+    if row is None:
+        raise ConversationNotFound(f"no conversation {source!r}")
+    if await last_offset(conn, target) >= 0:  # (the insert below settles a race)
+        raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
+    settlements = [r["settled"] for r in await fetchall(conn, _SETTLEMENTS, {"c": source})]
+    spans = [
+        (r["admitted"], r["settled"])
+        for r in await fetchall(conn, _SUBMISSION_SPANS, {"c": source})
+    ]
+    rules.check_fork(source, offset, int(row["last_offset"]), rules.rest_points(settlements, spans))
+    created = await fetchone(
+        conn,
+        "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
+        f" last_activity) VALUES (%(c)s, %(a)s, NULL, -1, {NOW}, {NOW})"
+        " ON CONFLICT DO NOTHING RETURNING 1 AS ok",
+        {"c": target, "a": row["agent"], "now": now},
+    )
+    if created is None:
+        raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
+    bodies = await fetchall(
+        conn,
+        'SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" <= %(o)s'
+        ' ORDER BY "offset"',
+        {"c": source, "o": offset},
+    )
+    copied = [loads(r["body"]) for r in bodies]
+    records = rules.fork_records(source, offset, target, row["agent"], copied)
+    await append(conn, target, records, outbox, now)
+    return ConversationInfo(target, row["agent"], offset)
 
 
 async def admit(

@@ -6,12 +6,13 @@ must not be repeated), else None (so it did not, and may be tried again).
 
 from __future__ import annotations
 
-from hearth.records import Record
+from hearth.records import ConversationCreated, Record, loads
 from hearth.store.postgres_ops import Conn, fetchall, fetchone
 from hearth.store.rows import (
     DELIVERY_ADMITTED,
     RUNNING,
     Admission,
+    ConversationInfo,
     DeliveryAdmission,
     Fence,
     Submission,
@@ -99,3 +100,22 @@ async def delivery(
         return None
     stored = delivery_from_row(row)
     return DeliveryAdmission(stored, stored.submission_ids != submission_ids)
+
+
+async def forked(conn: Conn, source: str, offset: int, target: str) -> ConversationInfo | None:
+    """The fork's conversation when its stream starts with this fork's ``conversation_created``
+    (the fork committed)."""
+    row = await fetchone(
+        conn,
+        "SELECT c.agent, c.last_offset, r.body FROM conversations c JOIN records r"
+        ' ON r.conversation_id = c.conversation_id AND r."offset" = 0'
+        " WHERE c.conversation_id = %(c)s",
+        {"c": target},
+    )
+    if row is None:
+        return None
+    created = loads(row["body"])
+    origin = {"conversation_id": source, "offset": offset}
+    if not isinstance(created, ConversationCreated) or created.forked_from != origin:
+        return None
+    return ConversationInfo(target, row["agent"], offset)

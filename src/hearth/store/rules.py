@@ -9,13 +9,22 @@ one place means a second store cannot drift from the first.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from hearth.errors import FencedOut, IdempotencyConflict, IntegrityError, WaitConflict
+from hearth.errors import (
+    FencedOut,
+    IdempotencyConflict,
+    IntegrityError,
+    InvalidInput,
+    NotARestPoint,
+    WaitConflict,
+)
 from hearth.records import (
     ConversationCreated,
     Record,
@@ -235,3 +244,93 @@ def judge_resolve(
     if status != WAITING:
         raise WaitConflict(f"the submission of wait {wait_id} is {status}, not waiting")
     return True
+
+
+# --- forks (SPEC §17) ---------------------------------------------------------------------------
+def rest_points(
+    settlements: Iterable[int], submissions: Iterable[tuple[int, int | None]]
+) -> list[int]:
+    """The offsets a conversation may be forked at, ascending: 0 (before any submission), and
+    each settlement's offset ``K`` at which no submission is open — none admitted before the
+    record at ``K`` was written (its admission offset, the stream's last offset then, is below
+    ``K``) and settled after it. ``submissions`` are ``(admitted_offset, settlement offset or
+    None)`` pairs."""
+    blocked: list[tuple[int, int]] = []  # offsets a submission is open at, as closed ranges
+    for admitted, settled in submissions:
+        low, high = admitted + 1, (settled - 1 if settled is not None else _NO_END)
+        if low <= high:
+            blocked.append((low, high))
+    blocked.sort()
+    merged: list[tuple[int, int]] = []
+    for low, high in blocked:
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    starts = [low for low, _ in merged]
+    points = {0}
+    for offset in settlements:
+        i = bisect.bisect_right(starts, offset) - 1
+        if i < 0 or merged[i][1] < offset:
+            points.add(offset)
+    return sorted(points)
+
+
+_NO_END = 2**62  # a submission not settled yet is open at every later offset
+
+
+def check_fork(source: str, offset: int, last_offset: int, points: list[int]) -> None:
+    """A fork at ``offset`` needs an offset inside the stream (``InvalidInput``) that is one of
+    its rest ``points`` (``NotARestPoint`` naming the nearest ones)."""
+    if not 0 <= offset <= last_offset:
+        raise InvalidInput(
+            f"offset must be between 0 and {last_offset}, the last offset of {source}", "offset"
+        )
+    if offset in points:
+        return
+    i = bisect.bisect_left(points, offset)
+    nearest = [points[i - 1]] if i > 0 else []
+    nearest += points[i : i + 1]
+    named = " and ".join(str(p) for p in nearest)
+    raise NotARestPoint(
+        f"offset {offset} of {source} is not a rest point (a settlement with no submission open"
+        f" at it, or 0); the nearest are {named}",
+        nearest,
+    )
+
+
+def fork_records(
+    source: str, offset: int, target: str, agent: str, records: Sequence[Record]
+) -> list[Record]:
+    """The stream of a fork of ``source`` at ``offset``: its own ``conversation_created`` with
+    ``forked_from``, then copies of records 1..``offset`` with fresh ids, each at its original
+    offset (so a compaction's ``first_kept_offset`` stays right)."""
+    created = ConversationCreated(
+        id=f"{target}:created",
+        agent=agent,
+        conversation_id=target,
+        forked_from={"conversation_id": source, "offset": offset},
+    )
+    copies = [
+        dataclasses.replace(record, id=f"{target}:copy:{record.offset}")
+        for record in records
+        if 0 < record.offset <= offset
+    ]
+    return [created, *copies]
+
+
+def fork_evidence_sql(param: Callable[[str], str]) -> tuple[str, str]:
+    """The two reads a fork judges its offset by, shared by the stores: the offsets of the
+    source's settlement records, and each submission's admission offset with the offset of its
+    settlement record (NULL while unsettled). ``param(name)`` spells a named parameter."""
+    settlements = (
+        'SELECT "offset" AS settled FROM records'
+        f" WHERE conversation_id = {param('c')} AND type = 'submission_settled'"
+    )
+    submissions = (
+        'SELECT s.admitted_offset AS admitted, (SELECT r."offset" FROM records r'
+        " WHERE r.conversation_id = s.conversation_id AND r.type = 'submission_settled'"
+        " AND r.submission_id = s.id) AS settled"
+        f" FROM submissions s WHERE s.conversation_id = {param('c')}"
+    )
+    return settlements, submissions

@@ -193,6 +193,11 @@ class SQLiteStore(Store):
 
         return await self._read(work)
 
+    async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
+        return await self._write(
+            lambda conn, outbox: ops.fork(conn, source, offset, target, outbox, self.clock())
+        )
+
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:
         return await self._write(lambda conn, outbox: ops.admit(conn, new, outbox, self.clock()))

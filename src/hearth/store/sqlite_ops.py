@@ -10,8 +10,14 @@ import json
 import sqlite3
 from typing import Any
 
-from hearth.errors import AbortRequested, StoreError, WaitNotFound
-from hearth.records import ConversationCreated, Record, WaitStarted
+from hearth.errors import (
+    AbortRequested,
+    ConversationExists,
+    ConversationNotFound,
+    StoreError,
+    WaitNotFound,
+)
+from hearth.records import ConversationCreated, Record, WaitStarted, loads
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
@@ -27,6 +33,7 @@ from hearth.store.rows import (
     WAIT_TIMED_OUT,
     WAITING,
     Admission,
+    ConversationInfo,
     DeliveryAdmission,
     Fence,
     NewDelivery,
@@ -139,6 +146,34 @@ def append(
         )
         outbox.append(Event(APPENDED, conversation_id, last))
     return offsets
+
+
+_SETTLEMENTS, _SUBMISSION_SPANS = rules.fork_evidence_sql(lambda name: f":{name}")
+
+
+def fork(
+    conn: sqlite3.Connection, source: str, offset: int, target: str, outbox: Outbox, now: float
+) -> ConversationInfo:
+    row = conn.execute(
+        "SELECT agent, last_offset FROM conversations WHERE conversation_id = ?", (source,)
+    ).fetchone()
+    if row is None:
+        raise ConversationNotFound(f"no conversation {source!r}")
+    if last_offset(conn, target) >= 0:
+        raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
+    settlements = [r[0] for r in conn.execute(_SETTLEMENTS, {"c": source})]
+    spans = [(r[0], r[1]) for r in conn.execute(_SUBMISSION_SPANS, {"c": source})]
+    rules.check_fork(source, offset, int(row[1]), rules.rest_points(settlements, spans))
+    copied = [
+        loads(body)
+        for (body,) in conn.execute(
+            'SELECT body FROM records WHERE conversation_id = ? AND "offset" <= ?'
+            ' ORDER BY "offset"',
+            (source, offset),
+        )
+    ]
+    append(conn, target, rules.fork_records(source, offset, target, row[0], copied), outbox, now)
+    return ConversationInfo(target, row[0], offset)
 
 
 def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: float) -> Admission:

@@ -290,7 +290,7 @@ def _check_settlements(
     found: list[Violation] = []
     records: dict[str, list[tuple[str, SubmissionSettled]]] = defaultdict(list)
     for conv, stream in streams.items():
-        for r in stream:
+        for r in _own_records(stream):
             if isinstance(r, SubmissionSettled):
                 records[r.submission_id or ""].append((conv, r))
     for sid, settled in records.items():
@@ -322,6 +322,16 @@ def _check_settlements(
             detail = f"{sub.id} row is {sub.status} {row!r}, its record says {said!r}"
             found.append(Violation(ROW_MATCHES_RECORD, conv, detail))
     return found
+
+
+def _own_records(stream: list[Record]) -> list[Record]:
+    """The records a conversation wrote itself: a fork's copies of its source's records (up to
+    the fork's offset) are the source's, and are judged there."""
+    created = stream[0] if stream else None
+    origin = created.forked_from if isinstance(created, ConversationCreated) else None
+    if not origin:
+        return stream
+    return [r for r in stream if r.offset > int(origin["offset"])]
 
 
 def _check_waits(
