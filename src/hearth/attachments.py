@@ -23,6 +23,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ class Attachment:
     media_type: str | None = None
 
     @classmethod
-    def from_path(cls, path: str | Path, media_type: str | None = None) -> Attachment:
+    def from_path(cls, path: str | PathLike[str], media_type: str | None = None) -> Attachment:
         """The file's bytes, named after its last path component."""
         p = Path(path)
         return cls(p.read_bytes(), p.name, media_type)

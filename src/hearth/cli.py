@@ -21,7 +21,7 @@ from rich.table import Table
 
 import hearth
 from hearth.client import Client
-from hearth.errors import HearthError, SubmissionError
+from hearth.errors import HearthError, StoreError, SubmissionError
 
 if TYPE_CHECKING:
     from hearth.server import HearthASGI
@@ -194,6 +194,13 @@ def reloaded_asgi() -> HearthASGI:
 @click.option("--wait", is_flag=True, help="Wait for the reply and print it.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds.")
 @click.option("--idempotency-key", default=None, help="Admit at most once per key.")
+@click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    help="Send this file with the message (repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @friendly
 def send(
@@ -205,12 +212,14 @@ def send(
     wait: bool,
     timeout: float | None,
     idempotency_key: str | None,
+    attach: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Send MESSAGE to conversation AGENT/ID."""
+    """Send MESSAGE to conversation AGENT/ID (with --attach FILE, files too)."""
+    files = [hearth.Attachment.from_path(path) for path in attach]
     with Client(url, token) as client:
         conv = client.conversation(agent, id)
-        receipt = conv.send(message, idempotency_key=idempotency_key)
+        receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
         if not wait:
             if as_json:
                 click.echo(json.dumps(receipt.to_json()))
@@ -513,6 +522,62 @@ async def _waits_in(db: str) -> list[Any]:
                 return found
     finally:
         await store.close()
+
+
+# --- gc --------------------------------------------------------------------------------------
+@main.command()
+@click.option("--db", default=None, help="Database URL: collect in it directly.")
+@click.option("--url", default=None, help="Ask the running server at this URL instead.")
+@token_option
+@click.option("--dry-run", is_flag=True, help="Only list what would be freed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@friendly
+def gc(db: str | None, url: str | None, token: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete the attachments that no record and no submission references.
+
+    With --db it works on the database itself (a SQLite file only while no server has it
+    open); with --url it asks a running server (POST /admin/gc, behind its token).
+    """
+    if (db is None) == (url is None):
+        fail("give one of --db URL (the database) or --url URL (a running server)", 2)
+    if url is not None:
+        with Client(url, token) as client:
+            found = client.gc(dry_run=dry_run)
+    else:
+        found = asyncio.run(_gc_database(db, dry_run))
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    verb = "would free" if dry_run else "freed"
+    for blob in found["deleted"]:
+        click.echo(f"{blob['sha256']}  {blob['size']:>12}  {blob['media_type']}")
+    click.echo(f"hearth: {verb} {found['count']} attachment(s), {found['bytes']} bytes")
+
+
+async def _gc_database(db: str | None, dry_run: bool) -> dict[str, Any]:
+    from hearth.app import open_database
+    from hearth.config import shown_db
+
+    try:
+        store = await open_database(db, pg_pool=1)
+    except StoreError as exc:
+        if "another process owns" in str(exc):
+            fail(
+                f"{shown_db(db)} is open in a running server (a SQLite file belongs to one"
+                " process): stop it first, or use --url to ask the server",
+                2,
+            )
+        raise
+    try:
+        freed = await store.collect_attachments(dry_run=dry_run)
+    finally:
+        await store.close()
+    return {
+        "dry_run": dry_run,
+        "deleted": [b.to_json() for b in freed],
+        "count": len(freed),
+        "bytes": sum(b.size for b in freed),
+    }
 
 
 # --- migrate ---------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import hashlib
 import json
 import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -315,7 +314,3 @@ def test_a_signal_with_attachments_is_a_400(server: ThreadServer) -> None:
         answer = http.post("/agents/echo/c-1", json=body)
     assert answer.status_code == 400
     assert db_rows(server, "SELECT count(*) FROM attachments") == [(0,)]
-
-
-def _unused(path: Path) -> None:  # pragma: no cover - keeps imports honest for type checkers
-    del path

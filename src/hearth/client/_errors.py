@@ -11,6 +11,8 @@ from typing import Any
 import httpx2
 
 from hearth.errors import (
+    AttachmentNotFound,
+    AttachmentTooLarge,
     ConversationNotFound,
     HearthError,
     IdempotencyConflict,
@@ -60,6 +62,7 @@ _BY_TYPE: dict[str, type[HearthError]] = {
     "shutting_down": ShuttingDown,
     "wait_not_found": WaitNotFound,
     "wait_conflict": WaitConflict,
+    "attachment_not_found": AttachmentNotFound,
 }
 
 
@@ -71,6 +74,15 @@ def error_from(response: httpx2.Response) -> HearthError:
         details = envelope.get("details")
     except Exception:
         kind, message, details = "http_error", response.reason_phrase or "error", None
+    if kind == "attachment_too_large" and isinstance(details, dict):
+        too_large = AttachmentTooLarge(
+            message,
+            str(details.get("name", "")),
+            int(details.get("size") or 0),
+            int(details.get("limit") or 0),
+        )
+        too_large.status = response.status_code  # type: ignore[attr-defined]
+        return too_large
     known = _BY_TYPE.get(kind)
     if known is not None:
         exc = known(message)

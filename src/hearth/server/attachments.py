@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -24,7 +25,12 @@ from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
 
 _ENTRY_KEYS = frozenset({"name", "media_type", "data"})
+# As the OpenAPI description states it (parameters such as ``; charset=`` are not taken here).
+MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$"
+MEDIA_TYPE = re.compile(MEDIA_TYPE_PATTERN)
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$"
 _FORM_FIELDS = frozenset({"message", "idempotency_key"})
+_FLAGS = {"0": False, "1": True, "false": False, "true": True}
 
 
 class _InMemoryParser(MultiPartParser):
@@ -55,7 +61,11 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
     limit = max(settings.max_body, settings.max_upload)
     raw = await read_body(request, limit, "HEARTH_MAX_UPLOAD")
     body = parse_json(raw)
-    entries = body.pop("attachments", None) if isinstance(body, dict) else None
+    entries = None
+    if isinstance(body, dict) and "attachments" in body:
+        entries = body.pop("attachments")
+        if not isinstance(entries, list):
+            raise _bad("attachments must be a list of {name, media_type, data}", "attachments")
     if len(raw) > settings.max_body and not entries:
         raise ApiError(
             413,
@@ -86,11 +96,17 @@ def _decode_entries(entries: Any, limit: int) -> list[Attachment]:
         data = entry.get("data")
         if not isinstance(name, str):
             raise _bad(f"{field}.name must be a string", f"{field}.name")
-        if media_type is not None and not isinstance(media_type, str):
-            raise _bad(f"{field}.media_type must be a string", f"{field}.media_type")
+        if "media_type" in entry and not (
+            isinstance(media_type, str) and MEDIA_TYPE.match(media_type)
+        ):
+            raise _bad(
+                f"{field}.media_type must be a type/subtype such as image/png (leave it out to"
+                " have it sniffed)",
+                f"{field}.media_type",
+            )
         if not isinstance(data, str):
             raise _bad(f"{field}.data must be the file's bytes in base64", f"{field}.data")
-        encoded = "".join(data.split())  # line-wrapped base64 is still base64
+        encoded = data
         if len(encoded) // 4 * 3 > limit + 2:
             shown = safe_name(name)
             raise ApiError(
@@ -164,7 +180,10 @@ async def get_attachment(server: ServerContext, request: Request) -> Response:
 async def admin_gc(server: ServerContext, request: Request) -> Response:
     """Delete the attachments nothing references; ``?dry_run=1`` only lists them."""
     rt = await server.runtime()
-    dry_run = request.query_params.get("dry_run", "") in ("1", "true", "yes")
+    flag = request.query_params.get("dry_run", "0")
+    if flag not in _FLAGS:
+        raise _bad("dry_run must be one of 0, 1, true, false", "dry_run")
+    dry_run = _FLAGS[flag]
     freed = await rt.collect_attachments(dry_run=dry_run)
     return JSONResponse(
         {
