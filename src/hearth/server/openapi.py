@@ -14,8 +14,8 @@ from typing import Any
 
 from hearth._version import __version__
 from hearth.attachments import MAX_ATTACHMENTS
-from hearth.server.attachments import BASE64_PATTERN, MEDIA_TYPE_PATTERN
 from hearth.ids import ID_RE, MAX_IDEMPOTENCY_KEY
+from hearth.server.attachments import BASE64_PATTERN, MEDIA_TYPE_PATTERN
 from hearth.server.tail import MAX_OFFSET, MAX_WAIT_S, PAGE_LIMIT
 from hearth.server.views import CURSOR_RE
 
