@@ -21,7 +21,7 @@ import hashlib
 import mimetypes
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -212,3 +212,47 @@ def describe(part: dict[str, Any]) -> str:
         f"[attachment {part.get('name')!s} ({part.get('media_type')}, {part.get('size')} bytes,"
         f" sha256 {str(part.get('sha256'))[:12]}…): not shown to this model]"
     )
+
+
+class ConversationAttachments:
+    """The attachments a tool can read: ``ctx.attachments`` in a ``hearth.ToolContext``.
+
+    ``parts`` are the conversation's attachment parts as its records hold them (oldest first);
+    ``read`` fetches a file's bytes from the store by SHA-256 or by name (the latest file sent
+    under that name)::
+
+        @hearth.tool
+        async def count_lines(name: str, ctx: hearth.ToolContext) -> int:
+            return (await ctx.attachments.read(name)).data.count(b"\\n")
+    """
+
+    def __init__(
+        self, parts: list[dict[str, Any]], load: Callable[[str], Awaitable[bytes | None]]
+    ) -> None:
+        self.parts = parts
+        self._load = load
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        """The part with that SHA-256, else the latest part with that name, else None."""
+        for key_field in ("sha256", "name"):
+            found: list[dict[str, Any]] = [p for p in self.parts if p.get(key_field) == key]
+            if found:
+                return found[-1]
+        return None
+
+    async def read(self, key: str) -> Attachment:
+        """The file (bytes, name, media type) by SHA-256 or name; ``AttachmentNotFound`` when
+        the conversation has none such."""
+        from hearth.errors import AttachmentNotFound
+
+        part = self.find(key)
+        data = None if part is None else await self._load(str(part["sha256"]))
+        if part is None or data is None:
+            raise AttachmentNotFound(f"this conversation has no attachment {key!r}")
+        return Attachment(data, str(part.get("name")), str(part.get("media_type")))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)

@@ -19,11 +19,12 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, get_type_hints, overload
 
 import pydantic
 
+from hearth.attachments import ConversationAttachments
 from hearth.errors import ConfigurationError
 from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
@@ -41,6 +42,14 @@ class ToolContext:
     conversation_id: str
     log: logging.LoggerAdapter[logging.Logger]
     step: Steps | None = None  # durable tools only
+    # the conversation's files: ``await ctx.attachments.read(name_or_sha256)``
+    attachments: ConversationAttachments = field(
+        default_factory=lambda: ConversationAttachments([], _nothing)
+    )
+
+
+async def _nothing(sha256: str) -> bytes | None:
+    return None
 
 
 class Tool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from hearth import _faults, telemetry
@@ -23,6 +24,7 @@ from hearth.records import (
 )
 from hearth.runtime.compaction import compact, input_budget
 from hearth.runtime.deltas import DeltaWriter
+from hearth.runtime.files import with_files
 from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import MAX_DEPTH, task_tool_spec
@@ -43,6 +45,10 @@ def build_request(scope: AttemptScope, rendered: Rendered, model: str) -> ModelR
     )
 
 
+async def _with_files(scope: AttemptScope, request: ModelRequest) -> ModelRequest:
+    return replace(request, messages=await with_files(scope.store, request.messages))
+
+
 def _task_tools(scope: AttemptScope, rendered: Rendered) -> tuple[ToolSpec, ...]:
     if rendered.subagents and scope.depth < MAX_DEPTH:
         return (task_tool_spec(rendered),)
@@ -53,11 +59,11 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
     """Ask the model once (compacting first if the request would not fit) and record its
     answer; a provider error is recorded as the completion's ``error``."""
     provider, model = scope.env.providers.resolve(rendered.model)
-    request = build_request(scope, rendered, model)
+    request = await _with_files(scope, build_request(scope, rendered, model))
     window = provider.context_window(model)
     if estimate_tokens(request) > input_budget(window):
         if await compact(scope, provider, model):
-            request = build_request(scope, rendered, model)
+            request = await _with_files(scope, build_request(scope, rendered, model))
     mid = f"m_{uuid.uuid4().hex[:20]}"
     writer = DeltaWriter(scope.journal, mid)
     started = False
