@@ -106,6 +106,12 @@ def main() -> None:
 @click.option("--heartbeat-s", type=float, help="Lease renewal period (HEARTH_HEARTBEAT_S).")
 @click.option("--scan-s", type=float, help="Expired-lease scan period (HEARTH_SCAN_S).")
 @click.option("--max-body", type=int, help="Largest request body in bytes (HEARTH_MAX_BODY).")
+@click.option(
+    "--max-attachment", type=int, help="Largest attached file in bytes (HEARTH_MAX_ATTACHMENT)."
+)
+@click.option(
+    "--max-upload", type=int, help="Largest request with files in bytes (HEARTH_MAX_UPLOAD)."
+)
 @click.option("--shutdown-s", type=float, help="Longest graceful exit (HEARTH_SHUTDOWN_S).")
 @click.option("--pg-pool", type=int, help="PostgreSQL connections per process (HEARTH_PG_POOL).")
 @click.option("--max-streams", type=int, help="Open SSE streams per process (HEARTH_MAX_STREAMS).")
