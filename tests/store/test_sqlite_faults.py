@@ -11,6 +11,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,3 +209,41 @@ async def test_a_disk_that_fills_while_storing_an_attachment_admits_nothing(disk
         assert (await rt.read(after, timeout=10)).text == "still here"
         stored = await rt.attachment(small.sha256)
         assert stored.data == b"small enough" and stored.media_type == "text/plain"
+
+
+def test_a_full_disk_is_a_503_over_http_and_admits_nothing(disk: Disk) -> None:
+    """The same with a real ``hearth serve`` process: the file is refused with a 503, and the
+    server admits the next (smaller) one once it fits."""
+    import sys
+
+    import httpx2
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from httpharness import ServerProcess
+
+    server = ServerProcess(disk.path / "h.db", log=Path(tempfile.mkdtemp()) / "server.log")
+    server.start()
+    try:
+        url = f"{server.url}/agents/echo/c-1"
+        big = {"file": ("big.bin", os.urandom(6 * 1024 * 1024), "application/octet-stream")}
+        refused = httpx2.post(url, data={"message": "x"}, files=big, timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert "disk is full" in refused.json()["error"]["message"]
+        small = {"file": ("note.txt", b"fits", "text/plain")}
+        taken = httpx2.post(url, data={"message": "x"}, files=small, timeout=30)
+        assert taken.status_code == 202, taken.text
+    finally:
+        server.kill()
+
+    async def check() -> tuple[int, list[Any]]:
+        store = open_store(f"sqlite:///{disk.path / 'h.db'}")
+        await store.open()
+        try:
+            return len(await store.list_submissions()), await store.collect_attachments(
+                dry_run=True
+            )
+        finally:
+            await store.close()
+
+    subs, orphans = asyncio.run(check())
+    assert subs == 1 and orphans == []
