@@ -323,7 +323,10 @@ class Runtime:
 
     async def collect_attachments(self, *, dry_run: bool = False) -> list[Blob]:
         """Delete the attachments that nothing references (``hearth gc``); return them."""
-        return await self.store.collect_attachments(dry_run=dry_run)
+        _faults.reached("before:store.collect_attachments")
+        freed = await self.store.collect_attachments(dry_run=dry_run)
+        _faults.reached("after:store.collect_attachments")
+        return freed
 
     async def settle_all(self, timeout: float = 30.0) -> None:
         """Wait until no submission is queued or running, and none waits for a wait that will
