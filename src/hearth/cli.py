@@ -643,6 +643,21 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _content_text(content: Any) -> Any:
+    """A message's content for a one-line view: its text, then each file as [name (type)]."""
+    if not isinstance(content, list):
+        return content
+    words = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "attachment":
+            words.append(f"[{part.get('name')} ({part.get('media_type')}, {part.get('size')} B)]")
+        elif isinstance(part, dict) and part.get("type") == "text":
+            words.append(str(part.get("text", "")))
+        else:
+            words.append(json.dumps(part, ensure_ascii=False))
+    return " ".join(words)
+
+
 def _summary(kind: str, r: dict[str, Any]) -> str:
     get = r.get
     match kind:
@@ -651,7 +666,7 @@ def _summary(kind: str, r: dict[str, Any]) -> str:
                 f" (child of {get('parent')})" if get("parent") else ""
             )
         case "user_message":
-            return _short(get("content"))
+            return _short(_content_text(get("content")))
         case "signal":
             return f"{get('signal_type')}: {_short(get('body'))}"
         case "assistant_message_started":

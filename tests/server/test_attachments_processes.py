@@ -190,6 +190,10 @@ def test_hearth_send_attaches_files(db: str, tmp_path: Path, procs: list[ServerP
             r for r in client.conversation("echo", "c-1").history() if r["type"] == "user_message"
         ]
     assert [p.get("name") for p in message["content"][1:]] == ["one.pdf", "two.txt"]
+    tail = hearth_cli("tail", "echo", "c-1", "--no-follow", "--url", server.url)
+    assert f"both [one.pdf (application/pdf, {len(PDF)} B)] [two.txt (text/plain, 7 B)]" in (
+        tail.stdout
+    ), tail.stdout
     missing = hearth_cli("send", "echo", "c-1", "x", "--attach", str(tmp_path / "nope"))
     assert missing.returncode != 0 and "nope" in missing.stderr
 
