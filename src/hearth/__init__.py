@@ -8,9 +8,12 @@ from hearth import channels
 from hearth._version import __version__
 from hearth.agent import Agent, AgentContext, Durability, agent
 from hearth.app import App
+from hearth.attachments import Attachment
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.client import AsyncClient, Client
 from hearth.errors import (
+    AttachmentNotFound,
+    AttachmentTooLarge,
     ChannelFailed,
     ConfigurationError,
     ConversationExists,
@@ -66,6 +69,9 @@ __all__ = [
     "AgentStart",
     "App",
     "AsyncClient",
+    "Attachment",
+    "AttachmentNotFound",
+    "AttachmentTooLarge",
     "Channel",
     "ChannelFailed",
     "Client",

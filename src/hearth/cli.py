@@ -22,7 +22,7 @@ from rich.table import Table
 
 import hearth
 from hearth.client import Client
-from hearth.errors import HearthError, SubmissionError
+from hearth.errors import HearthError, StoreError, SubmissionError
 
 if TYPE_CHECKING:
     from hearth.server import HearthASGI
@@ -107,6 +107,12 @@ def main() -> None:
 @click.option("--heartbeat-s", type=float, help="Lease renewal period (HEARTH_HEARTBEAT_S).")
 @click.option("--scan-s", type=float, help="Expired-lease scan period (HEARTH_SCAN_S).")
 @click.option("--max-body", type=int, help="Largest request body in bytes (HEARTH_MAX_BODY).")
+@click.option(
+    "--max-attachment", type=int, help="Largest attached file in bytes (HEARTH_MAX_ATTACHMENT)."
+)
+@click.option(
+    "--max-upload", type=int, help="Largest request with files in bytes (HEARTH_MAX_UPLOAD)."
+)
 @click.option("--shutdown-s", type=float, help="Longest graceful exit (HEARTH_SHUTDOWN_S).")
 @click.option("--pg-pool", type=int, help="PostgreSQL connections per process (HEARTH_PG_POOL).")
 @click.option("--max-streams", type=int, help="Open SSE streams per process (HEARTH_MAX_STREAMS).")
@@ -222,6 +228,13 @@ def reloaded_asgi() -> HearthASGI:
 @click.option("--wait", is_flag=True, help="Wait for the reply and print it.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds.")
 @click.option("--idempotency-key", default=None, help="Admit at most once per key.")
+@click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    help="Send this file with the message (repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @friendly
 def send(
@@ -233,12 +246,14 @@ def send(
     wait: bool,
     timeout: float | None,
     idempotency_key: str | None,
+    attach: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Send MESSAGE to conversation AGENT/ID."""
+    """Send MESSAGE to conversation AGENT/ID (with --attach FILE, files too)."""
+    files = [hearth.Attachment.from_path(path) for path in attach]
     with Client(url, token) as client:
         conv = client.conversation(agent, id)
-        receipt = conv.send(message, idempotency_key=idempotency_key)
+        receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
         if not wait:
             if as_json:
                 click.echo(json.dumps(receipt.to_json()))
@@ -602,6 +617,62 @@ def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
     sys.exit(1 if report.withdrawn else 0)
 
 
+# --- gc --------------------------------------------------------------------------------------
+@main.command()
+@click.option("--db", default=None, help="Database URL: collect in it directly.")
+@click.option("--url", default=None, help="Ask the running server at this URL instead.")
+@token_option
+@click.option("--dry-run", is_flag=True, help="Only list what would be freed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@friendly
+def gc(db: str | None, url: str | None, token: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete the attachments that no record and no submission references.
+
+    With --db it works on the database itself (a SQLite file only while no server has it
+    open); with --url it asks a running server (POST /admin/gc, behind its token).
+    """
+    if (db is None) == (url is None):
+        fail("give one of --db URL (the database) or --url URL (a running server)", 2)
+    if url is not None:
+        with Client(url, token) as client:
+            found = client.gc(dry_run=dry_run)
+    else:
+        found = asyncio.run(_gc_database(db, dry_run))
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    verb = "would free" if dry_run else "freed"
+    for blob in found["deleted"]:
+        click.echo(f"{blob['sha256']}  {blob['size']:>12}  {blob['media_type']}")
+    click.echo(f"hearth: {verb} {found['count']} attachment(s), {found['bytes']} bytes")
+
+
+async def _gc_database(db: str | None, dry_run: bool) -> dict[str, Any]:
+    from hearth.app import open_database
+    from hearth.config import shown_db
+
+    try:
+        store = await open_database(db, pg_pool=1)
+    except StoreError as exc:
+        if "another process owns" in str(exc):
+            fail(
+                f"{shown_db(db)} is open in a running server (a SQLite file belongs to one"
+                " process): stop it first, or use --url to ask the server",
+                2,
+            )
+        raise
+    try:
+        freed = await store.collect_attachments(dry_run=dry_run)
+    finally:
+        await store.close()
+    return {
+        "dry_run": dry_run,
+        "deleted": [b.to_json() for b in freed],
+        "count": len(freed),
+        "bytes": sum(b.size for b in freed),
+    }
+
+
 # --- migrate ---------------------------------------------------------------------------------
 @main.command()
 @click.option("--db", envvar="HEARTH_DB", default=None, help="Database URL (HEARTH_DB).")
@@ -659,6 +730,21 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _content_text(content: Any) -> Any:
+    """A message's content for a one-line view: its text, then each file as [name (type)]."""
+    if not isinstance(content, list):
+        return content
+    words = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "attachment":
+            words.append(f"[{part.get('name')} ({part.get('media_type')}, {part.get('size')} B)]")
+        elif isinstance(part, dict) and part.get("type") == "text":
+            words.append(str(part.get("text", "")))
+        else:
+            words.append(json.dumps(part, ensure_ascii=False))
+    return " ".join(words)
+
+
 def _summary(kind: str, r: dict[str, Any]) -> str:
     get = r.get
     match kind:
@@ -667,7 +753,7 @@ def _summary(kind: str, r: dict[str, Any]) -> str:
                 f" (child of {get('parent')})" if get("parent") else ""
             )
         case "user_message":
-            return _short(get("content"))
+            return _short(_content_text(get("content")))
         case "signal":
             return f"{get('signal_type')}: {_short(get('body'))}"
         case "assistant_message_started":

@@ -26,6 +26,8 @@ class Settings:
     scan_s: float = 15.0
     workers: int = 64
     max_body: int = 1024 * 1024
+    max_attachment: int = 20 * 1024 * 1024  # bytes per attached file
+    max_upload: int = 64 * 1024 * 1024  # bytes per request that carries attachments
     shutdown_s: float = 30.0
     pg_pool: int = 10  # connections per process to a PostgreSQL store
     max_streams: int = 2000  # open SSE streams per process; past it, 503
@@ -66,6 +68,8 @@ class Settings:
             )
         if self.max_body < 1:
             raise ConfigurationError("max_body must be at least 1 byte")
+        if self.max_attachment < 1 or self.max_upload < 1:
+            raise ConfigurationError("max_attachment and max_upload must be at least 1 byte")
         if self.heartbeat_s >= self.lease_s:
             raise ConfigurationError("heartbeat_s must be shorter than lease_s")
         check_db_url(self.db)

@@ -82,6 +82,20 @@ class IdempotencyConflict(HearthError):
     """An idempotency key was reused with a different payload."""
 
 
+class AttachmentTooLarge(HearthError):
+    """An attachment is over ``HEARTH_MAX_ATTACHMENT`` (HTTP 413); nothing was admitted."""
+
+    def __init__(self, message: str, name: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.name = name
+        self.size = size
+        self.limit = limit
+
+
+class AttachmentNotFound(HearthError):
+    """No attachment with that SHA-256 is stored (HTTP 404)."""
+
+
 class ShuttingDown(HearthError):
     """The runtime is shutting down and admits no new work."""
 

@@ -19,11 +19,12 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 import pydantic
 
+from hearth.attachments import ConversationAttachments
 from hearth.errors import ConfigurationError
 from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
@@ -45,6 +46,14 @@ class ToolContext:
     log: logging.LoggerAdapter[logging.Logger]
     step: Steps | None = None  # durable tools only
     workspace: OpenWorkspace | None = None  # when the agent declared ctx.use_workspace
+    # the conversation's files: ``await ctx.attachments.read(name_or_sha256)``
+    attachments: ConversationAttachments = field(
+        default_factory=lambda: ConversationAttachments([], _nothing)
+    )
+
+
+async def _nothing(sha256: str) -> bytes | None:
+    return None
 
 
 class Tool:

@@ -29,8 +29,14 @@ def anthropic_chat(ctx: hearth.AgentContext) -> str:
     return "You are brief."
 
 
+@hearth.agent
+def openai_vision(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("openai/gpt-4o-mini")  # a model that takes images (the attachment tests)
+    return "You are brief."
+
+
 app = hearth.App(
-    [openai_chat, anthropic_chat],
+    [openai_chat, anthropic_chat, openai_vision],
     providers=[
         OpenAIProvider(f"{URL}/v1", "sk-test", timeout=10.0, connect_timeout=2.0),
         AnthropicProvider(URL, "sk-ant-test", timeout=10.0, connect_timeout=2.0),

@@ -50,12 +50,13 @@ STORE_READS = {
     "get_wait",
     "list_waits",
     "next_wait_expiry",
+    "get_attachment",
 }
 # Called only by ``Store.settle`` inside the store; a runtime call of its own would be unguarded.
 STORE_INTERNAL = {"settle_batch"}
 # Writes made for an operator, outside any attempt: bracketed by their points in Runtime.resolve
-# and Runtime.fork.
-STORE_OPERATOR = {"resolve_wait", "fork"}
+# and Runtime.fork; ``hearth gc`` deletes only what nothing references, in one transaction.
+STORE_OPERATOR = {"resolve_wait", "fork", "collect_attachments"}
 
 Who = tuple[int, int | None]  # (thread, asyncio task): whose event it is
 
@@ -170,6 +171,7 @@ async def _scenario(db: str) -> None:
         await _until(lambda: _waiting(rt, approved.submission_id))
         [wait] = await rt.waits("lab/w")
         await rt.resolve("lab", "w", wait.wait_id, True)
+        await rt.collect_attachments()  # an operator's hearth gc, while work runs
         await _until(lambda: _tool_started(rt, "d"))
         await rt.abort("lab", "d")
         for receipt in (

@@ -17,8 +17,18 @@ SLOW_S = float(os.environ.get("HEARTH_TEST_SLOW_S", "2"))
 CHUNKS = int(os.environ.get("HEARTH_TEST_CHUNKS", "40"))
 
 
+def _said(content: object) -> str:
+    """A user turn as text: attachments by name (their bytes are in the request too)."""
+    if not isinstance(content, list):
+        return str(content)
+    return " ".join(
+        str(p.get("text", "")) if isinstance(p, dict) else f"[{getattr(p, 'name', p)}]"
+        for p in content
+    )
+
+
 def _echo(request: ModelRequest) -> Step:
-    said = [m.content for m in request.messages if isinstance(m, UserTurn)]
+    said = [_said(m.content) for m in request.messages if isinstance(m, UserTurn)]
     return reply(f"echo: {said[-1] if said else ''}")
 
 

@@ -532,3 +532,26 @@ async def test_a_transaction_frozen_mid_way_gives_its_locks_up_after_a_while(
             lambda conn: fetchone(conn, "SHOW idle_in_transaction_session_timeout", {})
         )
         assert row == {"idle_in_transaction_session_timeout": "10s"}
+
+
+async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster) -> None:
+    import hashlib
+
+    from hearth.store import Blob
+
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        old = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+    pg_cluster.sql(  # as version 5 left it: no attachment tables
+        f"DROP TABLE {schema}.attachments; DROP TABLE {schema}.attachment_refs;"
+        f" UPDATE {schema}.meta SET value = '5' WHERE key = 'schema_version'"
+    )
+    data = b"bytes after the upgrade"
+    b = Blob(hashlib.sha256(data).hexdigest(), "text/plain", len(data), data)
+    async with opened(pg_cluster.conninfo, schema) as store:
+        assert await store.get_submission(old.id) == old
+        await store.admit(NewSubmission("support/c-2", "support", "message", {"t": 2}, blobs=(b,)))
+        got = await store.get_attachment(b.sha256)
+        assert got is not None and got.data == data
+    found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert found == str(SCHEMA_VERSION) == "6"

@@ -549,3 +549,35 @@ async def test_a_page_of_100000_conversations_is_read_through_an_index(tmp_path:
         assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
     finally:
         await store.close()
+
+
+async def test_a_schema_6_file_gains_the_attachment_store(tmp_path: Path) -> None:
+    import hashlib
+
+    from hearth.store import Blob
+
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        first = (await store.admit(new("support/c-1"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 6 left it: no attachment tables
+        conn.execute("DROP TABLE attachments")
+        conn.execute("DROP TABLE attachment_refs")
+        conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    conn.close()
+    data = b"bytes after the upgrade"
+    b = Blob(hashlib.sha256(data).hexdigest(), "text/plain", len(data), data)
+    store = await opened(path)
+    try:
+        assert await store.get_submission(first.id) == first
+        await store.admit(NewSubmission("support/c-2", "support", "message", {"t": 1}, blobs=(b,)))
+        got = await store.get_attachment(b.sha256)
+        assert got is not None and got.data == data
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert version == (str(SCHEMA_VERSION),) == ("7",)

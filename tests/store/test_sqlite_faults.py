@@ -11,6 +11,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,12 +42,12 @@ class Disk:
             raise RuntimeError(done.stderr.strip() or "mount failed")
 
     def fill(self) -> None:
-        """Write a filler file until the disk is full."""
-        with open(self.path / "filler", "wb") as f:
+        """Write a filler file until the disk is full (unbuffered: closing it writes nothing
+        more, so it cannot fail whatever space was left)."""
+        with open(self.path / "filler", "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
 
@@ -192,3 +193,57 @@ def test_a_file_size_limit_refuses_writes_as_unavailable_and_they_resume_after(
     admitted, total = int(counted.split()[1]), int(counted.split()[3])
     assert 0 < admitted < 10_000
     assert total == admitted + 1  # nothing half-written, and writes resumed
+
+
+async def test_a_disk_that_fills_while_storing_an_attachment_admits_nothing(disk: Disk) -> None:
+    big = os.urandom(6 * 1024 * 1024)  # more than the whole 4 MB disk
+    async with worker_app(disk.path / "h.db").run() as rt:
+        with pytest.raises(StoreUnavailable, match="disk is full"):
+            await rt.dispatch(
+                "talker", "t1", "see", attachments=[hearth.Attachment(big, "big.bin")]
+            )
+        assert await rt.submissions("talker/t1") == []
+        assert await rt.store.collect_attachments(dry_run=True) == []
+        small = hearth.Attachment(b"small enough", "note.txt")
+        after = await rt.dispatch("talker", "t1", "see", attachments=[small])
+        assert (await rt.read(after, timeout=10)).text == "still here"
+        stored = await rt.attachment(small.sha256)
+        assert stored.data == b"small enough" and stored.media_type == "text/plain"
+
+
+def test_a_full_disk_is_a_503_over_http_and_admits_nothing(disk: Disk) -> None:
+    """The same with a real ``hearth serve`` process: the file is refused with a 503, and the
+    server admits the next (smaller) one once it fits."""
+    import sys
+
+    import httpx2
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from httpharness import ServerProcess
+
+    server = ServerProcess(disk.path / "h.db", log=Path(tempfile.mkdtemp()) / "server.log")
+    server.start()
+    try:
+        url = f"{server.url}/agents/echo/c-1"
+        big = {"file": ("big.bin", os.urandom(6 * 1024 * 1024), "application/octet-stream")}
+        refused = httpx2.post(url, data={"message": "x"}, files=big, timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert "disk is full" in refused.json()["error"]["message"]
+        small = {"file": ("note.txt", b"fits", "text/plain")}
+        taken = httpx2.post(url, data={"message": "x"}, files=small, timeout=30)
+        assert taken.status_code == 202, taken.text
+    finally:
+        server.kill()
+
+    async def check() -> tuple[int, list[Any]]:
+        store = open_store(f"sqlite:///{disk.path / 'h.db'}")
+        await store.open()
+        try:
+            return len(await store.list_submissions()), await store.collect_attachments(
+                dry_run=True
+            )
+        finally:
+            await store.close()
+
+    subs, orphans = asyncio.run(check())
+    assert subs == 1 and orphans == []

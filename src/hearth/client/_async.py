@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from os import PathLike
 from typing import Any
 
 import httpx2
 
+from hearth.attachments import Attachment
 from hearth.client._core import BaseClient, BaseConversation, Call, Reading, T, Tail
 from hearth.client._errors import check, error_from
 from hearth.receipts import AbortResult, Receipt, Reply
@@ -64,6 +66,10 @@ class AsyncClient(BaseClient[httpx2.AsyncClient]):
         """Route a failed delivery again, after a fix."""
         return await _do(self._http, self._replay_call(channel, delivery_id))
 
+    async def gc(self, dry_run: bool = False) -> dict[str, Any]:
+        """Delete the attachments nothing references: ``{"deleted", "count", "bytes"}``."""
+        return await _do(self._http, self._gc_call(dry_run))
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -77,9 +83,18 @@ class AsyncClient(BaseClient[httpx2.AsyncClient]):
 class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
     """One conversation on the server: ``async_client.conversation(agent, id)``."""
 
-    async def send(self, text: str, idempotency_key: str | None = None) -> Receipt:
-        """Admit a message; returns once it is durable."""
-        return await _do(self._http, self._send_call(text, idempotency_key))
+    async def send(
+        self,
+        text: str = "",
+        idempotency_key: str | None = None,
+        *,
+        attachments: Sequence[Attachment | str | PathLike[str]] | None = None,
+    ) -> Receipt:
+        """Admit a message; returns once it (and its attachments) are durable.
+
+        ``attachments``: ``hearth.Attachment`` values or file paths, sent in the JSON body as
+        base64; with attachments the text may be empty."""
+        return await _do(self._http, self._send_call(text, idempotency_key, attachments))
 
     async def signal(
         self,

@@ -8,16 +8,19 @@ deadline every wait of a ``read`` is cut to.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from os import PathLike
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx2
 
+from hearth.attachments import Attachment
 from hearth.client._errors import is_transient
 from hearth.receipts import AbortResult, Receipt, Reply, reply_or_raise
 from hearth.sse import SSEEvent
@@ -253,6 +256,20 @@ class BaseClient(Generic[HTTP]):
         path = f"/channels/{channel}/deliveries/{delivery_id}/replay"
         return Call(Request("POST", path), as_is)
 
+    def _gc_call(self, dry_run: bool) -> Call[dict[str, Any]]:
+        params = {"dry_run": "1"} if dry_run else None
+        return Call(Request("POST", "/admin/gc", params=params), as_is)
+
+
+def attachment_entry(att: Attachment | str | PathLike[str]) -> dict[str, Any]:
+    """An attachment as the JSON body carries it: name, media type (when known) and base64."""
+    if not isinstance(att, Attachment):
+        att = Attachment.from_path(att)
+    entry: dict[str, Any] = {"name": att.name, "data": base64.b64encode(att.data).decode()}
+    if att.media_type is not None:
+        entry["media_type"] = att.media_type
+    return entry
+
 
 class BaseConversation(Generic[HTTP]):
     """What both conversation shells share: the conversation's name and the calls about it."""
@@ -264,10 +281,17 @@ class BaseConversation(Generic[HTTP]):
         self.conversation_id = f"{agent}/{id}"
         self._base = f"/agents/{quote(agent, safe='')}/{quote(id, safe='')}"
 
-    def _send_call(self, text: str, idempotency_key: str | None) -> Call[Receipt]:
+    def _send_call(
+        self,
+        text: str,
+        idempotency_key: str | None,
+        attachments: Sequence[Attachment | str | PathLike[str]] | None = None,
+    ) -> Call[Receipt]:
         body: dict[str, Any] = {"message": text}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
+        if attachments:
+            body["attachments"] = [attachment_entry(a) for a in attachments]
         return Call(Request("POST", self._base, json=body), receipt_from)
 
     def _signal_call(

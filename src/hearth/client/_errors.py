@@ -11,6 +11,8 @@ from typing import Any
 import httpx2
 
 from hearth.errors import (
+    AttachmentNotFound,
+    AttachmentTooLarge,
     ConversationExists,
     ConversationNotFound,
     HearthError,
@@ -63,6 +65,7 @@ _BY_TYPE: dict[str, type[HearthError]] = {
     "wait_not_found": WaitNotFound,
     "wait_conflict": WaitConflict,
     "conversation_exists": ConversationExists,
+    "attachment_not_found": AttachmentNotFound,
 }
 
 
@@ -79,6 +82,15 @@ def error_from(response: httpx2.Response) -> HearthError:
         rest = NotARestPoint(message, [int(p) for p in points or []])
         rest.status = response.status_code  # type: ignore[attr-defined]
         return rest
+    if kind == "attachment_too_large" and isinstance(details, dict):
+        too_large = AttachmentTooLarge(
+            message,
+            str(details.get("name", "")),
+            int(details.get("size") or 0),
+            int(details.get("limit") or 0),
+        )
+        too_large.status = response.status_code  # type: ignore[attr-defined]
+        return too_large
     known = _BY_TYPE.get(kind)
     if known is not None:
         exc = known(message)

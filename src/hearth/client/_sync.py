@@ -9,12 +9,14 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager
+from os import PathLike
 from typing import Any
 
 import httpx2
 
+from hearth.attachments import Attachment
 from hearth.client._core import BaseClient, BaseConversation, Call, Reading, T, Tail
 from hearth.client._errors import check, error_from
 from hearth.receipts import AbortResult, Receipt, Reply
@@ -66,6 +68,10 @@ class Client(BaseClient[httpx2.Client]):
         """Route a failed delivery again, after a fix."""
         return _do(self._http, self._replay_call(channel, delivery_id))
 
+    def gc(self, dry_run: bool = False) -> dict[str, Any]:
+        """Delete the attachments nothing references: ``{"deleted", "count", "bytes"}``."""
+        return _do(self._http, self._gc_call(dry_run))
+
     def close(self) -> None:
         self._http.close()
 
@@ -79,9 +85,18 @@ class Client(BaseClient[httpx2.Client]):
 class Conversation(BaseConversation[httpx2.Client]):
     """One conversation on the server: ``client.conversation(agent, id)``."""
 
-    def send(self, text: str, idempotency_key: str | None = None) -> Receipt:
-        """Admit a message; returns once it is durable."""
-        return _do(self._http, self._send_call(text, idempotency_key))
+    def send(
+        self,
+        text: str = "",
+        idempotency_key: str | None = None,
+        *,
+        attachments: Sequence[Attachment | str | PathLike[str]] | None = None,
+    ) -> Receipt:
+        """Admit a message; returns once it (and its attachments) are durable.
+
+        ``attachments``: ``hearth.Attachment`` values or file paths, sent in the JSON body as
+        base64; with attachments the text may be empty."""
+        return _do(self._http, self._send_call(text, idempotency_key, attachments))
 
     def signal(
         self,

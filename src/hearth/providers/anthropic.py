@@ -30,7 +30,8 @@ from hearth.providers.base import (
 )
 from hearth.providers.failures import classify_failure, error_details, retry_after_seconds
 from hearth.providers.http import HTTPProvider
-from hearth.providers.windows import DEFAULT_ANTHROPIC_WINDOW
+from hearth.providers.parts import Block, FileRules, TextBlock, user_blocks
+from hearth.providers.windows import DEFAULT_ANTHROPIC_WINDOW, context_window_for, takes_images
 from hearth.sse import SSEEvent
 
 __all__ = ["AnthropicProvider"]
@@ -55,12 +56,23 @@ def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def _user_blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [_text_block(content)] if content else []
-    if isinstance(content, list):
-        return [p if isinstance(p, dict) else _text_block(str(p)) for p in content]
-    return [_text_block(json.dumps(content, default=str))]
+def file_rules(model: str, window: int) -> FileRules:
+    """What a Claude model takes: images and PDF documents (as base64 ``image``/``document``
+    blocks) when the model table says it takes images, text files up to a quarter of its
+    window (in characters ≈ tokens)."""
+    images = takes_images(model, default=True)
+    return FileRules(images=images, documents=images, text_limit=max(window, 1000))
+
+
+def _user_blocks(content: Any, rules: FileRules) -> list[dict[str, Any]]:
+    return [_wire_block(b) for b in user_blocks(content, rules)]
+
+
+def _wire_block(block: Block) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return _text_block(block.text)
+    source = {"type": "base64", "media_type": block.media_type, "data": block.data}
+    return {"type": block.kind, "source": source}
 
 
 def _result_block(result: ToolResult) -> dict[str, Any]:
@@ -75,8 +87,13 @@ def _result_block(result: ToolResult) -> dict[str, Any]:
     return block
 
 
-def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
+def anthropic_messages(
+    request: ModelRequest, rules: FileRules | None = None
+) -> list[dict[str, Any]]:
     """The request's conversation as alternating Messages API turns of content blocks."""
+    if rules is None:
+        window = context_window_for(request.model, default=DEFAULT_ANTHROPIC_WINDOW)
+        rules = file_rules(request.model, window)
     turns: list[dict[str, Any]] = []
     known_calls: set[str] = set()
 
@@ -90,7 +107,7 @@ def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
 
     for message in request.messages:
         if isinstance(message, UserTurn):
-            add("user", _user_blocks(message.content))
+            add("user", _user_blocks(message.content, rules))
         elif isinstance(message, AssistantTurn):
             blocks = [_text_block(message.text)] if message.text else []
             for call in message.tool_calls:
@@ -283,7 +300,9 @@ class AnthropicProvider(HTTPProvider):
             "max_tokens": self.max_tokens,
             **request.options,
             "model": request.model,
-            "messages": anthropic_messages(request),
+            "messages": anthropic_messages(
+                request, file_rules(request.model, self.context_window(request.model))
+            ),
             "stream": True,
         }
         if system:

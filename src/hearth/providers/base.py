@@ -11,6 +11,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from hearth.providers.parts import estimate_chars
+
 # --- the conversation as a provider sees it ---------------------------------------------------
 
 
@@ -122,7 +124,10 @@ def estimate_tokens(request: ModelRequest) -> int:
     size = len(request.system) + len(request.summary or "")
     for m in request.messages:
         if isinstance(m, UserTurn):
-            size += len(m.content if isinstance(m.content, str) else json.dumps(m.content))
+            if isinstance(m.content, list):
+                size += sum(estimate_chars(p) for p in m.content)
+            else:
+                size += len(m.content if isinstance(m.content, str) else json.dumps(m.content))
         elif isinstance(m, AssistantTurn):
             size += len(m.text) + sum(
                 len(json.dumps(c.arguments)) + len(c.name) for c in m.tool_calls

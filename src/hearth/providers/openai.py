@@ -30,7 +30,8 @@ from hearth.providers.base import (
 )
 from hearth.providers.failures import classify_failure, error_details, retry_after_seconds
 from hearth.providers.http import HTTPProvider
-from hearth.providers.windows import DEFAULT_OPENAI_WINDOW
+from hearth.providers.parts import Block, FileRules, TextBlock, user_blocks
+from hearth.providers.windows import DEFAULT_OPENAI_WINDOW, context_window_for, takes_images
 from hearth.sse import SSEEvent
 
 __all__ = ["OpenAIProvider"]
@@ -54,6 +55,12 @@ def _user_parts(content: Any) -> list[Any]:
     if isinstance(content, list):
         return [p if isinstance(p, dict) else {"type": "text", "text": str(p)} for p in content]
     return [{"type": "text", "text": json.dumps(content, default=str)}]
+
+
+def _wire_part(block: Block) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    return {"type": "image_url", "image_url": {"url": block.data_url()}}
 
 
 def _join_user(parts: list[Any]) -> Any:
@@ -142,11 +149,20 @@ class _Transcript:
         return self.messages
 
 
-def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:
+def file_rules(model: str, window: int) -> FileRules:
+    """What an OpenAI-compatible model takes: images by the model table (as ``image_url`` data
+    URLs), no documents, and text files up to a quarter of its window (in characters ≈ tokens)."""
+    return FileRules(images=takes_images(model, default=False), text_limit=max(window, 1000))
+
+
+def chat_messages(request: ModelRequest, rules: FileRules | None = None) -> list[dict[str, Any]]:
     """The request's conversation as Chat Completions ``messages``."""
+    if rules is None:
+        window = context_window_for(request.model, default=DEFAULT_OPENAI_WINDOW)
+        rules = file_rules(request.model, window)
     transcript = _Transcript()
     for message in request.messages:
-        _add(transcript, message)
+        _add(transcript, message, rules)
     messages = transcript.finish()
     if messages and messages[0]["role"] == "assistant":
         # Many chat templates require the first non-system message to be the user's.
@@ -157,9 +173,9 @@ def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:
     return messages
 
 
-def _add(transcript: _Transcript, message: Message) -> None:
+def _add(transcript: _Transcript, message: Message, rules: FileRules) -> None:
     if isinstance(message, UserTurn):
-        transcript.user(_user_parts(message.content))
+        transcript.user([_wire_part(b) for b in user_blocks(message.content, rules)])
     elif isinstance(message, AssistantTurn):
         transcript.assistant(message)
     elif isinstance(message, ToolResult):
@@ -287,7 +303,9 @@ class OpenAIProvider(HTTPProvider):
         body: dict[str, Any] = {
             **request.options,
             "model": request.model,
-            "messages": chat_messages(request),
+            "messages": chat_messages(
+                request, file_rules(request.model, self.context_window(request.model))
+            ),
             "stream": True,
             "stream_options": {"include_usage": True},
         }

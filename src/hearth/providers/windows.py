@@ -18,7 +18,9 @@ __all__ = [
     "CONTEXT_WINDOWS",
     "DEFAULT_ANTHROPIC_WINDOW",
     "DEFAULT_OPENAI_WINDOW",
+    "IMAGE_INPUT",
     "context_window_for",
+    "takes_images",
 ]
 
 DEFAULT_OPENAI_WINDOW = 8192  # an unknown OpenAI-compatible (often local) model
@@ -139,3 +141,49 @@ def context_window_for(
         default = overrides.get("*", default)
     found = _best_match(model, CONTEXT_WINDOWS)
     return default if found is None else found
+
+
+# Which models take images (and, on Anthropic, PDF documents), matched like the windows above;
+# a model in neither table gets the provider's default. Others see a note naming the file.
+IMAGE_INPUT: dict[str, bool] = {
+    "gpt-5": True,
+    "gpt-4.1": True,
+    "gpt-4o": True,
+    "chatgpt-4o": True,
+    "gpt-4-turbo": True,
+    "gpt-4": False,
+    "gpt-3.5-turbo": False,
+    "o1": True,
+    "o1-mini": False,
+    "o1-preview": False,
+    "o3": True,
+    "o3-mini": False,
+    "o4-mini": True,
+    "gpt-oss": False,
+    "claude": True,
+    "claude-2": False,
+    "claude-instant": False,
+    "llava": True,
+    "bakllava": True,
+    "llama3.2-vision": True,
+    "llama4": True,
+    "qwen2.5-vl": True,
+    "qwen2-vl": True,
+    "gemma3": True,
+    "pixtral": True,
+    "mistral-small3.1": True,
+    "minicpm-v": True,
+    "moondream": True,
+}
+
+
+def takes_images(model: str, *, default: bool) -> bool:
+    """Whether ``model`` takes images, by the table ``IMAGE_INPUT``, else ``default``.
+
+    >>> takes_images("gpt-4o-mini-2024-07-18", default=False)
+    True
+    >>> takes_images("llama3.1:8b", default=False)
+    False
+    """
+    found = _best_match(model, IMAGE_INPUT)
+    return default if found is None else bool(found)

@@ -3,12 +3,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hearth.agent import Agent
+from hearth.attachments import MAX_ATTACHMENTS, Attachment, Checked, check
 from hearth.errors import InvalidInput, UnknownAgent
 from hearth.ids import check_id
-from hearth.store.base import NewSubmission
+from hearth.store.base import Blob, NewSubmission
+
+
+def check_attachments(attachments: Any, limit: int) -> list[Checked]:
+    """Every attachment checked (``attachments.check``), in order; at most
+    ``MAX_ATTACHMENTS``."""
+    if attachments is None:
+        return []
+    if isinstance(attachments, Attachment) or not isinstance(attachments, Sequence):
+        raise InvalidInput("attachments must be a list of hearth.Attachment", "attachments")
+    if len(attachments) > MAX_ATTACHMENTS:
+        raise InvalidInput(
+            f"at most {MAX_ATTACHMENTS} attachments per message, not {len(attachments)}",
+            "attachments",
+        )
+    return [check(att, i, limit) for i, att in enumerate(attachments)]
+
+
+def blobs_of(checked: Sequence[Checked]) -> tuple[Blob, ...]:
+    """What the store keeps of each distinct file: bytes and the declared media type."""
+    seen: dict[str, Blob] = {}
+    for att in checked:
+        seen.setdefault(att.sha256, Blob(att.sha256, att.media_type, len(att.data), att.data))
+    return tuple(seen.values())
 
 
 def declared(agents: dict[str, Agent], name: str) -> Agent:
@@ -19,9 +44,19 @@ def declared(agents: dict[str, Agent], name: str) -> Agent:
     return agent
 
 
-def input_payload(message: Any, signal: Any) -> tuple[str, dict[str, Any]]:
+def input_payload(
+    message: Any, signal: Any, attachments: Sequence[Checked] = ()
+) -> tuple[str, dict[str, Any]]:
     """``(kind, payload)`` of a direct input: exactly one of a non-empty message or a signal
-    ``{"type", "body", "attributes"}``; ``InvalidInput`` naming the field otherwise."""
+    ``{"type", "body", "attributes"}``; ``InvalidInput`` naming the field otherwise. A message
+    with attachments may have no text; its payload lists their parts under ``attachments``."""
+    if attachments:
+        if signal is not None:
+            raise InvalidInput("attachments come with a message, not a signal", "attachments")
+        message = "" if message is None else message
+        if not isinstance(message, str):
+            raise InvalidInput("message must be a string", "message")
+        return "message", {"message": message, "attachments": [a.part for a in attachments]}
     if (message is None) == (signal is None):
         raise InvalidInput("give exactly one of message or signal")
     if message is not None:
@@ -52,6 +87,7 @@ def new_submission(
     idempotency_key: str | None = None,
     source: dict[str, Any] | None = None,
     traceparent: str | None = None,
+    blobs: tuple[Blob, ...] = (),
 ) -> NewSubmission:
     """The row to admit for ``agent``'s conversation ``id``, with the agent's durability."""
     durability = declared(agents, agent).durability
@@ -65,4 +101,5 @@ def new_submission(
         timeout=float(durability.timeout),
         source=source,
         traceparent=traceparent,
+        blobs=blobs,
     )

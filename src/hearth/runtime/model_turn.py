@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from hearth import _faults, telemetry
@@ -22,6 +23,7 @@ from hearth.records import (
     Signal,
 )
 from hearth.runtime.deltas import DeltaWriter
+from hearth.runtime.files import with_files
 from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import MAX_DEPTH, task_tool_spec
@@ -42,6 +44,10 @@ def build_request(scope: AttemptScope, rendered: Rendered, model: str) -> ModelR
     )
 
 
+async def _with_files(scope: AttemptScope, request: ModelRequest) -> ModelRequest:
+    return replace(request, messages=await with_files(scope.store, request.messages))
+
+
 def _task_tools(scope: AttemptScope, rendered: Rendered) -> tuple[ToolSpec, ...]:
     if rendered.subagents and scope.depth < MAX_DEPTH:
         return (task_tool_spec(rendered),)
@@ -53,7 +59,7 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
     completion's ``error``. (A request estimated past the window is compacted before this, by
     the turn loop's ``Action.COMPACT``.)"""
     provider, model = scope.env.providers.resolve(rendered.model)
-    request = build_request(scope, rendered, model)
+    request = await _with_files(scope, build_request(scope, rendered, model))
     mid = f"m_{uuid.uuid4().hex[:20]}"
     writer = DeltaWriter(scope.journal, mid)
     started = False

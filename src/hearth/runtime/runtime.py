@@ -12,9 +12,11 @@ from typing import Any
 
 from hearth import _faults, telemetry
 from hearth.agent import Agent
+from hearth.attachments import Attachment, is_sha256
 from hearth.channels import Channel
 from hearth.config import Settings
 from hearth.errors import (
+    AttachmentNotFound,
     ConversationNotFound,
     HearthError,
     InvalidId,
@@ -31,7 +33,13 @@ from hearth.receipts import (
     reply_or_raise,
 )
 from hearth.records import Record
-from hearth.runtime.admission import declared, input_payload, new_submission
+from hearth.runtime.admission import (
+    blobs_of,
+    check_attachments,
+    declared,
+    input_payload,
+    new_submission,
+)
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.deliveries import Deliveries, DeliveryReceipt
 from hearth.runtime.env import Env
@@ -41,6 +49,7 @@ from hearth.schedules import Schedule, iso
 from hearth.store.base import (
     LIST_LIMIT,
     UNSETTLED,
+    Blob,
     ConversationInfo,
     ConversationSummary,
     Store,
@@ -109,15 +118,21 @@ class Runtime:
         signal: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         traceparent: str | None = None,
+        attachments: Sequence[Attachment] | None = None,
     ) -> Receipt:
         """Admit one input durably and return at once with its receipt.
+
+        ``attachments`` (``hearth.Attachment``) are stored in the admission's transaction, once
+        per distinct content, and referenced from the message; a message with attachments may
+        have no text. A file over ``max_attachment`` bytes raises ``AttachmentTooLarge``.
 
         ``traceparent`` (W3C Trace Context) makes the submission's trace a child of the caller's;
         without it the admission's span continues the current span, if any. Every attempt at the
         submission continues that trace."""
         self.agent(agent)
         check_id(id)
-        kind, payload = input_payload(message, signal)
+        checked = check_attachments(attachments, self.settings.max_attachment)
+        kind, payload = input_payload(message, signal, checked)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str)
             or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
@@ -148,6 +163,7 @@ class Runtime:
                     payload,
                     idempotency_key=idempotency_key,
                     traceparent=telemetry.current_traceparent(),
+                    blobs=blobs_of(checked),
                 )
             )
             _faults.reached("after:store.admit")
@@ -318,6 +334,23 @@ class Runtime:
         if await self.store.get_conversation(conversation_id) is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
         return await self.store.read(conversation_id, after=after)
+
+    async def attachment(self, sha256: str, *, with_data: bool = True) -> Blob:
+        """The stored attachment with that SHA-256 (64 hex digits, ``InvalidInput`` otherwise);
+        ``AttachmentNotFound`` when none is stored."""
+        if not isinstance(sha256, str) or not is_sha256(sha256):
+            raise InvalidInput("sha256 must be 64 lower-case hex digits", "sha256")
+        blob = await self.store.get_attachment(sha256, with_data=with_data)
+        if blob is None:
+            raise AttachmentNotFound(f"no attachment with sha256 {sha256} is stored")
+        return blob
+
+    async def collect_attachments(self, *, dry_run: bool = False) -> list[Blob]:
+        """Delete the attachments that nothing references (``hearth gc``); return them."""
+        _faults.reached("before:store.collect_attachments")
+        freed = await self.store.collect_attachments(dry_run=dry_run)
+        _faults.reached("after:store.collect_attachments")
+        return freed
 
     async def settle_all(self, timeout: float = 30.0) -> None:
         """Wait until no submission is queued or running, and none waits for a wait that will

@@ -7,6 +7,7 @@ import logging
 
 from hearth import _faults
 from hearth.agent import Agent
+from hearth.attachments import message_content
 from hearth.records import Record, Signal, UserMessage
 from hearth.runtime.env import Env
 from hearth.runtime.recovery import assemble_messages
@@ -78,4 +79,6 @@ def _input_id(sub: Submission) -> str:
 
 
 def _message_input(sub: Submission) -> UserMessage:
-    return UserMessage(id=_input_id(sub), message_id=sub.id, content=sub.payload.get("message", ""))
+    text = sub.payload.get("message", "")
+    parts = list(sub.payload.get("attachments") or ())
+    return UserMessage(id=_input_id(sub), message_id=sub.id, content=message_content(text, parts))

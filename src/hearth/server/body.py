@@ -37,12 +37,12 @@ async def read_json(request: Request, max_body: int) -> Any:
     return parse_json(await read_body(request, max_body))
 
 
-async def read_body(request: Request, max_body: int) -> bytes:
-    """The raw body, or an ``ApiError`` (413 over ``max_body``, 400)."""
+async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_BODY") -> bytes:
+    """The raw body, or an ``ApiError`` (413 over ``max_body``, named as ``setting``; 400)."""
     too_big = ApiError(
         413,
         "payload_too_large",
-        f"the body is over the limit of {max_body} bytes (HEARTH_MAX_BODY)",
+        f"the body is over the limit of {max_body} bytes ({setting})",
         {"max_body": max_body},
     )
     declared = request.headers.get("content-length")

@@ -12,6 +12,8 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from hearth.errors import (
+    AttachmentNotFound,
+    AttachmentTooLarge,
     ChannelFailed,
     ConfigurationError,
     ConversationExists,
@@ -77,6 +79,7 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (ConversationNotFound, 404, "conversation_not_found"),
     (SubmissionNotFound, 404, "submission_not_found"),
     (WaitNotFound, 404, "wait_not_found"),
+    (AttachmentNotFound, 404, "attachment_not_found"),
     (WaitConflict, 409, "wait_conflict"),
     (InvalidId, 400, "invalid_id"),
     (InvalidInput, 400, "invalid_request"),
@@ -96,6 +99,9 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ChannelFailed):  # the sender retries on a 5xx; its log has the cause
         where = {"channel": exc.channel, "delivery_id": exc.delivery_id}
         return ApiError(500, "channel_failed", str(exc), where)
+    if isinstance(exc, AttachmentTooLarge):
+        about = {"name": exc.name, "size": exc.size, "limit": exc.limit}
+        return ApiError(413, "attachment_too_large", str(exc), about)
     for kind, status, name in _MAPPED:
         if isinstance(exc, kind):
             headers = {"Retry-After": "1"} if status == 503 else None

@@ -13,13 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hearth._version import __version__
+from hearth.attachments import MAX_ATTACHMENTS
 from hearth.ids import ID_RE, MAX_IDEMPOTENCY_KEY
+from hearth.server.attachments import BASE64_PATTERN, MEDIA_TYPE_PATTERN
 from hearth.server.tail import MAX_OFFSET, MAX_WAIT_S, PAGE_LIMIT
 from hearth.server.views import CURSOR_RE
 
 # A JSON Schema pattern is an ECMA-262 regex, where ``$`` matches only at the very end.
 ID_PATTERN = ID_RE.pattern
 SID_PATTERN = "^s_[0-9a-f]{20}$"
+SHA256_PATTERN = "^[0-9a-f]{64}$"
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -37,8 +40,9 @@ _ERROR_WORDS = {
     404: "unknown agent, conversation or submission",
     408: "the body did not arrive in time",
     409: "idempotency key reused with another payload",
-    413: "body over HEARTH_MAX_BODY",
-    415: "Content-Type is not JSON",
+    413: "body over HEARTH_MAX_BODY (HEARTH_MAX_UPLOAD with attachments), or a file over"
+    " HEARTH_MAX_ATTACHMENT (named in the message)",
+    415: "Content-Type is not JSON (nor multipart/form-data where files are taken)",
     503: "shutting down, too many open streams, or the database is unreachable (Retry-After)",
 }
 
@@ -79,6 +83,74 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "message": {"type": "string", "minLength": 1},
             "idempotency_key": _ref("IdempotencyKey"),
+            "attachments": {
+                "type": "array",
+                "items": _ref("AttachmentEntry"),
+                "maxItems": MAX_ATTACHMENTS,
+            },
+        },
+    },
+    "FileAdmission": {
+        "type": "object",
+        "description": "A message whose text may be empty: it carries files.",
+        "required": ["attachments"],
+        "additionalProperties": False,
+        "properties": {
+            "message": {"type": "string"},
+            "idempotency_key": _ref("IdempotencyKey"),
+            "attachments": {
+                "type": "array",
+                "items": _ref("AttachmentEntry"),
+                "minItems": 1,
+                "maxItems": MAX_ATTACHMENTS,
+            },
+        },
+    },
+    "AttachmentEntry": {
+        "type": "object",
+        "description": (
+            "A file: its bytes in base64 (at most HEARTH_MAX_ATTACHMENT bytes once decoded),"
+            " a name (a label; sanitised) and a media type (sniffed when left out)."
+        ),
+        "required": ["data"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string"},
+            "media_type": {"type": "string", "pattern": MEDIA_TYPE_PATTERN},
+            "data": {"type": "string", "pattern": BASE64_PATTERN},
+        },
+    },
+    "AttachmentPart": {
+        "type": "object",
+        "description": "How a user_message's content references a stored file.",
+        "required": ["type", "sha256", "name", "media_type", "size"],
+        "properties": {
+            "type": {"const": "attachment"},
+            "sha256": {"type": "string", "pattern": SHA256_PATTERN},
+            "name": {"type": "string"},
+            "media_type": {"type": "string"},
+            "size": {"type": "integer", "minimum": 1},
+        },
+    },
+    "Collected": {
+        "type": "object",
+        "required": ["dry_run", "deleted", "count", "bytes"],
+        "properties": {
+            "dry_run": {"type": "boolean"},
+            "deleted": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["sha256", "media_type", "size"],
+                    "properties": {
+                        "sha256": {"type": "string", "pattern": SHA256_PATTERN},
+                        "media_type": {"type": "string"},
+                        "size": {"type": "integer"},
+                    },
+                },
+            },
+            "count": {"type": "integer", "minimum": 0},
+            "bytes": {"type": "integer", "minimum": 0},
         },
     },
     "SignalAdmission": {
@@ -99,7 +171,9 @@ _SCHEMAS: dict[str, Any] = {
             "idempotency_key": _ref("IdempotencyKey"),
         },
     },
-    "Admission": {"oneOf": [_ref("MessageAdmission"), _ref("SignalAdmission")]},
+    "Admission": {
+        "anyOf": [_ref("MessageAdmission"), _ref("FileAdmission"), _ref("SignalAdmission")]
+    },
     "ConversationList": {
         "type": "object",
         "required": ["conversations", "next"],
@@ -330,6 +404,11 @@ def openapi_document(
             "post": {
                 "operationId": "admit",
                 "summary": "Admit a message or signal",
+                "description": (
+                    "A message may carry files: as base64 `attachments` in JSON, or as"
+                    " multipart/form-data with a `message` field, an optional"
+                    " `idempotency_key` field and file parts (any field name)."
+                ),
                 "parameters": [
                     {
                         "name": "traceparent",
@@ -544,6 +623,60 @@ def openapi_document(
                 "operationId": "openapi",
                 "summary": "This description",
                 "responses": answers({"200": _json({"type": "object"}, "OpenAPI 3.1")}),
+            }
+        },
+        "/attachments/{sha256}": {
+            "parameters": [
+                {
+                    "name": "sha256",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": SHA256_PATTERN},
+                }
+            ],
+            "get": {
+                "operationId": "attachment",
+                "summary": "A stored file's bytes, with the media type of its first copy",
+                "responses": answers(
+                    {
+                        "200": {
+                            "description": (
+                                "the bytes (X-Content-Type-Options: nosniff, Content-Security-"
+                                "Policy: sandbox; Content-Disposition: attachment unless a"
+                                " raster image)"
+                            ),
+                            "content": {"*/*": {"schema": {}}},
+                        }
+                    },
+                    400,
+                    404,
+                ),
+            },
+            "head": {
+                "operationId": "attachment_head",
+                "summary": "A stored file's size (Content-Length) and media type",
+                "responses": {
+                    "200": {"description": "stored"},
+                    "400": {"description": "not 64 hex digits"},
+                    "404": {"description": "not stored"},
+                    **({"401": {"description": "no token"}} if token else {}),
+                    "503": {"description": "unavailable"},
+                },
+            },
+        },
+        "/admin/gc": {
+            "post": {
+                "operationId": "collect_attachments",
+                "summary": "Delete the attachments that no record or submission references",
+                "parameters": [
+                    {
+                        "name": "dry_run",
+                        "in": "query",
+                        "description": "1: only list them",
+                        "schema": {"enum": ["0", "1", "false", "true"]},
+                    }
+                ],
+                "responses": answers({"200": _json(_ref("Collected"), "what was freed")}, 400),
             }
         },
         "/admin/submissions": {

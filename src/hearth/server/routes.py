@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth import telemetry
 from hearth.runtime.runtime import Runtime
-from hearth.server import console, inputs, ops
+from hearth.server import attachments, console, inputs, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
@@ -36,7 +36,7 @@ from hearth.store.base import CONVERSATION_STATUSES
 
 CONVERSATION_PAGE = 50  # conversations in one page of GET /conversations, by default
 MAX_CONVERSATION_PAGE = 500
-_ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})
+_ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})  # + attachments
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
 
@@ -53,6 +53,8 @@ def routes() -> list[tuple[str, Endpoint, list[str]]]:
         ("/metrics", ops.metrics, ["GET"]),
         ("/openapi.json", ops.openapi, ["GET"]),
         ("/admin/submissions", ops.admin_submissions, ["GET"]),
+        ("/admin/gc", attachments.admin_gc, ["POST"]),
+        ("/attachments/{sha256}", attachments.get_attachment, ["GET", "HEAD"]),
         ("/conversations", list_conversations, ["GET"]),
         (base, admit, ["POST"]),
         (base, get_snapshot, ["GET"]),
@@ -124,12 +126,18 @@ async def admit(server: ServerContext, request: Request) -> Response:
             "the server is shutting down and admits no new work",
             headers={"Retry-After": "1"},
         )
-    body = await read_json(request, server.settings.max_body)
+    body, files = await attachments.read_admission_body(request, server.settings)
     message, signal, key = parse_admission(body)
     # A malformed traceparent is ignored (W3C): the submission then starts a trace of its own.
     traceparent = telemetry.parse_traceparent(request.headers.get("traceparent"))
     receipt = await rt.dispatch(
-        agent, id, message, signal=signal, idempotency_key=key, traceparent=traceparent
+        agent,
+        id,
+        message,
+        signal=signal,
+        idempotency_key=key,
+        traceparent=traceparent,
+        attachments=files or None,
     )
     root = request.scope.get("root_path", "")
     stream_url = f"{root}/agents/{agent}/{id}/stream?offset={receipt.offset}"

@@ -30,6 +30,7 @@ from hearth.store.rows import (
     UNSETTLED,
     WAITING,
     Admission,
+    Blob,
     ConversationInfo,
     ConversationSummary,
     DeliveryAdmission,
@@ -134,11 +135,28 @@ class Store(ABC):
     @abstractmethod
     async def admit(self, new: NewSubmission) -> Admission:
         """Write the submission row ``queued`` (creating the conversation and its
-        ``conversation_created`` record first if needed). Atomic: the caller may acknowledge
+        ``conversation_created`` record first if needed) and store ``new.blobs``, the bytes of
+        the attachments its payload references. Atomic: the caller may acknowledge
         the input once this returns. Same idempotency key and payload → the first submission
         with ``deduplicated=True`` (also after it settled); same key, other payload →
         ``IdempotencyConflict``. Publishes ``admitted``.
         """
+        ...
+
+    # --- attachments ------------------------------------------------------------------------
+    @abstractmethod
+    async def get_attachment(self, sha256: str, *, with_data: bool = True) -> Blob | None:
+        """The stored attachment with that SHA-256 (its bytes unless ``with_data`` is False),
+        or None. ``admit`` stores them, from ``NewSubmission.blobs``, in its transaction: the
+        same bytes are stored once, with the media type of the first copy, and never
+        rewritten."""
+        ...
+
+    @abstractmethod
+    async def collect_attachments(self, *, dry_run: bool = False) -> list[Blob]:
+        """Delete every attachment that no submission and no record references, in one
+        transaction guarded by that condition (an admission that reuses stored bytes at the same
+        time keeps them); return what was freed (without bytes). ``dry_run`` only lists."""
         ...
 
     @abstractmethod
@@ -372,6 +390,7 @@ __all__ = [
     "UNSETTLED",
     "WAITING",
     "Admission",
+    "Blob",
     "ConversationInfo",
     "ConversationSummary",
     "DeliveryAdmission",

@@ -53,6 +53,7 @@ from hearth.store.rows import (
     RUNNING,
     WAIT_PENDING,
     Admission,
+    Blob,
     ConversationInfo,
     ConversationSummary,
     DeliveryAdmission,
@@ -364,6 +365,12 @@ class PostgresStore(Store):
             resolve=lambda conn: readback.admission(conn, sid),
             budget_s=ADMIT_WAIT_S,
         )
+
+    async def get_attachment(self, sha256: str, *, with_data: bool = True) -> Blob | None:
+        return await self._read(lambda conn: ops.get_attachment(conn, sha256, with_data))
+
+    async def collect_attachments(self, *, dry_run: bool = False) -> list[Blob]:
+        return await self._write(lambda conn, _: ops.collect_attachments(conn, dry_run))
 
     async def get_submission(self, submission_id: str) -> Submission | None:
         row = await self._read(

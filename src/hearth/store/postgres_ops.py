@@ -35,6 +35,7 @@ from hearth.store.rows import (
     WAIT_TIMED_OUT,
     WAITING,
     Admission,
+    Blob,
     ConversationInfo,
     DeliveryAdmission,
     Fence,
@@ -43,6 +44,7 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Wait,
+    blob_from_row,
     cursor_from_row,
     delivery_from_row,
     submission_from_row,
@@ -163,6 +165,7 @@ async def append(
                 conversation_id, record, digest, int(existing["offset"]), existing["digest"]
             )
         )
+    await add_refs(conn, rules.record_refs(conversation_id, new))
     for name, value in rules.state_changes(new).items():
         await conn.execute(
             "INSERT INTO state (conversation_id, name, value) VALUES (%(c)s, %(n)s, %(v)s)"
@@ -281,8 +284,71 @@ async def admit(
         },
     )
     assert row is not None
+    await store_blobs(conn, new.blobs, now)
+    await add_refs(conn, rules.payload_refs(submission_id, new.payload))
     outbox.append(Event(ADMITTED, conversation_id, offset, submission_id))
     return Admission(submission_from_row(row), offset, False)
+
+
+# Insert the bytes, or lock the stored copy without rewriting it (``DO UPDATE ... WHERE false``
+# locks the conflicting row all the same): a concurrent ``hearth gc`` then skips it, or, holding
+# it first, makes this insert wait and store it anew.
+STORE_BLOB = f"""
+INSERT INTO attachments (sha256, media_type, size, data, created_at)
+VALUES (%(sha)s, %(mt)s, %(size)s, %(data)s, {NOW})
+ON CONFLICT (sha256) DO UPDATE SET size = attachments.size WHERE false
+"""
+
+
+async def store_blobs(conn: Conn, blobs: tuple[Blob, ...], now: float | None) -> None:
+    for blob in blobs:
+        values = {
+            "sha": blob.sha256, "mt": blob.media_type, "size": blob.size, "data": blob.data,
+            "now": now,
+        }  # fmt: skip
+        await conn.execute(STORE_BLOB.encode(), values)
+
+
+async def add_refs(conn: Conn, refs: list[tuple[str, str]]) -> None:
+    if refs:
+        await conn.execute(
+            "INSERT INTO attachment_refs (sha256, holder) SELECT * FROM"
+            " unnest(%(s)s::text[], %(h)s::text[]) ON CONFLICT DO NOTHING",
+            {"s": [sha for sha, _ in refs], "h": [holder for _, holder in refs]},
+        )
+
+
+async def get_attachment(conn: Conn, sha256: str, with_data: bool) -> Blob | None:
+    columns = "sha256, media_type, size, created_at" + (", data" if with_data else "")
+    row = await fetchone(
+        conn, f"SELECT {columns} FROM attachments WHERE sha256 = %(s)s", {"s": sha256}
+    )
+    return None if row is None else blob_from_row(row)
+
+
+UNREFERENCED = (
+    "SELECT sha256, media_type, size, created_at FROM attachments a WHERE NOT EXISTS"
+    " (SELECT 1 FROM attachment_refs r WHERE r.sha256 = a.sha256) ORDER BY sha256"
+)
+
+
+async def collect_attachments(conn: Conn, dry_run: bool) -> list[Blob]:
+    """Lock the unreferenced attachments (skipping any an admission holds), then delete those
+    still unreferenced as a fresh statement sees them (it sees every admission that committed
+    before the lock was taken)."""
+    if dry_run:
+        return [blob_from_row(row) for row in await fetchall(conn, UNREFERENCED, {})]
+    locked = await fetchall(conn, UNREFERENCED + " FOR UPDATE SKIP LOCKED", {})
+    if not locked:
+        return []
+    rows = await fetchall(
+        conn,
+        "DELETE FROM attachments a WHERE sha256 = ANY(%(s)s) AND NOT EXISTS"
+        " (SELECT 1 FROM attachment_refs r WHERE r.sha256 = a.sha256)"
+        " RETURNING sha256, media_type, size, created_at",
+        {"s": [row["sha256"] for row in locked]},
+    )
+    return sorted((blob_from_row(row) for row in rows), key=lambda b: b.sha256)
 
 
 async def settle(
@@ -716,7 +782,7 @@ def fast_append(
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and parameters that append ``records`` after offset ``expect``, or None when
     the batch needs the general path (it writes state)."""
-    if not records or rules.state_changes(records):
+    if not records or rules.state_changes(records) or rules.record_refs(conversation_id, records):
         return None
     encoded = [record.encode(expect + 1 + i) for i, record in enumerate(records)]
     if len(records) == 1:

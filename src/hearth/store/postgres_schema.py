@@ -13,7 +13,8 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 5  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+SCHEMA_VERSION = 6  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+# 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -130,8 +131,22 @@ CREATE TABLE IF NOT EXISTS waits (
 CREATE INDEX IF NOT EXISTS waits_pending ON waits (seq) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS waits_expiring ON waits (expires_at)
     WHERE state = 'pending' AND expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state)
+CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state);
+CREATE TABLE IF NOT EXISTS attachments (
+    sha256 text PRIMARY KEY,
+    media_type text NOT NULL,
+    size bigint NOT NULL,
+    data bytea NOT NULL,
+    created_at double precision NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attachment_refs (
+    sha256 text NOT NULL,
+    holder text NOT NULL,
+    PRIMARY KEY (sha256, holder)
+)
 """
+# Version 5 → 6: the attachment store and its references (no older row references one).
+_ADD_ATTACHMENTS = _TABLES[_TABLES.index("CREATE TABLE IF NOT EXISTS attachments") :]
 
 # Version 4 → 5: the columns of durable waits (the waits table is created with the rest).
 _ADD_WAITS = """
@@ -165,6 +180,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             await _add_sources(conn)
         if found is not None and found < 4:
             await _add_traceparent(conn)
+        if found is not None and found < 6:
+            await _add_attachments(conn)
         await conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -194,6 +211,11 @@ async def _add_sources(conn: psycopg.AsyncConnection[Any]) -> None:
 async def _add_traceparent(conn: psycopg.AsyncConnection[Any]) -> None:
     """Version 3 → 4: the W3C trace context of each admission (older rows have none)."""
     await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS traceparent text")
+
+
+async def _add_attachments(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Version 5 → 6: the attachment tables (``_TABLES`` creates them too; idempotent)."""
+    await _run(conn, _ADD_ATTACHMENTS)
 
 
 async def _run(conn: psycopg.AsyncConnection[Any], statements: str) -> None:

@@ -129,6 +129,21 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class Blob:
+    """An attachment's bytes as the store keeps them: keyed by their SHA-256, with the media
+    type of the first stored copy. ``data`` is None when only its size was asked for."""
+
+    sha256: str
+    media_type: str
+    size: int
+    data: bytes | None = None
+    created_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "media_type": self.media_type, "size": self.size}
+
+
+@dataclass(frozen=True)
 class NewSubmission:
     conversation_id: str
     agent: str
@@ -140,6 +155,8 @@ class NewSubmission:
     parent: dict[str, str] | None = None
     source: dict[str, Any] | None = None
     traceparent: str | None = None  # W3C ``traceparent`` of the admission, kept on the row
+    # The bytes of the attachments its payload references, stored in the admission's transaction.
+    blobs: tuple[Blob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -389,6 +406,21 @@ def summary_from_row(row: Row) -> ConversationSummary:
         last_activity=float(row["last_activity"]),
         unsettled=int(row["unsettled"]),
         parent=None if parent is None else json.loads(parent),
+    )
+
+
+def blob_from_row(row: Row) -> Blob:
+    """The ``Blob`` an ``attachments`` row holds (``data`` when it was selected)."""
+    try:
+        data = row["data"]
+    except (KeyError, IndexError):
+        data = None
+    return Blob(
+        sha256=row["sha256"],
+        media_type=row["media_type"],
+        size=int(row["size"]),
+        data=None if data is None else bytes(data),
+        created_at=float(row["created_at"]),
     )
 
 

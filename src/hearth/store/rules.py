@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from hearth.attachments import parts_of
 from hearth.errors import (
     FencedOut,
     IdempotencyConflict,
@@ -30,6 +31,7 @@ from hearth.records import (
     Record,
     StateWrite,
     SubmissionSettled,
+    UserMessage,
     WaitResolved,
     WaitStarted,
     unix_from_iso,
@@ -48,6 +50,24 @@ from hearth.store.rows import (
     NewDelivery,
     NewSubmission,
 )
+
+
+def payload_refs(submission_id: str, payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(sha256, holder)`` for each attachment a submission's payload references: what keeps
+    its bytes from ``hearth gc``."""
+    found = payload.get("attachments")
+    return [(p["sha256"], f"s:{submission_id}") for p in parts_of(found)]
+
+
+def record_refs(conversation_id: str, records: Iterable[Record]) -> list[tuple[str, str]]:
+    """``(sha256, holder)`` for each attachment the records reference (a ``user_message``'s
+    content parts), so that a record — a fork's copy too — keeps its bytes."""
+    return [
+        (part["sha256"], f"r:{conversation_id}:{record.id}")
+        for record in records
+        if isinstance(record, UserMessage)
+        for part in parts_of(record.content)
+    ]
 
 
 def new_submission_id() -> str:

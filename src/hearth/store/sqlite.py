@@ -33,6 +33,7 @@ from hearth.store.rows import (
     RUNNING,
     WAIT_PENDING,
     Admission,
+    Blob,
     ConversationInfo,
     ConversationSummary,
     DeliveryAdmission,
@@ -201,6 +202,12 @@ class SQLiteStore(Store):
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:
         return await self._write(lambda conn, outbox: ops.admit(conn, new, outbox, self.clock()))
+
+    async def get_attachment(self, sha256: str, *, with_data: bool = True) -> Blob | None:
+        return await self._read(lambda conn: ops.get_attachment(conn, sha256, with_data))
+
+    async def collect_attachments(self, *, dry_run: bool = False) -> list[Blob]:
+        return await self._write(lambda conn, _: ops.collect_attachments(conn, dry_run))
 
     async def get_submission(self, submission_id: str) -> Submission | None:
         def work(conn: sqlite3.Connection) -> Submission | None:

@@ -33,6 +33,7 @@ from hearth.store.rows import (
     WAIT_TIMED_OUT,
     WAITING,
     Admission,
+    Blob,
     ConversationInfo,
     DeliveryAdmission,
     Fence,
@@ -41,6 +42,7 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Wait,
+    blob_from_row,
     cursor_from_row,
     delivery_from_row,
     submission_from_row,
@@ -133,6 +135,7 @@ def append(
         offsets.append(
             rules.check_reappend(conversation_id, record, digest, int(existing[0]), existing[1])
         )
+    add_refs(conn, rules.record_refs(conversation_id, new))
     for name, value in rules.state_changes(new).items():
         conn.execute(
             "INSERT INTO state (conversation_id, name, value) VALUES (?, ?, ?)"
@@ -216,8 +219,54 @@ def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: flo
         ),
     ).fetchone()
     admitted = submission_from_row(row)
+    store_blobs(conn, new.blobs, now)
+    add_refs(conn, rules.payload_refs(admitted.id, new.payload))
     outbox.append(Event(ADMITTED, conversation_id, offset, admitted.id))
     return Admission(admitted, offset, False)
+
+
+def store_blobs(conn: sqlite3.Connection, blobs: tuple[Blob, ...], now: float) -> None:
+    """Keep each attachment's bytes once: a copy already stored is never rewritten."""
+    for blob in blobs:
+        conn.execute(
+            "INSERT INTO attachments (sha256, media_type, size, data, created_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+            (blob.sha256, blob.media_type, blob.size, blob.data, now),
+        )
+
+
+def add_refs(conn: sqlite3.Connection, refs: list[tuple[str, str]]) -> None:
+    if refs:
+        conn.executemany(
+            "INSERT INTO attachment_refs (sha256, holder) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            refs,
+        )
+
+
+def get_attachment(conn: sqlite3.Connection, sha256: str, with_data: bool) -> Blob | None:
+    columns = "sha256, media_type, size, created_at" + (", data" if with_data else "")
+    row = conn.execute(f"SELECT {columns} FROM attachments WHERE sha256 = ?", (sha256,)).fetchone()
+    return None if row is None else blob_from_row(row)
+
+
+UNREFERENCED = (
+    "SELECT sha256, media_type, size, created_at FROM attachments a WHERE NOT EXISTS"
+    " (SELECT 1 FROM attachment_refs r WHERE r.sha256 = a.sha256) ORDER BY sha256"
+)
+
+
+def collect_attachments(conn: sqlite3.Connection, dry_run: bool) -> list[Blob]:
+    """Delete (unless ``dry_run``) every attachment that nothing references, in this one
+    transaction; return what was (or would be) freed."""
+    found = [blob_from_row(row) for row in conn.execute(UNREFERENCED)]
+    if not dry_run and found:
+        conn.execute(
+            "DELETE FROM attachments WHERE sha256 IN (SELECT value FROM json_each(?))"
+            " AND NOT EXISTS (SELECT 1 FROM attachment_refs r"
+            " WHERE r.sha256 = attachments.sha256)",
+            (json.dumps([b.sha256 for b in found]),),
+        )
+    return found
 
 
 def settle(

@@ -8,12 +8,13 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
 # 5: submissions.traceparent keeps the W3C trace context of the admission
 # 6: durable waits: the waits table, submissions.waits and submissions.waiting_since
+# 7: attachments: the attachments table (bytes by SHA-256) and attachment_refs (what holds them)
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -127,7 +128,20 @@ CREATE INDEX IF NOT EXISTS waits_pending ON waits (seq) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS waits_expiring ON waits (expires_at)
     WHERE state = 'pending' AND expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS waits_by_submission ON waits (submission_id, state);
+CREATE TABLE IF NOT EXISTS attachments (
+    sha256 TEXT PRIMARY KEY,
+    media_type TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attachment_refs (
+    sha256 TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    PRIMARY KEY (sha256, holder)
+) WITHOUT ROWID;
 """
+_ATTACHMENT_TABLES = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS attachments") :]
 
 
 def connect(path: str, synchronous: str) -> sqlite3.Connection:
@@ -216,6 +230,13 @@ def _add_waits(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE submissions ADD COLUMN waiting_since REAL")
 
 
+def _add_attachments(conn: sqlite3.Connection) -> None:
+    """Schema 6 → 7: the attachment store and its references (no older row references one)."""
+    for statement in _ATTACHMENT_TABLES.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
     conn.execute("BEGIN IMMEDIATE")
@@ -241,6 +262,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 _add_traceparent(conn)
             if found < 6:
                 _add_waits(conn)
+            if found < 7:
+                _add_attachments(conn)
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

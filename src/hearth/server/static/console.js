@@ -79,6 +79,49 @@
     li.querySelector(".meta").append(el("span", "badge", note));
   }
 
+  // A message's text, then its attachments: raster images inline, other files as links. Records
+  // hold references only; the bytes come from GET /attachments/{sha256}.
+  const INLINE_IMAGES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+  function userContent(li, content) {
+    if (!Array.isArray(content)) {
+      body(li, show(content), "text");
+      return;
+    }
+    const files = [];
+    for (const part of content) {
+      if (part && part.type === "attachment" && typeof part.sha256 === "string") files.push(part);
+      else if (part && part.type === "text") body(li, part.text, "text");
+      else body(li, show(part), "text");
+    }
+    if (!files.length) return;
+    const box = el("div", "attachments");
+    for (const f of files) {
+      const url = `${root}/attachments/${encodeURIComponent(f.sha256)}`;
+      const item = el("div", "attachment");
+      item.dataset.sha256 = f.sha256;
+      const link = el("a", null, INLINE_IMAGES.has(f.media_type) ? null : f.name);
+      link.href = url;
+      link.download = f.name;
+      if (INLINE_IMAGES.has(f.media_type)) {
+        const img = el("img");
+        img.src = url;
+        img.alt = f.name;
+        img.loading = "lazy";
+        link.append(img);
+        link.removeAttribute("download");
+        link.target = "_blank";
+      }
+      item.append(link, el("span", "file-meta", `${f.name} · ${f.media_type} · ${size(f.size)}`));
+      box.append(item);
+    }
+    li.append(box);
+  }
+  function size(n) {
+    if (n >= 1048576) return `${(n / 1048576).toFixed(1)} MiB`;
+    if (n >= 1024) return `${(n / 1024).toFixed(1)} KiB`;
+    return `${n} bytes`;
+  }
+
   // --- one record → its place in the timeline -----------------------------------------------
   function boundary(rec, ctx, before) {
     if (!rec.submission_id || !rec.attempt) return;
@@ -115,7 +158,7 @@
         break;
       case "user_message":
         li = entry(rec, "user", "user");
-        body(li, show(rec.content), "text");
+        userContent(li, rec.content);
         break;
       case "signal":
         li = entry(rec, `signal · ${rec.signal_type}`, "signal");

@@ -1,0 +1,316 @@
+"""Attachments over HTTP, against a real server on a loopback port and its real SQLite file:
+JSON with base64 and multipart admission, the content-addressed store behind
+``/attachments/{sha256}``, references in records, limits, and bad input that stores nothing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from httpharness import ThreadServer, wait_until
+
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+)
+PDF = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def db_rows(server: ThreadServer, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of the server's SQLite file, read after the server stopped (it owns the file)."""
+    server.stop()
+    path = server.app.settings.db
+    assert path is not None
+    with sqlite3.connect(path.removeprefix("sqlite:///")) as conn:
+        rows = conn.execute(sql).fetchall()
+    conn.close()
+    return rows
+
+
+def records(server: ThreadServer, conv: str = "c-1") -> list[dict[str, Any]]:
+    with server.client() as http:
+        return list(http.get(f"/agents/echo/{conv}/stream").json()["records"])
+
+
+def user_parts(server: ThreadServer, conv: str = "c-1") -> Any:
+    [message] = [r for r in records(server, conv) if r["type"] == "user_message"]
+    return message["content"]
+
+
+def test_a_json_admission_with_base64_stores_the_bytes_and_references_them(
+    server: ThreadServer,
+) -> None:
+    body = {
+        "message": "what is this?",
+        "attachments": [{"name": "dot.png", "media_type": "image/png", "data": b64(PNG)}],
+    }
+    with server.client() as http:
+        answer = http.post("/agents/echo/c-1", json=body)
+        assert answer.status_code == 202, answer.text
+        got = http.get(f"/attachments/{sha(PNG)}")
+        head = http.head(f"/attachments/{sha(PNG)}")
+    assert got.status_code == 200 and got.content == PNG
+    assert got.headers["content-type"] == "image/png"
+    assert got.headers["x-content-type-options"] == "nosniff"
+    assert got.headers["content-security-policy"] == "sandbox"
+    assert "content-disposition" not in got.headers  # a raster image is shown inline
+    assert head.status_code == 200 and head.headers["content-length"] == str(len(PNG))
+    assert head.content == b""
+    wait_until(lambda: any(r["type"] == "user_message" for r in records(server)))
+    assert user_parts(server) == [
+        {"type": "text", "text": "what is this?"},
+        {
+            "type": "attachment",
+            "sha256": sha(PNG),
+            "name": "dot.png",
+            "media_type": "image/png",
+            "size": len(PNG),
+        },
+    ]
+
+
+def test_a_multipart_admission_takes_a_message_field_and_files(server: ThreadServer) -> None:
+    files = [
+        ("file", ("report.pdf", PDF, "application/pdf")),
+        ("file", ("notes.txt", b"line one\n", "text/plain")),
+    ]
+    with server.client() as http:
+        answer = http.post("/agents/echo/c-1", data={"message": "two files"}, files=files)
+        assert answer.status_code == 202, answer.text
+        pdf = http.get(f"/attachments/{sha(PDF)}")
+    assert pdf.headers["content-type"] == "application/pdf"
+    assert pdf.headers["content-disposition"] == "attachment"
+    wait_until(lambda: any(r["type"] == "user_message" for r in records(server)))
+    parts = user_parts(server)
+    assert parts[0] == {"type": "text", "text": "two files"}
+    assert [(p["name"], p["media_type"]) for p in parts[1:]] == [
+        ("report.pdf", "application/pdf"),
+        ("notes.txt", "text/plain"),
+    ]
+
+
+def test_a_message_of_files_alone_is_accepted(server: ThreadServer) -> None:
+    with server.client() as http:
+        answer = http.post("/agents/echo/c-1", files=[("file", ("a.pdf", PDF, "application/pdf"))])
+    assert answer.status_code == 202, answer.text
+    wait_until(lambda: any(r["type"] == "user_message" for r in records(server)))
+    [part] = user_parts(server)
+    assert part["type"] == "attachment" and part["sha256"] == sha(PDF)
+
+
+def test_a_missing_media_type_is_sniffed_and_an_unsafe_name_sanitised(
+    server: ThreadServer,
+) -> None:
+    body = {"message": "x", "attachments": [{"name": "../../etc/\x00pass\nwd", "data": b64(PNG)}]}
+    with server.client() as http:
+        assert http.post("/agents/echo/c-1", json=body).status_code == 202
+    wait_until(lambda: any(r["type"] == "user_message" for r in records(server)))
+    part = user_parts(server)[1]
+    assert part["media_type"] == "image/png"
+    assert "/" not in part["name"] and ".." not in part["name"] and "\n" not in part["name"]
+    assert part["name"] == "____etc_passwd"
+
+
+def test_the_same_bytes_sent_twice_are_stored_once(server: ThreadServer) -> None:
+    body = {"message": "x", "attachments": [{"name": "a.pdf", "data": b64(PDF)}]}
+    with server.client() as http:
+        for conv in ("c-1", "c-2", "c-1"):
+            assert http.post(f"/agents/echo/{conv}", json=body).status_code == 202
+    assert db_rows(server, "SELECT sha256, length(data) FROM attachments") == [(sha(PDF), len(PDF))]
+
+
+def test_a_ten_megabyte_attachment_keeps_the_stream_small(server: ThreadServer) -> None:
+    big = bytes(range(256)) * (10 * 1024 * 1024 // 256)
+    with server.client() as http:
+        answer = http.post(
+            "/agents/echo/c-1",
+            data={"message": "big"},
+            files=[("file", ("big.bin", big, "application/octet-stream"))],
+        )
+        assert answer.status_code == 202, answer.text
+    wait_until(lambda: any(r["type"] == "submission_settled" for r in records(server)))
+    [(body_bytes, total)] = db_rows(
+        server,
+        "SELECT (SELECT max(length(body)) FROM records), (SELECT sum(length(body)) FROM records)",
+    )
+    assert body_bytes < 2000 and total < 10_000
+    [(size,)] = db_rows(server, "SELECT length(data) FROM attachments")
+    assert size == len(big)
+
+
+def test_a_stream_reader_gets_the_reference_over_sse(server: ThreadServer) -> None:
+    from httpharness import sse_records
+
+    body = {"message": "x", "attachments": [{"name": "a.pdf", "data": b64(PDF)}]}
+    with server.client() as http:
+        assert http.post("/agents/echo/c-1", json=body).status_code == 202
+        with http.stream(
+            "GET", "/agents/echo/c-1/stream", headers={"Accept": "text/event-stream"}
+        ) as response:
+            for _, record in sse_records(response):
+                if record["type"] == "user_message":
+                    assert record["content"][1]["sha256"] == sha(PDF)
+                    assert "data" not in record["content"][1]
+                    break
+
+
+# --- what is refused, and stores nothing ----------------------------------------------------
+BAD_JSON = {
+    "invalid base64": [{"name": "a", "data": "not base64!!"}],
+    "an empty file": [{"name": "a", "data": ""}],
+    "an entry that is not an object": ["aGVsbG8="],
+    "attachments that are not a list": {"name": "a", "data": "aGVsbG8="},
+    "an unknown entry field": [{"name": "a", "data": "aGVsbG8=", "path": "/etc"}],
+    "a media type that is not type/subtype": [{"data": "aGVsbG8=", "media_type": "png"}],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_JSON))
+def test_bad_json_attachments_are_a_400_and_store_nothing(server: ThreadServer, case: str) -> None:
+    with server.client() as http:
+        answer = http.post("/agents/echo/c-1", json={"message": "x", "attachments": BAD_JSON[case]})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["type"] == "invalid_request"
+    assert db_rows(server, "SELECT count(*) FROM attachments") == [(0,)]
+
+
+def test_a_multipart_body_with_neither_message_nor_file_is_a_400(server: ThreadServer) -> None:
+    with server.client() as http:
+        answer = http.post(
+            "/agents/echo/c-1", data={"idempotency_key": "k"}, files={"x": ("", b"", "")}
+        )
+        answer2 = http.post(
+            "/agents/echo/c-1",
+            content=b'--b\r\nContent-Disposition: form-data; name="idempotency_key"\r\n\r\nk'
+            b"\r\n--b--\r\n",
+            headers={"Content-Type": "multipart/form-data; boundary=b"},
+        )
+    assert answer.status_code == 400, answer.text
+    assert answer2.status_code == 400, answer2.text
+    assert answer2.json()["error"]["details"] == {"field": "message"}
+    assert db_rows(server, "SELECT count(*) FROM submissions") == [(0,)]
+
+
+def test_an_empty_uploaded_file_is_a_400(server: ThreadServer) -> None:
+    with server.client() as http:
+        answer = http.post(
+            "/agents/echo/c-1", data={"message": "x"}, files={"file": ("e.txt", b"", "text/plain")}
+        )
+    assert answer.status_code == 400, answer.text
+    assert db_rows(server, "SELECT count(*) FROM submissions") == [(0,)]
+
+
+@pytest.mark.parametrize("bad", ["abc", "0" * 63, "g" * 64, "0" * 65])
+def test_a_sha256_that_is_not_64_hex_digits_is_a_400(server: ThreadServer, bad: str) -> None:
+    with server.client() as http:
+        answer = http.get(f"/attachments/{bad}")
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request"
+
+
+def test_an_unknown_attachment_is_a_404(server: ThreadServer) -> None:
+    with server.client() as http:
+        answer = http.get(f"/attachments/{'0' * 64}")
+        head = http.head(f"/attachments/{'0' * 64}")
+    assert answer.status_code == 404 and head.status_code == 404
+    assert answer.json()["error"]["type"] == "attachment_not_found"
+
+
+def test_a_file_over_the_attachment_limit_is_a_413_naming_it(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    server = serve_app(max_attachment=1000)
+    with server.client() as http:
+        as_json = http.post(
+            "/agents/echo/c-1",
+            json={"message": "x", "attachments": [{"name": "huge.bin", "data": b64(b"x" * 2000)}]},
+        )
+        as_form = http.post(
+            "/agents/echo/c-1",
+            data={"message": "x"},
+            files=[("file", ("ok.txt", b"fine", "text/plain")),
+                   ("file", ("huge.bin", b"x" * 2000, "application/octet-stream"))],
+        )  # fmt: skip
+    for answer in (as_json, as_form):
+        assert answer.status_code == 413, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "attachment_too_large" and "huge.bin" in error["message"]
+        assert "HEARTH_MAX_ATTACHMENT" in error["message"]
+    assert db_rows(server, "SELECT count(*) FROM attachments") == [(0,)]
+
+
+def test_a_request_over_the_upload_limit_is_a_413(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    server = serve_app(max_upload=50_000, max_body=10_000)
+    with server.client() as http:
+        over = http.post(
+            "/agents/echo/c-1", data={"message": "x"}, files={"f": ("a", b"y" * 60_000, "x/y")}
+        )
+        within = http.post(
+            "/agents/echo/c-1", data={"message": "x"}, files={"f": ("a", b"y" * 20_000, "x/y")}
+        )
+        plain = http.post("/agents/echo/c-2", json={"message": "y" * 20_000})
+    assert over.status_code == 413 and "HEARTH_MAX_UPLOAD" in over.json()["error"]["message"]
+    assert within.status_code == 202, within.text
+    assert plain.status_code == 413 and "HEARTH_MAX_BODY" in plain.json()["error"]["message"]
+
+
+def test_attachments_are_behind_the_token(serve_app: Callable[..., ThreadServer]) -> None:
+    server = serve_app(token="s3cret")
+    auth = {"Authorization": "Bearer s3cret"}
+    body = {"message": "x", "attachments": [{"name": "a.pdf", "data": b64(PDF)}]}
+    with server.client() as http:
+        assert http.post("/agents/echo/c-1", json=body).status_code == 401
+        assert http.post("/agents/echo/c-1", json=body, headers=auth).status_code == 202
+        assert http.get(f"/attachments/{sha(PDF)}").status_code == 401
+        assert http.head(f"/attachments/{sha(PDF)}").status_code == 401
+        assert http.post("/admin/gc").status_code == 401
+        assert http.get(f"/attachments/{sha(PDF)}", headers=auth).content == PDF
+
+
+def test_admin_gc_frees_only_what_nothing_references(server: ThreadServer) -> None:
+    body = {"message": "x", "attachments": [{"name": "a.pdf", "data": b64(PDF)}]}
+    with server.client() as http:
+        assert http.post("/agents/echo/c-1", json=body).status_code == 202
+        answer = http.post("/admin/gc")
+    assert answer.status_code == 200
+    assert answer.json() == {"dry_run": False, "deleted": [], "count": 0, "bytes": 0}
+
+
+def test_an_idempotent_repeat_with_the_same_files_is_deduplicated(server: ThreadServer) -> None:
+    body = {
+        "message": "x",
+        "idempotency_key": "k1",
+        "attachments": [{"name": "a.pdf", "data": b64(PDF)}],
+    }
+    other = json.loads(json.dumps(body))
+    other["attachments"][0]["data"] = b64(PNG)
+    with server.client() as http:
+        first = http.post("/agents/echo/c-1", json=body).json()
+        again = http.post("/agents/echo/c-1", json=body).json()
+        conflict = http.post("/agents/echo/c-1", json=other)
+    assert again["deduplicated"] and again["submission_id"] == first["submission_id"]
+    assert conflict.status_code == 409
+    assert db_rows(server, "SELECT sha256 FROM attachments") == [(sha(PDF),)]
+
+
+def test_a_signal_with_attachments_is_a_400(server: ThreadServer) -> None:
+    body = {"signal": {"type": "ping"}, "attachments": [{"name": "a.pdf", "data": b64(PDF)}]}
+    with server.client() as http:
+        answer = http.post("/agents/echo/c-1", json=body)
+    assert answer.status_code == 400
+    assert db_rows(server, "SELECT count(*) FROM attachments") == [(0,)]
