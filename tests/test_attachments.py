@@ -150,3 +150,19 @@ async def test_dispatch_refuses_bad_attachments_and_stores_nothing() -> None:
             await rt.dispatch("files", "c1", 7, attachments=[Attachment(PDF)])  # type: ignore[arg-type]
         assert await rt.submissions() == []
         assert await rt.collect_attachments(dry_run=True) == []
+
+
+def test_a_text_reference_is_estimated_at_the_size_it_will_be_sent() -> None:
+    """The turn loop estimates a request before the files are read: a text file must count at
+    its size then too, or a request past the window would be sent."""
+    from hearth.providers.parts import estimate_chars
+
+    part = {
+        "type": "attachment",
+        "sha256": "0" * 64,
+        "name": "app.log",
+        "media_type": "text/plain",
+        "size": 50_000,
+    }
+    assert estimate_chars(part) == 50_000
+    assert estimate_chars({**part, "media_type": "image/png"}) == 6000

@@ -117,6 +117,11 @@ def estimate_chars(part: Any) -> int:
         if is_text(part.media_type):
             return part.size
         return 6000 if is_image(part.media_type) else 200
+    if is_part(part):  # a reference not yet paired with its bytes: estimated as it will be sent
+        media_type, size = str(part.get("media_type", "")), int(part.get("size") or 0)
+        if is_text(media_type):
+            return size
+        return 6000 if is_image(media_type) else 200
     if isinstance(part, dict):
         return len(str(part.get("text", ""))) if part.get("type") == "text" else 200
     return len(str(part))
