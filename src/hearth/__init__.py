@@ -10,6 +10,7 @@ from hearth.agent import Agent, AgentContext, Durability, agent
 from hearth.app import App
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.client import AsyncClient, Client
+from hearth.effects import Done, NotDone, ReconcileCall
 from hearth.errors import (
     ChannelFailed,
     ConfigurationError,
@@ -61,6 +62,7 @@ __all__ = [
     "Delivery",
     "DeliveryNotFound",
     "Dispatch",
+    "Done",
     "Durability",
     "FencedOut",
     "HearthError",
@@ -69,8 +71,10 @@ __all__ = [
     "InvalidId",
     "InvalidInput",
     "InvalidSignature",
+    "NotDone",
     "ProviderError",
     "Receipt",
+    "ReconcileCall",
     "Reply",
     "Runtime",
     "Schedule",

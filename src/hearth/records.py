@@ -46,6 +46,9 @@ class Record:
     """Envelope shared by every record type."""
 
     type: ClassVar[str] = "record"
+    # Fields left out of the JSON form while they are None: added after records of the type were
+    # first written, so that a record without them keeps its form (and its content digest).
+    optional: ClassVar[frozenset[str]] = frozenset()
 
     id: str
     offset: int = -1
@@ -62,8 +65,12 @@ class Record:
             "attempt": self.attempt,
             "at": self.at,
         }
+        optional = self.optional
         for name in _type_fields(type(self)):
-            out[name] = getattr(self, name)
+            value = getattr(self, name)
+            if value is None and name in optional:
+                continue
+            out[name] = value
         return out
 
     def content_digest(self) -> str:
@@ -179,12 +186,15 @@ class AssistantMessageCompleted(Record):
 @dataclass(frozen=True, kw_only=True)
 class ToolOutcome(Record):
     type: ClassVar[str] = "tool_outcome"
+    optional: ClassVar[frozenset[str]] = frozenset({"reconciled"})
     message_id: str
     tool_call_id: str
     name: str
     is_error: bool
     content: JSON
     duration_ms: int = 0
+    # "done" / "not_done" when the tool's reconcile function decided it (docs/effects.md)
+    reconciled: str | None = None
 
 
 @_register

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pydantic
 
 from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
+from hearth.effects import NOT_DONE, Done, NotDone
 from hearth.errors import FencedOut
 from hearth.records import AssistantToolCall, Record, StateWrite, ToolOutcome, ToolStepSettled
 from hearth.runtime.outcomes import (
@@ -25,7 +27,10 @@ from hearth.runtime.outcomes import (
     call_outcome,
     error_outcome,
     interrupted_outcome,
+    reconciled_done,
+    rerun_started,
 )
+from hearth.runtime.reconcile import ask, reconcile_call
 from hearth.runtime.recovery import (
     TASK_TOOL,
     CallPlan,
@@ -55,9 +60,11 @@ class ToolBatch:
 
     async def run(self) -> None:
         view = self.view
-        declared = {name: t.durable for name, t in self.rendered.tools.items()}
+        tools = self.rendered.tools
+        declared = {name: t.durable for name, t in tools.items()}
+        reconcilable = [name for name, t in tools.items() if t.reconcile is not None]
         plan = plan_tool_batch(
-            view, self.scope.sub.attempt, declared, list(self.rendered.subagents)
+            view, self.scope.sub.attempt, declared, list(self.rendered.subagents), reconcilable
         )
         buffer = StateBuffer(self.rendered.state)
         buffer.writes.update(carried_state(self.journal.records, view.message_id))
@@ -75,6 +82,8 @@ class ToolBatch:
                         call, "subagent_missing", "the subagent for this task is no longer declared"
                     )
                 )
+            elif verdict is CallPlan.RECONCILE:
+                jobs.append(self._reconcile(call, buffer))
             else:
                 jobs.append(self._run_call(call, verdict, buffer))
         if jobs:
@@ -95,8 +104,30 @@ class ToolBatch:
         ]
         await self.journal.append(*writes, batch_committed(view))
 
+    async def _reconcile(self, call: AssistantToolCall, buffer: StateBuffer) -> None:
+        """Ask the tool's reconcile about a call a dead attempt left unresolved: ``Done`` settles
+        it with the real result, ``NotDone`` runs it again (once: the re-run is recorded
+        first), anything else keeps the ``interrupted`` marker."""
+        tool = self.rendered.tools[call.name]
+        _faults.reached(f"reconcile:{call.name}")
+        answer = await ask(tool, reconcile_call(call, self.scope.conversation_id))
+        _faults.reached(f"reconcile-done:{call.name}")
+        if isinstance(answer, Done):
+            await self.journal.append(reconciled_done(call.message_id, call, answer))
+        elif isinstance(answer, NotDone):
+            await self.journal.append(rerun_started(call))
+            await self._run_call(call, CallPlan.RECONCILE, buffer, reconciled=NOT_DONE)
+        else:
+            tool_ = InterruptedTool(call.name, call.tool_call_id)
+            await self.journal.append(interrupted_outcome(call.message_id, tool_))
+
     async def _run_call(
-        self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer
+        self,
+        call: AssistantToolCall,
+        verdict: CallPlan,
+        buffer: StateBuffer,
+        *,
+        reconciled: str | None = None,
     ) -> None:
         started = time.monotonic()
         attributes: dict[str, str | int | float | bool] = {
@@ -117,6 +148,8 @@ class ToolBatch:
                 return
             if outcome.is_error:
                 telemetry.mark_error(span, "the tool call failed")
+            if reconciled is not None:
+                outcome = dataclasses.replace(outcome, reconciled=reconciled)
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
