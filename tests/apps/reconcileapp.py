@@ -11,7 +11,7 @@ from typing import Any
 
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
-from hearth.testing import Ledger, ScriptStep, ScriptedModel, call, calls, reply
+from hearth.testing import Ledger, ScriptedModel, ScriptStep, call, calls, reply
 from hearth.testing.toollog import ran
 
 

@@ -87,7 +87,7 @@ def test_a_re_run_that_is_interrupted_again_keeps_the_marker(payer: tuple[Lab, L
 
 
 def test_a_kill_between_the_answer_and_its_record_asks_again(payer: tuple[Lab, Ledger]) -> None:
-    lab, ledger = payer
+    lab, _ = payer
     assert lab.harness.run(dispatch=[("payer", "c1", "pay")], crash_at="tool-done:pay").killed
     assert lab.harness.run(crash_at="reconcile-done:pay").killed
     assert lab.harness.run().ok
@@ -100,7 +100,7 @@ def test_a_kill_between_the_answer_and_its_record_asks_again(payer: tuple[Lab, L
 def test_a_reconcile_that_raises_hangs_or_answers_garbage_keeps_the_marker(
     payer: tuple[Lab, Ledger], tool: str
 ) -> None:
-    lab, ledger = payer
+    lab, _ = payer
     assert lab.harness.run(dispatch=[("payer", "c1", tool)], crash_at=f"tool-done:{tool}").killed
     second = lab.harness.run()
     assert second.ok
@@ -122,6 +122,7 @@ def test_at_rest_done_gives_the_real_outcome(payer: tuple[Lab, Ledger]) -> None:
     assert (got.reconciled, got.content) == ("done", {"paid": 5})
     assert settlement(records).outcome == "aborted"
     assert lab.count("pay") == 1
+    assert ledger.entries() == {got.tool_call_id: {"paid": 5}}
 
 
 def test_at_rest_not_done_says_the_effect_never_happened(payer: tuple[Lab, Ledger]) -> None:
