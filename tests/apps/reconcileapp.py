@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from typing import Any
 
 import hearth
@@ -54,6 +55,7 @@ async def pay(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
 def pay_sync(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Pay on a worker thread, keyed by the call id."""
     ran("pay_sync", ctx)
+    time.sleep(float(os.environ.get("PAY_S", "0")))  # on a worker thread: cannot be cancelled
     ledger().record(ctx.tool_call_id, {"paid": amount})
     return {"paid": amount}
 
