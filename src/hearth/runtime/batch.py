@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
+import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pydantic
@@ -20,7 +22,7 @@ import pydantic
 from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.effects import NOT_DONE, Done, NotDone
-from hearth.errors import FencedOut
+from hearth.errors import FencedOut, StepError
 from hearth.records import AssistantToolCall, Record, StateWrite, ToolOutcome, ToolStepSettled
 from hearth.runtime.outcomes import (
     batch_committed,
@@ -230,6 +232,34 @@ class ToolBatch:
                 )
             )
 
+        async def transact(name: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+            async def work(conn: Any) -> Any:
+                value = fn(conn)
+                if not inspect.isawaitable(value):
+                    raise StepError(
+                        f"step.transaction {name!r} needs an async function: async def fn(conn)"
+                    )
+                value = await value
+                try:
+                    value = json.loads(json.dumps(value))
+                except (TypeError, ValueError) as exc:
+                    raise StepError(
+                        f"step {name!r} returned a value that is not JSON: {exc}"
+                    ) from None
+                # Inside the transaction: the function's writes are made, not committed.
+                _faults.reached(f"step-done:{name}")
+                return value
+
+            def records(value: Any) -> list[Record]:
+                step = ToolStepSettled(
+                    id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
+                )
+                return [step]
+
+            (stored,) = await self.journal.transact(work, records, [f"{prefix}{name}"])
+            assert isinstance(stored, ToolStepSettled)
+            return stored.value
+
         @contextlib.contextmanager
         def around(name: str) -> Iterator[None]:
             # A step that runs (not one replayed from its record): its span and its latency.
@@ -250,6 +280,7 @@ class ToolBatch:
             message_id=call.message_id,
             waits_started=started,
             waits_ended=ended,
+            transact=transact,
         )
 
 
