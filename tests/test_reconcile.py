@@ -229,3 +229,64 @@ def test_a_re_run_allows_a_second_run_and_no_third(db: Path) -> None:
     assert _rules(db, ToolLog(two)) == set()
     three = [*two, ToolRun(CONV, call_id, run=2)]
     assert _rules(db, ToolLog(three)) == {inv.ORDINARY_RAN_TWICE}
+
+
+# --- never while the call still runs on a thread of this process ------------------------------
+
+
+def _abort_mid_call(tmp_path: Path, reconcile_timeout: float, work_s: float) -> ToolOutcome:
+    """A sync tool (on a worker thread) is aborted mid-call; at rest its reconcile asks the
+    ledger. Asked at once, the ledger would not have the effect yet (NotDone: wrong)."""
+    import asyncio
+    import time
+
+    ledger = Ledger(tmp_path / "ledger")
+    started = asyncio.Event()
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
+    def paid(call: hearth.ReconcileCall) -> Any:
+        entry = ledger.get(call.tool_call_id)
+        return hearth.NotDone() if entry is None else hearth.Done(entry)
+
+    @hearth.tool(reconcile=paid, reconcile_timeout=reconcile_timeout)
+    def pay(ctx: hearth.ToolContext) -> dict[str, int]:
+        """Pay slowly."""
+        loop_box[0].call_soon_threadsafe(started.set)
+        time.sleep(work_s)
+        ledger.record(ctx.tool_call_id, {"paid": 5})
+        return {"paid": 5}
+
+    @hearth.agent
+    def till(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/till")
+        ctx.use_tool(pay)
+        return "Pay."
+
+    model = ScriptedModel("till", [calls(call("pay")), reply("done")])
+    app = hearth.App([till], db=str(tmp_path / "h.db"), providers=[model])
+
+    async def main() -> ToolOutcome:
+        loop_box.append(asyncio.get_running_loop())
+        async with app.run() as rt:
+            receipt = await rt.dispatch("till", "c1", "go")
+            await started.wait()
+            await rt.abort("till", "c1")
+            with pytest.raises(hearth.SubmissionAborted):
+                await rt.read(receipt, timeout=30)
+            records = await rt.history("till", "c1")
+        (found,) = [r for r in records if isinstance(r, ToolOutcome)]
+        return found
+
+    return asyncio.run(main())
+
+
+def test_at_rest_reconcile_waits_for_the_calls_thread_before_asking(tmp_path: Path) -> None:
+    got = _abort_mid_call(tmp_path, reconcile_timeout=20, work_s=1.0)
+    assert (got.reconciled, got.is_error, got.content) == ("done", False, {"paid": 5})
+
+
+def test_a_thread_still_running_past_the_reconcile_timeout_keeps_the_marker(
+    tmp_path: Path,
+) -> None:
+    got = _abort_mid_call(tmp_path, reconcile_timeout=0.2, work_s=2.0)
+    assert got.reconciled is None and got.content["type"] == "interrupted"
