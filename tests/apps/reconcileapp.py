@@ -103,4 +103,21 @@ def payer(ctx: hearth.AgentContext) -> str:
     return "You pay."
 
 
-app = hearth.App([payer], providers=[ScriptedModel("payer", script)])
+def lead_script(request: ModelRequest) -> ScriptStep:
+    last = request.messages[-1] if request.messages else None
+    if isinstance(last, ToolResult):
+        return reply(f"lead saw {json.dumps(last.content, sort_keys=True)}")
+    return calls(call("task", agent="payer", prompt="pay"))
+
+
+@hearth.agent(durability=hearth.Durability(max_attempts=10, timeout=600))
+def lead(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/lead")
+    ctx.use_subagent(payer, description="Pays what it is asked to pay.")
+    return "You delegate."
+
+
+app = hearth.App(
+    [payer, lead],
+    providers=[ScriptedModel("payer", script), ScriptedModel("lead", lead_script)],
+)

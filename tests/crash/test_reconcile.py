@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from crashlab import Lab
 
-from hearth.records import Record, SubmissionSettled, ToolOutcome, ToolStepSettled
+from hearth.records import (
+    ChildConversationLinked,
+    Record,
+    SubmissionSettled,
+    ToolOutcome,
+    ToolStepSettled,
+)
 from hearth.runtime.recovery import RERUN_STEP
 from hearth.testing import Ledger
 
@@ -137,3 +143,19 @@ def test_at_rest_not_done_says_the_effect_never_happened(payer: tuple[Lab, Ledge
     assert lab.count("pay") == 1  # not run again: the submission stops
     assert reruns(records) == []
     assert ledger.entries() == {}
+
+
+def test_an_abandoned_childs_call_is_reconciled_when_its_parent_comes_to_rest(
+    payer: tuple[Lab, Ledger],
+) -> None:
+    lab, ledger = payer
+    assert lab.harness.run(dispatch=[("lead", "c1", "go")], crash_at="tool-done:pay").killed
+    lab.harness.request_abort("lead/c1")
+    assert lab.harness.run().ok
+    parent = lab.harness.history("lead/c1")
+    assert settlement(parent).outcome == "aborted"
+    (link,) = [r for r in parent if isinstance(r, ChildConversationLinked)]
+    got = outcome(lab.harness.history(link.child_conversation_id))
+    assert (got.reconciled, got.content) == ("done", {"paid": 5})
+    assert lab.count("pay") == 1
+    assert ledger.entries() == {got.tool_call_id: {"paid": 5}}

@@ -36,6 +36,8 @@ from hearth.tools import Tool
 
 # Asked for each unresolved call before it is marked: an outcome that replaces the marker.
 Reconciler = Callable[[MessageView, InterruptedTool], Awaitable[ToolOutcome | None]]
+# The reconciler of a (child) conversation, from the tools its agent declares now; None: markers.
+Reconcilers = Callable[[str], Awaitable[Reconciler | None]]
 
 
 def mark_interrupted(
@@ -64,12 +66,13 @@ async def bring_to_rest(
     records: Sequence[Record],
     interrupted: Sequence[InterruptedTool],
     reconciler: Reconciler | None = None,
+    reconcilers: Reconcilers | None = None,
 ) -> list[Record]:
     """Bring the child conversations of the ``interrupted`` calls to rest, then return the
     records that close the last tool batch of ``records``."""
     for tool in interrupted:
         if tool.child_conversation_id:
-            await bring_child_to_rest(store, fence, tool.child_conversation_id)
+            await bring_child_to_rest(store, fence, tool.child_conversation_id, reconcilers)
     views = assemble_messages(records)
     if not views:
         return []
@@ -100,14 +103,21 @@ def reconciler_for(tools: Mapping[str, Tool], conversation_id: str) -> Reconcile
     return reconcile
 
 
-async def bring_child_to_rest(store: Store, fence: Fence, conversation_id: str) -> None:
+async def bring_child_to_rest(
+    store: Store, fence: Fence, conversation_id: str, reconcilers: Reconcilers | None = None
+) -> None:
     """Leave an abandoned child conversation (and its own children) at rest: its cut-off message
-    closed and its unresolved calls marked interrupted, as for any interrupted submission."""
+    closed and its unresolved calls marked interrupted (or reconciled), as for any interrupted
+    submission."""
     journal = Journal(store, conversation_id, fence)
     await journal.load(-1)
     interrupted = unresolved_tools(assemble_messages(journal.records))
     closes = close_open_messages(journal.records)
-    records = [*closes, *await bring_to_rest(store, fence, journal.records, interrupted)]
+    reconciler = None if reconcilers is None else await reconcilers(conversation_id)
+    records = [
+        *closes,
+        *await bring_to_rest(store, fence, journal.records, interrupted, reconciler, reconcilers),
+    ]
     if records:
         await journal.append(*records)
 
@@ -118,8 +128,27 @@ async def settlement_at_rest(
     """Settle aborted or failed: mark unresolved calls (asking the reconcile of those of
     ``tools`` that have one), leave an advisory signal, settle."""
     reconciler = None if tools is None else reconciler_for(tools, scope.conversation_id)
+    env = scope.env
+
+    async def reconcilers(conversation_id: str) -> Reconciler | None:
+        # An abandoned child's calls are reconciled with the tools its agent declares now.
+        agent_name, _, id = conversation_id.partition("/")
+        agent = env.agents.get(agent_name)
+        if agent is None:
+            return None
+        try:
+            rendered = agent.render(id, await env.store.get_state(conversation_id))
+        except Exception:
+            return None  # its agent cannot render: the calls keep their markers
+        return reconciler_for(rendered.tools, conversation_id)
+
     records = await bring_to_rest(
-        scope.store, scope.sub.fence, scope.submission_records(), d.interrupted, reconciler
+        scope.store,
+        scope.sub.fence,
+        scope.submission_records(),
+        d.interrupted,
+        reconciler,
+        reconcilers,
     )
     error = d.error
     if d.signal is not None:
