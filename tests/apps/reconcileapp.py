@@ -89,9 +89,11 @@ def script(request: ModelRequest) -> ScriptStep:
         )
         return reply(f"saw {last.name}={kind} {json.dumps(last.content, sort_keys=True)}")
     text = next((str(m.content) for m in reversed(request.messages) if isinstance(m, UserTurn)), "")
-    name = text.split()[0] if text else ""
+    words = text.split()
+    name = words[0] if words else ""
     if any(t.name == name for t in TOOLS):
-        return calls(call(name, amount=5))
+        # "pay k": the call's id names k, so that ledger keys differ across conversations
+        return calls(call(name, id=f"{name}-{words[1]}" if len(words) > 1 else None, amount=5))
     return reply(f"echo: {text}")
 
 

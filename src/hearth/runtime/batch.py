@@ -120,8 +120,8 @@ class ToolBatch:
             await self.journal.append(rerun_started(call))
             await self._run_call(call, CallPlan.RECONCILE, buffer, reconciled=NOT_DONE)
         else:
-            tool_ = InterruptedTool(call.name, call.tool_call_id)
-            await self.journal.append(interrupted_outcome(call.message_id, tool_))
+            unknown = InterruptedTool(call.name, call.tool_call_id)
+            await self.journal.append(interrupted_outcome(call.message_id, unknown))
 
     async def _run_call(
         self,
