@@ -87,6 +87,8 @@ KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
         "step:<name>": "a step.do is about to run its function",
         "step-done:<name>": "the step's function returned; its record is not appended",
         "wait:<name>": "a step.wait found no value yet; the call is about to stop and wait",
+        "reconcile:<name>": "a cut-off call's reconcile function is about to be asked",
+        "reconcile-done:<name>": "its reconcile answered; the call's outcome is not recorded",
     }
 )
 
