@@ -80,7 +80,7 @@ def test_each_booked_row_is_there_exactly_once_across_kills(
         for line in pg_cluster.sql(f"SELECT tool_call_id, step, n FROM public.{table}").splitlines()
     )
     steps: dict[tuple[str, str], object] = {}
-    outcomes = 0
+    booked: list[str] = []  # the calls whose outcome the model saw as booked
     for conversation in conversations:
         records = harness.history(conversation)
         ends = [(r.outcome, r.error) for r in records if isinstance(r, SubmissionSettled)]
@@ -91,11 +91,11 @@ def test_each_booked_row_is_there_exactly_once_across_kills(
                 assert key not in steps
                 steps[key] = r.value
             if isinstance(r, ToolOutcome):
-                outcomes += 1
                 assert not r.is_error, r.content
                 assert (r.content["first"], r.content["second"]) == (1, 2)
-    assert outcomes == 2 * len(conversations)
-    assert len(steps) == 4 * len(conversations)
+                booked.append(f"{conversation}:{r.tool_call_id}")
+    assert len(booked) >= 2 * len(conversations)
+    assert {(c, s) for c in booked for s in ("first", "second")} == set(steps)
     assert all(n == 1 for n in rows.values()), [k for k, n in rows.items() if n > 1]
     assert {(call_id, step) for call_id, step, _ in rows} == set(steps)
     assert all(steps[(c, s)] == (1 if s == "first" else 2) for c, s in steps)
