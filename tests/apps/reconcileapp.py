@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import hearth
-from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.providers.base import AssistantTurn, ModelRequest, ToolResult, UserTurn
 from hearth.testing import Ledger, ScriptedModel, ScriptStep, call, calls, reply
 from hearth.testing.toollog import ran
 
@@ -92,8 +92,11 @@ def script(request: ModelRequest) -> ScriptStep:
     words = text.split()
     name = words[0] if words else ""
     if any(t.name == name for t in TOOLS):
-        # "pay k": the call's id names k, so that ledger keys differ across conversations
-        return calls(call(name, id=f"{name}-{words[1]}" if len(words) > 1 else None, amount=5))
+        # "pay k": the call's id names k (and the turn: a cut-off reply makes the model call
+        # again), so that ledger keys differ across conversations
+        turn = sum(isinstance(m, AssistantTurn) for m in request.messages)
+        made = f"{name}-{words[1]}-t{turn}" if len(words) > 1 else None
+        return calls(call(name, id=made, amount=5))
     return reply(f"echo: {text}")
 
 
