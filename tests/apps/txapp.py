@@ -5,6 +5,7 @@ duplicate would show) inside ``step.transaction``, with a ``step.do`` between th
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -40,10 +41,27 @@ async def book(n: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     return {"first": first, "mid": mid, "second": second}
 
 
+@hearth.tool(durable=True)
+async def slow_book(ctx: hearth.ToolContext) -> int:
+    """Book a seat, lingering inside the transaction for ``$TX_SLEEP`` seconds."""
+    assert ctx.step is not None
+    call_id = f"{ctx.conversation_id}:{ctx.tool_call_id}"
+
+    async def linger(conn: Any) -> int:
+        booked = await insert(conn, call_id, "first", 1)
+        ran("slow-in-transaction", ctx)
+        await asyncio.sleep(float(os.environ.get("TX_SLEEP", "0")))
+        return booked
+
+    return int(await ctx.step.transaction("first", linger))
+
+
 def script(request: ModelRequest) -> ScriptStep:
     if request.messages and isinstance(request.messages[-1], ToolResult):
         return reply("booked")
     text = next((str(m.content) for m in reversed(request.messages) if isinstance(m, UserTurn)), "")
+    if text.startswith("slow"):
+        return calls(call("slow_book"))
     if text.startswith("book"):
         return calls(call("book", n=1), call("book", n=2))
     return reply(f"echo: {text}")
@@ -53,6 +71,7 @@ def script(request: ModelRequest) -> ScriptStep:
 def booker(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/booker")
     ctx.use_tool(book)
+    ctx.use_tool(slow_book)
     return "You book."
 
 
