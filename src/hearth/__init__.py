@@ -11,6 +11,7 @@ from hearth.app import App
 from hearth.attachments import Attachment
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.client import AsyncClient, Client
+from hearth.effects import Done, NotDone, ReconcileCall
 from hearth.errors import (
     AttachmentNotFound,
     AttachmentTooLarge,
@@ -81,6 +82,7 @@ __all__ = [
     "Delivery",
     "DeliveryNotFound",
     "Dispatch",
+    "Done",
     "Durability",
     "EphemeralWorkspace",
     "FencedOut",
@@ -92,10 +94,12 @@ __all__ = [
     "InvalidSignature",
     "LocalWorkspace",
     "NotARestPoint",
+    "NotDone",
     "OpenWorkspace",
     "PathOutsideWorkspace",
     "ProviderError",
     "Receipt",
+    "ReconcileCall",
     "Reply",
     "RunLimits",
     "RunResult",

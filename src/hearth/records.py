@@ -206,12 +206,15 @@ class AssistantMessageCompleted(Record):
 @dataclass(frozen=True, kw_only=True)
 class ToolOutcome(Record):
     type: ClassVar[str] = "tool_outcome"
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"reconciled"})
     message_id: str
     tool_call_id: str
     name: str
     is_error: bool
     content: JSON
     duration_ms: int = 0
+    # "done" / "not_done" when the tool's reconcile function decided it (docs/effects.md)
+    reconciled: str | None = None
 
 
 @_register

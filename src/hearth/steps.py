@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
-from hearth.errors import StepError, WaitTimedOut
+from hearth.errors import ConfigurationError, StepError, WaitTimedOut
+
+# ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
+# recorded value, once the function's writes and the step record committed together.
+Transact = Callable[[str, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
@@ -58,6 +62,10 @@ class Steps:
     asks the outside world for a JSON value: the submission waits (no process needed) until it is
     resolved, then the call runs again with its earlier steps replayed and ``wait`` returning the
     value (or raising ``hearth.WaitTimedOut`` past ``timeout`` seconds).
+
+    ``await ctx.step.transaction("book", insert_booking)`` (PostgreSQL) runs
+    ``async def insert_booking(conn)`` inside the transaction that records the step, so the
+    application's writes to that database commit exactly once, together with the step.
     """
 
     def __init__(
@@ -72,6 +80,7 @@ class Steps:
         message_id: str = "",
         waits_started: frozenset[str] = frozenset(),
         waits_ended: dict[str, WaitOutcome] | None = None,
+        transact: Transact | None = None,
     ) -> None:
         self.tool_call_id = tool_call_id
         self._around = around  # wraps each step that runs: its trace span and its latency
@@ -81,6 +90,7 @@ class Steps:
         self._used: set[str] = set()
         self._waits_started = waits_started  # wait ids with a wait_started record
         self._waits_ended = dict(waits_ended or {})  # wait id → how it ended
+        self._transact = transact
 
     def _claim_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -104,6 +114,28 @@ class Steps:
                 raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
             _faults.reached(f"step-done:{name}")
             await self._record(name, value)
+        self._recorded[name] = value
+        return value
+
+    async def transaction(self, name: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run ``await fn(conn)`` — ``conn`` a psycopg ``AsyncConnection`` to hearth's
+        PostgreSQL database, with the application's ``search_path`` — inside the transaction
+        that records the step, and return its JSON value.
+
+        The application's writes through ``conn`` and the step record commit together or not
+        at all: exactly once. On a re-execution the recorded value is returned and ``fn`` does
+        not run. If ``fn`` raises, both roll back and the exception reaches the tool (no step
+        is recorded). Names share the namespace of ``do``; on SQLite this raises
+        ``ConfigurationError``.
+        """
+        self._claim_name(name)
+        if name in self._recorded:
+            return self._recorded[name]
+        if self._transact is None:
+            raise ConfigurationError("step.transaction needs hearth's store on PostgreSQL")
+        with self._around(name):
+            _faults.reached(f"step:{name}")
+            value = await self._transact(name, fn)
         self._recorded[name] = value
         return value
 

@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_type_hints, overload
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints, overload
 import pydantic
 
 from hearth.attachments import ConversationAttachments
+from hearth.effects import RECONCILE_TIMEOUT_S
 from hearth.errors import ConfigurationError
 from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
@@ -35,6 +37,18 @@ if TYPE_CHECKING:
 _TOOL_NAME_LIMIT = 64
 # What the model providers accept as a function name (ASCII only), matched in full.
 _TOOL_NAME_RE = re.compile(rf"[A-Za-z0-9_-]{{1,{_TOOL_NAME_LIMIT}}}")
+
+# (conversation id, tool call id) → set when the worker thread running that sync call ends. An
+# abort or a lost lease stops waiting for such a thread, not the thread: reconciling the call
+# while it still runs here could answer NotDone and run it twice.
+_THREADS: dict[tuple[str, str], threading.Event] = {}
+_THREADS_LOCK = threading.Lock()
+
+
+def thread_still_running(conversation_id: str, tool_call_id: str) -> threading.Event | None:
+    """The event a sync call's worker thread sets when it ends, while it is still running."""
+    with _THREADS_LOCK:
+        return _THREADS.get((conversation_id, tool_call_id))
 
 
 @dataclass
@@ -66,6 +80,8 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         durable: bool = False,
+        reconcile: Callable[..., Any] | None = None,
+        reconcile_timeout: float = RECONCILE_TIMEOUT_S,
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
@@ -83,6 +99,19 @@ class Tool:
                 f"durable tool {self.name!r} needs a parameter annotated hearth.ToolContext "
                 "to reach ctx.step"
             )
+        if reconcile is not None and durable:
+            raise ConfigurationError(
+                f"tool {self.name!r}: reconcile= is for ordinary tools; a durable tool re-executes"
+                " after a crash, its steps replaying, so it has no unknown outcome to reconcile"
+            )
+        if reconcile is not None and not callable(reconcile):
+            raise ConfigurationError(f"tool {self.name!r}: reconcile= must be a function")
+        if not isinstance(reconcile_timeout, int | float) or not reconcile_timeout > 0:
+            raise ConfigurationError(
+                f"tool {self.name!r}: reconcile_timeout must be a positive number of seconds"
+            )
+        self.reconcile = reconcile
+        self.reconcile_timeout = float(reconcile_timeout)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -116,10 +145,25 @@ class Tool:
         else:
             # A sync tool runs on a worker thread so it cannot stall the event loop (and with it
             # heartbeats and other conversations); context variables travel with it.
-            result = await asyncio.to_thread(self.fn, **kwargs)
+            result = await asyncio.to_thread(_tracked, ctx, self.fn, kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return to_json_value(result)
+
+
+def _tracked(ctx: ToolContext, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Run a sync tool on this worker thread, registered while it runs (``_THREADS``)."""
+    key = (ctx.conversation_id, ctx.tool_call_id)
+    ended = threading.Event()
+    with _THREADS_LOCK:
+        _THREADS[key] = ended
+    try:
+        return fn(**kwargs)
+    finally:
+        with _THREADS_LOCK:
+            if _THREADS.get(key) is ended:
+                del _THREADS[key]
+        ended.set()
 
 
 def to_json_value(value: Any) -> Any:
@@ -163,7 +207,12 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, durable: bool = False
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    durable: bool = False,
+    reconcile: Callable[..., Any] | None = None,
+    reconcile_timeout: float = RECONCILE_TIMEOUT_S,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -174,13 +223,26 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     durable: bool = False,
+    reconcile: Callable[..., Any] | None = None,
+    reconcile_timeout: float = RECONCILE_TIMEOUT_S,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. Use bare (``@hearth.tool``) or with options
-    (``@hearth.tool(durable=True)``). The docstring is the description the model sees."""
+    (``@hearth.tool(durable=True)``). The docstring is the description the model sees.
+
+    ``reconcile=fn`` (ordinary tools only): after a crash, recovery asks ``fn(call)`` (a
+    ``hearth.ReconcileCall``; sync or async; at most ``reconcile_timeout`` seconds) whether the
+    cut-off call took effect, instead of marking its outcome unknown (docs/effects.md)."""
     if fn is not None:
         return Tool(fn)
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, durable=durable)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            durable=durable,
+            reconcile=reconcile,
+            reconcile_timeout=reconcile_timeout,
+        )
 
     return wrap

@@ -28,7 +28,7 @@ from hearth.runtime.owner import _boot_id, this_host
 from hearth.store import open_store
 from hearth.store.base import NewSubmission, Store
 from hearth.testing import KILL_POINTS, STORE_WRITES
-from hearth.testing.points import INPUT_WRITES
+from hearth.testing.points import EFFECT_WRITES, INPUT_WRITES
 
 # Store methods that only read (or open and close): everything else must be in STORE_WRITES.
 STORE_READS = {
@@ -220,7 +220,12 @@ def test_every_store_method_is_known_as_a_read_or_a_write() -> None:
         if inspect.iscoroutinefunction(member) and not name.startswith("_")
     }
     assert methods == (
-        STORE_READS | set(STORE_WRITES) | set(INPUT_WRITES) | STORE_INTERNAL | STORE_OPERATOR
+        STORE_READS
+        | set(STORE_WRITES)
+        | set(INPUT_WRITES)
+        | set(EFFECT_WRITES)
+        | STORE_INTERNAL
+        | STORE_OPERATOR
     )
 
 

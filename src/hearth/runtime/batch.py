@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import inspect
+import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pydantic
@@ -19,7 +22,8 @@ import pydantic
 from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.attachments import ConversationAttachments, parts_of
-from hearth.errors import FencedOut
+from hearth.effects import NOT_DONE, Done, NotDone
+from hearth.errors import FencedOut, StepError
 from hearth.records import (
     AssistantToolCall,
     Record,
@@ -33,7 +37,10 @@ from hearth.runtime.outcomes import (
     call_outcome,
     error_outcome,
     interrupted_outcome,
+    reconciled_done,
+    rerun_started,
 )
+from hearth.runtime.reconcile import ask, reconcile_call
 from hearth.runtime.recovery import (
     TASK_TOOL,
     CallPlan,
@@ -63,9 +70,11 @@ class ToolBatch:
 
     async def run(self) -> None:
         view = self.view
-        declared = {name: t.durable for name, t in self.rendered.tools.items()}
+        tools = self.rendered.tools
+        declared = {name: t.durable for name, t in tools.items()}
+        reconcilable = [name for name, t in tools.items() if t.reconcile is not None]
         plan = plan_tool_batch(
-            view, self.scope.sub.attempt, declared, list(self.rendered.subagents)
+            view, self.scope.sub.attempt, declared, list(self.rendered.subagents), reconcilable
         )
         buffer = StateBuffer(self.rendered.state)
         buffer.writes.update(carried_state(self.journal.records, view.message_id))
@@ -83,6 +92,8 @@ class ToolBatch:
                         call, "subagent_missing", "the subagent for this task is no longer declared"
                     )
                 )
+            elif verdict is CallPlan.RECONCILE:
+                jobs.append(self._reconcile(call, buffer))
             else:
                 jobs.append(self._run_call(call, verdict, buffer))
         if jobs:
@@ -103,8 +114,30 @@ class ToolBatch:
         ]
         await self.journal.append(*writes, batch_committed(view))
 
+    async def _reconcile(self, call: AssistantToolCall, buffer: StateBuffer) -> None:
+        """Ask the tool's reconcile about a call a dead attempt left unresolved: ``Done`` settles
+        it with the real result, ``NotDone`` runs it again (once: the re-run is recorded
+        first), anything else keeps the ``interrupted`` marker."""
+        tool = self.rendered.tools[call.name]
+        _faults.reached(f"reconcile:{call.name}")
+        answer = await ask(tool, reconcile_call(call, self.scope.conversation_id))
+        _faults.reached(f"reconcile-done:{call.name}")
+        if isinstance(answer, Done):
+            await self.journal.append(reconciled_done(call.message_id, call, answer))
+        elif isinstance(answer, NotDone):
+            await self.journal.append(rerun_started(call))
+            await self._run_call(call, CallPlan.RECONCILE, buffer, reconciled=NOT_DONE)
+        else:
+            unknown = InterruptedTool(call.name, call.tool_call_id)
+            await self.journal.append(interrupted_outcome(call.message_id, unknown))
+
     async def _run_call(
-        self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer
+        self,
+        call: AssistantToolCall,
+        verdict: CallPlan,
+        buffer: StateBuffer,
+        *,
+        reconciled: str | None = None,
     ) -> None:
         started = time.monotonic()
         attributes: dict[str, str | int | float | bool] = {
@@ -125,6 +158,8 @@ class ToolBatch:
                 return
             if outcome.is_error:
                 telemetry.mark_error(span, "the tool call failed")
+            if reconciled is not None:
+                outcome = dataclasses.replace(outcome, reconciled=reconciled)
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
@@ -218,6 +253,34 @@ class ToolBatch:
                 )
             )
 
+        async def transact(name: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+            async def work(conn: Any) -> Any:
+                value = fn(conn)
+                if not inspect.isawaitable(value):
+                    raise StepError(
+                        f"step.transaction {name!r} needs an async function: async def fn(conn)"
+                    )
+                value = await value
+                try:
+                    value = json.loads(json.dumps(value))
+                except (TypeError, ValueError) as exc:
+                    raise StepError(
+                        f"step {name!r} returned a value that is not JSON: {exc}"
+                    ) from None
+                # Inside the transaction: the function's writes are made, not committed.
+                _faults.reached(f"step-done:{name}")
+                return value
+
+            def records(value: Any) -> list[Record]:
+                step = ToolStepSettled(
+                    id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
+                )
+                return [step]
+
+            (stored,) = await self.journal.transact(work, records, [f"{prefix}{name}"])
+            assert isinstance(stored, ToolStepSettled)
+            return stored.value
+
         @contextlib.contextmanager
         def around(name: str) -> Iterator[None]:
             # A step that runs (not one replayed from its record): its span and its latency.
@@ -240,6 +303,7 @@ class ToolBatch:
             message_id=call.message_id,
             waits_started=started,
             waits_ended=ended,
+            transact=transact,
         )
 
 

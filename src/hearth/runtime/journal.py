@@ -4,7 +4,7 @@ the records this attempt has seen."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hearth import _faults
@@ -69,6 +69,28 @@ class Journal:
         else:
             await self.refresh()
         return offsets
+
+    async def transact(
+        self,
+        work: Callable[[Any], Awaitable[Any]],
+        records: Callable[[Any], Sequence[Record]],
+        ids: Sequence[str],
+    ) -> list[Record]:
+        """``Store.transact``, fenced by this attempt: the application's ``work`` and the
+        records made from its value commit in one transaction."""
+
+        def stamped(value: Any) -> list[Record]:
+            return self.stamp(records(value))
+
+        _faults.reached("before:store.transact")
+        t0 = time.perf_counter()
+        stored = await self.store.transact(self.conversation_id, self.fence, work, stamped, ids=ids)
+        self.observe(time.perf_counter() - t0)
+        _faults.reached("after:store.transact")
+        for r in stored:
+            _faults.reached(f"after:{r.type}")
+        await self.refresh()
+        return stored
 
     async def settle(
         self,

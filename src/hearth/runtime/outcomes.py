@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hearth.records import AssistantToolCall, ToolOutcome, ToolResultsCommitted
-from hearth.runtime.recovery import InterruptedTool, MessageView
+from hearth.effects import DONE, NOT_DONE, Done
+from hearth.records import AssistantToolCall, ToolOutcome, ToolResultsCommitted, ToolStepSettled
+from hearth.runtime.recovery import RERUN_STEP, InterruptedTool, MessageView
 
 
 def call_outcome(
@@ -35,6 +36,43 @@ def interrupted_outcome(message_id: str, tool: InterruptedTool) -> ToolOutcome:
     return _outcome(message_id, tool, content, is_error=True)
 
 
+def reconciled_done(
+    message_id: str, call: AssistantToolCall | InterruptedTool, answer: Done
+) -> ToolOutcome:
+    """The outcome of a cut-off call whose reconcile answered ``Done``: its real result (or
+    error), as the external system reported it."""
+    error = answer.error
+    if error is None:
+        return _outcome(message_id, call, answer.result, is_error=False, reconciled=DONE)
+    if isinstance(error, BaseException):
+        content = {"type": "exception", "message": f"{type(error).__name__}: {error}"}
+    else:
+        content = {"type": "error", "message": str(error)}
+    return _outcome(message_id, call, content, is_error=True, reconciled=DONE)
+
+
+def never_happened(message_id: str, tool: InterruptedTool) -> ToolOutcome:
+    """At rest (abort, deadline, budget): reconcile answered ``NotDone``, and the call is not run
+    again since the submission stops."""
+    content = {
+        "type": "not_done",
+        "message": f"The call to {tool.name} was cut off by an interruption before it took "
+        "effect (confirmed by its reconcile); it was not run again.",
+    }
+    return _outcome(message_id, tool, content, is_error=True, reconciled=NOT_DONE)
+
+
+def rerun_started(call: AssistantToolCall) -> ToolStepSettled:
+    """The bookkeeping record written before a call runs again after ``NotDone``: it counts the
+    one re-run a call may have, across crashes."""
+    return ToolStepSettled(
+        id=f"{call.message_id}:rerun:{call.tool_call_id}",
+        tool_call_id=call.tool_call_id,
+        step=RERUN_STEP,
+        value={"reconciled": NOT_DONE, "interrupted_attempt": call.attempt},
+    )
+
+
 def batch_committed(view: MessageView) -> ToolResultsCommitted:
     """The record that closes the tool batch of one assistant message."""
     return ToolResultsCommitted(
@@ -51,6 +89,7 @@ def _outcome(
     *,
     is_error: bool,
     duration_ms: int = 0,
+    reconciled: str | None = None,
 ) -> ToolOutcome:
     # The id is fixed by the call, so writing an outcome twice is a no-op.
     return ToolOutcome(
@@ -61,4 +100,5 @@ def _outcome(
         is_error=is_error,
         content=content,
         duration_ms=duration_ms,
+        reconciled=reconciled,
     )

@@ -9,7 +9,7 @@ only in the evidence. Every rule of the recovery table lives here, in pure funct
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -26,11 +26,15 @@ from hearth.records import (
     Signal,
     ToolOutcome,
     ToolResultsCommitted,
+    ToolStepSettled,
     UserMessage,
 )
 from hearth.store.rows import counted_attempts
 
 TASK_TOOL = "task"  # the built-in delegation tool
+# The bookkeeping step an ordinary call gets when its reconcile answered NotDone, written before
+# the call runs again: a call with it is never reconciled (nor run) again.
+RERUN_STEP = "hearth.rerun"
 TRANSIENT_BUDGET = 3  # consecutive transient provider errors retried per submission
 BACKOFF_BASE_S = 2.0
 
@@ -56,6 +60,7 @@ class CallPlan(Enum):
     RESUME_CHILD = "resume_child"  # task call of a dead attempt: resume the child conversation
     CHILD_GONE = "child_gone"  # task call whose subagent is no longer declared: error outcome
     INTERRUPTED = "interrupted"  # ordinary call of a dead attempt: unknown outcome, not re-run
+    RECONCILE = "reconcile"  # ordinary call of a dead attempt whose tool can reconcile: ask it
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,7 @@ class MessageView:
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
     committed: bool = False
     children: dict[str, str] = field(default_factory=dict)  # tool_call_id → child conversation
+    reruns: set[str] = field(default_factory=set)  # calls run again after reconcile said NotDone
     interrupted_signal: bool = False
     index: int = 0  # position in the evidence
 
@@ -163,6 +169,12 @@ def assemble_messages(records: Sequence[Record]) -> list[MessageView]:
             views[mid].committed = True
         elif isinstance(rec, ChildConversationLinked) and rec.tool_call_id in by_call:
             by_call[rec.tool_call_id].children[rec.tool_call_id] = rec.child_conversation_id
+        elif (
+            isinstance(rec, ToolStepSettled)
+            and rec.step == RERUN_STEP
+            and rec.tool_call_id in by_call
+        ):
+            by_call[rec.tool_call_id].reruns.add(rec.tool_call_id)
         elif isinstance(rec, Signal) and rec.signal_type == "stream_interrupted":
             target = rec.attributes.get("message_id")
             if isinstance(target, str) and target in views:
@@ -185,14 +197,24 @@ def close_open_messages(records: Sequence[Record]) -> list[AssistantMessageCompl
     ]
 
 
+def may_reconcile(view: MessageView, tool_call_id: str, reconcilable: Collection[str]) -> bool:
+    """Whether an unresolved call may be reconciled: its tool (by name, in ``reconcilable``)
+    declares ``reconcile`` and the call was never run again after a NotDone (at most one re-run
+    per call, counted from the records: a second interruption keeps the marker)."""
+    name = next((c.name for c in view.calls if c.tool_call_id == tool_call_id), None)
+    return name in reconcilable and tool_call_id not in view.reruns
+
+
 def plan_tool_batch(
     view: MessageView,
     attempt: int,
     declared: dict[str, bool],
     subagents: Sequence[str],
+    reconcilable: Collection[str] = (),
 ) -> dict[str, CallPlan]:
     """How each call of a tool turn is resolved. ``declared`` maps the tool names the current
-    render declares to whether they are durable; ``subagents`` are the declared subagent names."""
+    render declares to whether they are durable; ``subagents`` are the declared subagent names;
+    ``reconcilable`` the declared ordinary tools with a ``reconcile`` function."""
     plan: dict[str, CallPlan] = {}
     for call in view.calls:
         if call.tool_call_id in view.outcomes:
@@ -207,6 +229,8 @@ def plan_tool_batch(
             )
         elif declared.get(call.name, False):
             plan[call.tool_call_id] = CallPlan.REEXECUTE
+        elif may_reconcile(view, call.tool_call_id, reconcilable):
+            plan[call.tool_call_id] = CallPlan.RECONCILE
         else:
             plan[call.tool_call_id] = CallPlan.INTERRUPTED
     return plan

@@ -246,7 +246,7 @@ class Attempt:
     async def _step(self, d: Decision, rendered: Rendered | None) -> bool:
         """Do what the decision says; True once the submission is settled."""
         if d.action in _SETTLING:
-            return await self._settle(d)
+            return await self._settle(d, rendered)
         assert rendered is not None
         match d.action:
             case Action.START:
@@ -288,11 +288,12 @@ class Attempt:
                     return True
         return False
 
-    async def _settle(self, d: Decision) -> bool:
+    async def _settle(self, d: Decision, rendered: Rendered | None) -> bool:
         if d.action is Action.SETTLE_COMPLETED:
             settlement = Settlement("completed", reply=d.reply or "")
         else:
-            settlement = await settlement_at_rest(self, d)
+            tools = rendered.tools if rendered is not None else None
+            settlement = await settlement_at_rest(self, d, tools)
         await self.policy.finish(self, settlement)
         return True
 

@@ -14,7 +14,7 @@ after it committed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hearth.records import Record, WaitStarted
@@ -92,6 +92,30 @@ class Store(ABC):
         conversation's ``conversation_created`` record creates the conversation; any other
         append to an unknown conversation raises ``StoreError``. Offsets are dense and in commit
         order: a reader that has seen offset K never later finds a new record at or below K.
+        Publishes ``appended``.
+        """
+        ...
+
+    @abstractmethod
+    async def transact(
+        self,
+        conversation_id: str,
+        fence: Fence,
+        work: Callable[[Any], Awaitable[Any]],
+        records: Callable[[Any], Sequence[Record]],
+        *,
+        ids: Sequence[str],
+    ) -> list[Record]:
+        """Run the application's ``await work(conn)`` on a connection to the store's own
+        database and append ``records(its value)`` in that one transaction: both commit, or
+        neither. Fenced *before* ``work`` runs (the submission's row is locked for the whole
+        transaction, so a stale attempt's work never commits). A record whose id exists fails
+        the whole transaction (``IntegrityError``), never a no-op. An exception of ``work`` or
+        ``records`` rolls everything back and is raised as it is. ``ids`` are the ids the
+        records will have: after a lost connection they are read back, and when all are stored
+        (an earlier try committed) they are the answer, without running ``work`` again.
+        Returns the records as stored. A store whose database cannot hold the application's
+        tables (SQLite) raises ``ConfigurationError`` naming PostgreSQL, and runs nothing.
         Publishes ``appended``.
         """
         ...

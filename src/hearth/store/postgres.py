@@ -31,10 +31,11 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from hearth import _faults
-from hearth.errors import ConfigurationError, StoreError, StoreUnavailable
+from hearth.errors import ConfigurationError, IntegrityError, StoreError, StoreUnavailable
 from hearth.records import Record, WaitStarted, loads
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
+from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
@@ -117,6 +118,7 @@ class PostgresStore(Store):
             "connect_timeout": CONNECT_TIMEOUT_S,
         }
         self._transactions: Transactions | None = None
+        self._app_search_path = "public"  # the database's own, read at open (step.transaction)
         # conversation → the last offset this process saw there, for one-statement appends
         self._tails: dict[str, int] = {}
         self._notes: Notes | None = None
@@ -139,6 +141,12 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot connect to {self.where}: {first_line(exc)}") from None
         try:
+            # This connection has the database's own search_path, which the application's
+            # step.transaction functions get (hearth's connections use its schema).
+            cursor = await conn.execute("SHOW search_path")
+            shown = await cursor.fetchone()
+            if shown:
+                self._app_search_path = str(shown[0])
             await migrate(conn, self.schema)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise StoreError(
@@ -260,6 +268,44 @@ class PostgresStore(Store):
         if offsets:
             self._remember_tail(conversation_id, max(offsets))
         return offsets
+
+    async def transact(
+        self,
+        conversation_id: str,
+        fence: Fence,
+        work: Callable[[Any], Awaitable[Any]],
+        records: Callable[[Any], Sequence[Record]],
+        *,
+        ids: Sequence[str],
+    ) -> list[Record]:
+        # Its own transaction, never the one-statement fast path: the application's work runs
+        # between the fence check and the insert.
+        async def run(conn: ops.Conn, outbox: ops.Outbox) -> list[Record]:
+            return await transact.run(
+                conn,
+                conversation_id=conversation_id,
+                fence=fence,
+                work=work,
+                records=records,
+                app_search_path=self._app_search_path,
+                hearth_search_path=self.schema,
+                outbox=outbox,
+                now=self._now(),
+            )
+
+        try:
+            stored = await self._write(
+                run, resolve=lambda conn: transact.read_back(conn, conversation_id, ids)
+            )
+        except transact.AppFailure as failure:
+            raise failure.error from None
+        except psycopg.IntegrityError as exc:
+            raise IntegrityError(
+                f"{conversation_id}: a record of this transaction exists already: {first_line(exc)}"
+            ) from None
+        if stored:
+            self._remember_tail(conversation_id, max(r.offset for r in stored))
+        return stored
 
     async def _append_fast(
         self, conversation_id: str, batch: list[Record], fence: Fence

@@ -20,7 +20,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from hearth.errors import ConfigurationError, StoreUnavailable
@@ -147,6 +147,22 @@ class SQLiteStore(Store):
             return ops.append(conn, conversation_id, batch, outbox, self.clock())
 
         return await self._write(work)
+
+    async def transact(
+        self,
+        conversation_id: str,
+        fence: Fence,
+        work: Callable[[Any], Awaitable[Any]],
+        records: Callable[[Any], Sequence[Record]],
+        *,
+        ids: Sequence[str],
+    ) -> list[Record]:
+        # One process owns the file through one writer thread: no application connection can
+        # share hearth's transaction here.
+        raise ConfigurationError(
+            "step.transaction needs hearth's store on PostgreSQL (db='postgresql://...'), where"
+            " the application's tables live in the same database; on SQLite use step.do"
+        )
 
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None

@@ -9,6 +9,7 @@ Example::
 """
 
 from hearth.testing.crash import ChildRun, CrashHarness
+from hearth.testing.ledger import Ledger
 from hearth.testing.points import KILL_POINT_PATTERNS, KILL_POINTS, STORE_WRITES
 from hearth.testing.scripted import (
     CallsStep,
@@ -38,6 +39,7 @@ __all__ = [
     "ChildRun",
     "CrashHarness",
     "ErrorStep",
+    "Ledger",
     "ScriptStep",
     "ScriptStepFunction",
     "ScriptedModel",

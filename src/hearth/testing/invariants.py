@@ -15,9 +15,10 @@ Example (in a test)::
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hearth.effects import DONE, NOT_DONE
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
@@ -35,6 +36,7 @@ from hearth.records import (
     WaitResolved,
     WaitStarted,
 )
+from hearth.runtime.recovery import RERUN_STEP
 from hearth.store.base import JOINED, SETTLED, WAITING, Store, Submission, all_submissions
 
 # The rules a violation names.
@@ -55,6 +57,9 @@ ORDINARY_RAN_TWICE = "ordinary_call_ran_twice"  # an ordinary (non-durable) call
 STEP_RAN_AGAIN = "step_ran_again"  # a step's body ran after its record was on disk
 WAIT_ENDED_ONCE = "wait_ended_once"  # one wait_resolved per wait, after its wait_started
 WAITING_HAS_OPEN_WAIT = "waiting_has_open_wait"  # waiting ⇔ a wait of it is open; no lease
+# A reconciled outcome says done/not_done; a call ran again (not_done) only after its one re-run
+# record; a re-run call is never reconciled again, and gets its own or the interrupted outcome.
+RECONCILED = "reconciled_outcome"
 
 Key = tuple[str, str, str | None]  # (conversation, tool call id, step name or None for the call)
 
@@ -122,7 +127,7 @@ async def check_invariants(
     found += _check_settlements(streams, subs, at_rest)
     found += _check_waits(streams, subs)
     if tool_log is not None:
-        found += _check_tool_log(tool_log)
+        found += _check_tool_log(tool_log, _reruns(streams))
     return found
 
 
@@ -159,6 +164,50 @@ async def recorded_keys(store: Store) -> set[Key]:
             elif isinstance(r, ToolStepSettled):
                 keys.add((conv, r.tool_call_id, r.step))
     return keys
+
+
+def _reruns(streams: Mapping[str, list[Record]]) -> set[tuple[str, str]]:
+    """(conversation, call) of the ordinary calls recorded as run again after ``NotDone``."""
+    return {
+        (conv, r.tool_call_id)
+        for conv, records in streams.items()
+        for r in records
+        if isinstance(r, ToolStepSettled) and r.step == RERUN_STEP
+    }
+
+
+def _check_reconciled(records: list[Record]) -> list[str]:
+    """What is wrong with the reconciled outcomes and the re-run records of one stream."""
+    problems: list[str] = []
+    rerun_at: dict[str, int] = {}
+    for r in records:
+        if isinstance(r, ToolStepSettled) and r.step == RERUN_STEP:
+            rerun_at.setdefault(r.tool_call_id, r.offset)
+    for r in records:
+        if not isinstance(r, ToolOutcome):
+            continue
+        rerun = rerun_at.get(r.tool_call_id)
+        kind = r.content.get("type") if r.is_error and isinstance(r.content, dict) else None
+        if r.reconciled is None:
+            if rerun is not None and kind != "interrupted":
+                problems.append(
+                    f"call {r.tool_call_id} ran again (re-run at {rerun}) but its outcome at"
+                    f" {r.offset} does not say reconciled: not_done"
+                )
+        elif r.reconciled not in (DONE, NOT_DONE):
+            problems.append(f"outcome {r.id} at {r.offset} says reconciled: {r.reconciled!r}")
+        elif r.reconciled == DONE and rerun is not None:
+            problems.append(
+                f"call {r.tool_call_id} was reconciled again (done at {r.offset}) after its"
+                f" re-run at {rerun}"
+            )
+        elif r.reconciled == NOT_DONE and kind != "not_done":
+            if rerun is None or rerun > r.offset:
+                problems.append(
+                    f"call {r.tool_call_id} has a not_done outcome at {r.offset} from a run"
+                    " without its re-run record before it"
+                )
+    return problems
 
 
 def _abandoned_children(streams: Mapping[str, list[Record]]) -> set[str]:
@@ -255,6 +304,9 @@ def _check_stream(
                 )
         if sorted(commit.tool_call_ids) != sorted(c.tool_call_id for c in made):
             violation(BATCH_CLOSED, f"the commit of {message_id} names other calls than it made")
+
+    for problem in _check_reconciled(records):
+        violation(RECONCILED, problem)
 
     steps = Counter((r.tool_call_id, r.step) for r in records if isinstance(r, ToolStepSettled))
     for (call_id, step), n in steps.items():
@@ -376,7 +428,9 @@ def _check_waits(
     return found
 
 
-def _check_tool_log(log: ToolLog) -> list[Violation]:
+def _check_tool_log(log: ToolLog, reruns: Collection[tuple[str, str]] = ()) -> list[Violation]:
+    """``reruns``: the ordinary calls that may run twice (their re-run after NotDone is on
+    disk); every other ordinary call runs at most once."""
     found: list[Violation] = []
     ordinary: Counter[tuple[str, str]] = Counter()
     for run in log.runs:
@@ -397,7 +451,7 @@ def _check_tool_log(log: ToolLog) -> list[Violation]:
         if not run.durable:
             ordinary[(conv, call_id)] += 1
     for (conv, call_id), n in ordinary.items():
-        if n > 1:
+        if n > 1 + ((conv, call_id) in reruns):
             found.append(Violation(ORDINARY_RAN_TWICE, conv, f"call {call_id} ran {n} times"))
     return found
 

@@ -88,6 +88,8 @@ KILL_POINT_PATTERNS: Mapping[str, str] = MappingProxyType(
         "step:<name>": "a step.do is about to run its function",
         "step-done:<name>": "the step's function returned; its record is not appended",
         "wait:<name>": "a step.wait found no value yet; the call is about to stop and wait",
+        "reconcile:<name>": "a cut-off call's reconcile function is about to be asked",
+        "reconcile-done:<name>": "its reconcile answered; the call's outcome is not recorded",
     }
 )
 
@@ -115,6 +117,20 @@ INPUT_POINTS: Mapping[str, str] = MappingProxyType(
 )
 
 
+# The store write of ``step.transaction`` (PostgreSQL only), bracketed the same way; kept apart
+# from ``STORE_WRITES`` (which one SQLite scenario reaches in full). Inside it, the step's
+# ``step-done:<name>`` comes after the application's function ran, in the open transaction, and
+# the store's ``store:commit-begin`` / ``store:commit-done`` follow.
+EFFECT_WRITES: tuple[str, ...] = ("transact",)
+
+EFFECT_POINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "before:store.transact": "a step.transaction is about to open its transaction",
+        "after:store.transact": "the step.transaction committed and returned",
+    }
+)
+
+
 def _concrete() -> dict[str, str]:
     points: dict[str, str] = {}
     for method in STORE_WRITES:
@@ -130,6 +146,8 @@ def _concrete() -> dict[str, str]:
 KILL_POINTS: Mapping[str, str] = MappingProxyType(_concrete())
 
 __all__ = [
+    "EFFECT_POINTS",
+    "EFFECT_WRITES",
     "INPUT_POINTS",
     "INPUT_WRITES",
     "KILL_POINTS",

@@ -1,0 +1,148 @@
+"""``Store.transact``: the application's work and hearth's records in one transaction
+(PostgreSQL), or a ``ConfigurationError`` naming PostgreSQL before anything runs (SQLite)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from test_conformance import CONV, running
+
+from hearth.errors import ConfigurationError, FencedOut, IntegrityError
+from hearth.records import Record, ToolStepSettled
+from hearth.store import Store
+from hearth.store.sqlite import SQLiteStore
+
+pytestmark = pytest.mark.anyio
+
+
+def step(sub_id: str, attempt: int, name: str = "book", value: Any = 1) -> ToolStepSettled:
+    return ToolStepSettled(
+        id=f"m:step:t1:{name}", tool_call_id="t1", step=name, value=value
+    ).stamped(sub_id, attempt)
+
+
+class App:
+    """An application table in the database's own schema (not hearth's)."""
+
+    def __init__(self, store: Store) -> None:
+        self.conninfo = getattr(store, "conninfo", "")
+        self.table = f"app_{uuid.uuid4().hex[:10]}"
+        self.ran = 0
+
+    async def create(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            await conn.execute(f"CREATE TABLE {self.table} (k text, seen_path text)")
+
+    async def rows(self) -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            cursor = await conn.execute(f"SELECT k, seen_path FROM {self.table}")
+            return await cursor.fetchall()
+
+    async def insert(self, conn: Any) -> str:
+        self.ran += 1
+        path = (await (await conn.execute("SHOW search_path")).fetchone())[0]
+        await conn.execute(f"INSERT INTO {self.table} (k, seen_path) VALUES ('x', %s)", (path,))
+        return "booked"
+
+
+def only_postgres(store: Store) -> None:
+    if isinstance(store, SQLiteStore):
+        pytest.skip("SQLite has no transaction to share (the SQLite case is its own test)")
+
+
+async def test_sqlite_refuses_naming_postgresql_and_runs_nothing(store: Store) -> None:
+    if not isinstance(store, SQLiteStore):
+        pytest.skip("PostgreSQL shares its transaction")
+    sub = await running(store)
+    ran = []
+
+    async def work(conn: Any) -> None:
+        ran.append(conn)
+
+    with pytest.raises(ConfigurationError, match="PostgreSQL"):
+        await store.transact(CONV, sub.fence, work, lambda v: [step(sub.id, 1)], ids=["x"])
+    assert ran == []
+
+
+async def test_the_work_and_the_record_commit_together(store: Store) -> None:
+    only_postgres(store)
+    app = App(store)
+    await app.create()
+    sub = await running(store)
+    before = await store.read(CONV)
+
+    def records(value: Any) -> list[Record]:
+        return [step(sub.id, sub.attempt, value=value)]
+
+    stored = await store.transact(CONV, sub.fence, app.insert, records, ids=["m:step:t1:book"])
+    assert [(r.id, r.offset) for r in stored] == [("m:step:t1:book", before[-1].offset + 1)]
+    assert isinstance(stored[0], ToolStepSettled) and stored[0].value == "booked"
+    assert (await store.read(CONV))[-1] == stored[0]
+    rows = await app.rows()
+    assert len(rows) == 1
+    assert "hearth" not in rows[0][1] and getattr(store, "schema", "") not in rows[0][1]
+
+
+async def test_a_raising_work_rolls_both_back_and_raises_as_it_is(store: Store) -> None:
+    only_postgres(store)
+    app = App(store)
+    await app.create()
+    sub = await running(store)
+    before = await store.read(CONV)
+
+    async def work(conn: Any) -> None:
+        await app.insert(conn)
+        raise LookupError("no such seat")
+
+    with pytest.raises(LookupError, match="no such seat"):
+        await store.transact(
+            CONV, sub.fence, work, lambda v: [step(sub.id, sub.attempt)], ids=["m:step:t1:book"]
+        )
+    assert await app.rows() == []
+    assert await store.read(CONV) == before
+
+
+async def test_an_application_sql_error_reaches_the_caller_unchanged(store: Store) -> None:
+    only_postgres(store)
+    sub = await running(store)
+
+    async def work(conn: Any) -> None:
+        await conn.execute("SELECT * FROM no_such_table_here")
+
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        await store.transact(
+            CONV, sub.fence, work, lambda v: [step(sub.id, sub.attempt)], ids=["m:step:t1:book"]
+        )
+
+
+async def test_a_stale_attempt_is_fenced_out_before_its_work_runs(
+    store_pair: tuple[Store, Store],
+) -> None:
+    first, second = store_pair
+    only_postgres(first)
+    app = App(first)
+    await app.create()
+    sub = await running(first)
+    await first.expire_owners(["owner-1"])
+    (again,) = await second.claim("owner-2", 30.0, 10)
+    assert again.attempt == sub.attempt + 1
+    with pytest.raises(FencedOut):
+        await first.transact(
+            CONV, sub.fence, app.insert, lambda v: [step(sub.id, sub.attempt)], ids=["x"]
+        )
+    assert app.ran == 0 and await app.rows() == []
+
+
+async def test_a_record_that_exists_fails_the_transaction_instead_of_a_no_op(store: Store) -> None:
+    only_postgres(store)
+    app = App(store)
+    await app.create()
+    sub = await running(store)
+    done = step(sub.id, sub.attempt, value="booked")
+    await store.append(CONV, [done], fence=sub.fence)
+    with pytest.raises(IntegrityError):
+        await store.transact(CONV, sub.fence, app.insert, lambda v: [done], ids=[done.id])
+    assert app.ran == 1 and await app.rows() == []  # its write rolled back with the insert
