@@ -7,7 +7,7 @@ when it ends. Paths are relative to the workspace; one that leads outside raises
 ``PathOutsideWorkspace``.
 
 A remote sandbox (a container service, say) plugs in by implementing both classes; the tests in
-``tests/workspaces/test_conformance.py`` are the contract the built-ins pass.
+``tests/workspaces/test_workspace_conformance.py`` are the contract the built-ins pass.
 """
 
 from __future__ import annotations
