@@ -207,7 +207,7 @@ class ToolBatch:
             log=logging.LoggerAdapter(log, {"tool": tool.name, "tool_call_id": call.tool_call_id}),
             step=steps,
             workspace=workspace,
-            attachments=ConversationAttachments(self._attachment_parts(), self._load_attachment),
+            attachments=ConversationAttachments(self._attachment_parts(), self.scope.attachment),
         )
         _faults.reached(f"tool:{tool.name}")
         return await tool.invoke(arguments, ctx)
@@ -215,10 +215,6 @@ class ToolBatch:
     def _attachment_parts(self) -> list[dict[str, Any]]:
         records = self.journal.records
         return [p for r in records if isinstance(r, UserMessage) for p in parts_of(r.content)]
-
-    async def _load_attachment(self, sha256: str) -> bytes | None:
-        blob = await self.scope.store.get_attachment(sha256)
-        return None if blob is None else blob.data
 
     def _pause(self) -> PauseForWait:
         if self.waiting is None:

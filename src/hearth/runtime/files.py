@@ -7,17 +7,18 @@ or a document. A file the store no longer has stays a reference, which the model
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from hearth.attachments import is_part
 from hearth.providers.base import Message, UserTurn
 from hearth.providers.parts import FilePart
-from hearth.store.base import Store
 
 
-async def with_files(store: Store, messages: Sequence[Message]) -> tuple[Message, ...]:
-    """``messages`` with every attachment part of a user turn carrying its bytes."""
-    loaded: dict[str, bytes | None] = {}
+async def with_files(
+    load: Callable[[str], Awaitable[bytes | None]], messages: Sequence[Message]
+) -> tuple[Message, ...]:
+    """``messages`` with every attachment part of a user turn carrying its bytes (``load``
+    gives them by SHA-256, None when the store no longer has them)."""
     out: list[Message] = []
     for message in messages:
         if not (isinstance(message, UserTurn) and isinstance(message.content, list)):
@@ -32,10 +33,7 @@ async def with_files(store: Store, messages: Sequence[Message]) -> tuple[Message
                 parts.append(part)
                 continue
             sha256 = str(part["sha256"])
-            if sha256 not in loaded:
-                blob = await store.get_attachment(sha256)
-                loaded[sha256] = None if blob is None else blob.data
-            data = loaded[sha256]
+            data = await load(sha256)
             if data is None:
                 parts.append(part)
                 continue

@@ -45,7 +45,7 @@ def build_request(scope: AttemptScope, rendered: Rendered, model: str) -> ModelR
 
 
 async def _with_files(scope: AttemptScope, request: ModelRequest) -> ModelRequest:
-    return replace(request, messages=await with_files(scope.store, request.messages))
+    return replace(request, messages=await with_files(scope.attachment, request.messages))
 
 
 def _task_tools(scope: AttemptScope, rendered: Rendered) -> tuple[ToolSpec, ...]:

@@ -76,6 +76,7 @@ class Attempt:
         self.next_expiry: float | None = None  # the earliest expiry of the waits it began
         # The workspaces this attempt opened, closed when it ends (an ephemeral one is removed).
         self._workspaces: dict[Workspace, OpenWorkspace] = {}
+        self._attachments: dict[str, bytes | None] = {}
 
     # --- the loop -------------------------------------------------------------------------
     @property
@@ -97,6 +98,12 @@ class Attempt:
                 self.conversation_id, submission_id=self.sub.id, attempt=self.sub.attempt
             )
         return opened
+
+    async def attachment(self, sha256: str) -> bytes | None:
+        if sha256 not in self._attachments:
+            blob = await self.store.get_attachment(sha256)
+            self._attachments[sha256] = None if blob is None else blob.data
+        return self._attachments[sha256]
 
     async def _close_workspaces(self) -> None:
         opened, self._workspaces = list(self._workspaces.values()), {}

@@ -58,6 +58,11 @@ class AttemptScope(Protocol):
         attempt ends)."""
         ...
 
+    async def attachment(self, sha256: str) -> bytes | None:
+        """The bytes of an attachment (None when the store no longer has them), read from the
+        store once per attempt however many model turns and tools ask."""
+        ...
+
 
 class TurnPolicy(Protocol):
     """Whose turn loop this is, how its input is appended, whether queued messages may join it,
