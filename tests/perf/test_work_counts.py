@@ -2,13 +2,13 @@
 
 Each test counts store calls or wake-ups around one event (a settlement, an append, a model
 turn) with many waiters or much history, so an O(N) regression fails here however fast the
-machine is.
+machine is. SSE followers' reads and writes per append are counted in
+``tests/server/test_broadcast.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,7 +16,6 @@ import pytest
 import hearth
 from hearth.records import Compaction, Record, UserMessage
 from hearth.runtime.runtime import Runtime
-from hearth.server.tail import EncodedEvents, follow
 from hearth.store.base import NewSubmission, Submission
 from hearth.store.rules import settlement
 from hearth.testing import ScriptedModel, call, calls, reply
@@ -94,41 +93,6 @@ async def test_a_settlement_wakes_only_the_waiters_of_its_own_submission(
             w.cancel()
 
 
-async def test_followers_of_one_conversation_share_one_store_read_per_append() -> None:
-    async with app().run() as rt:
-        await rt.coordinator.stop()
-        sub = await admit(rt, "w/tail")
-        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seen: list[list[int]] = [[] for _ in range(WAITERS)]
-
-        async def one(into: list[int]) -> None:
-            batches: AsyncIterator[list[Record]] = follow(rt, "w/tail", -1, stop)
-            async for batch in batches:
-                into.extend(r.offset for r in batch)
-
-        reads = 0
-        store_read = rt.store.read
-
-        async def counted(*args: Any, **kwargs: Any) -> list[Record]:
-            nonlocal reads
-            reads += 1
-            return await store_read(*args, **kwargs)
-
-        rt.store.read = counted  # type: ignore[method-assign]
-        tasks = [asyncio.create_task(one(s)) for s in seen]
-        await until(lambda: all(s == [0] for s in seen), "every follower caught up")
-        await asyncio.sleep(0.05)  # all idle, waiting for the next append
-        for n in range(1, 4):
-            before = reads
-            message = UserMessage(id=f"u{n}", message_id=f"u{n}", content="more")
-            await rt.store.append("w/tail", [message.stamped(sub.id, 0)])
-            await until(lambda n=n: all(len(s) == n + 1 for s in seen), "every follower got it")
-            await asyncio.sleep(0.05)  # and went back to waiting
-            assert reads - before == 1  # not one per follower
-        stop.set_result(None)
-        await asyncio.gather(*tasks)
-
-
 async def test_a_tool_schema_is_built_once_however_many_model_requests_carry_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -179,30 +143,3 @@ async def test_a_turn_reads_only_the_records_since_the_last_compaction() -> None
     small, large = await records_read_by_one_turn(100), await records_read_by_one_turn(10_000)
     assert small == large
     assert large < 100
-
-
-async def test_followers_of_one_conversation_share_one_encoding_per_record() -> None:
-    events = EncodedEvents()
-    async with app().run() as rt:
-        await rt.coordinator.stop()
-        sub = await admit(rt, "w/enc")
-        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        sent: list[list[bytes]] = [[] for _ in range(WAITERS)]
-
-        async def one(into: list[bytes]) -> None:
-            async for batch in follow(rt, "w/enc", -1, stop):
-                into.extend(events.event(r) for r in batch)  # what each SSE stream sends
-
-        tasks = [asyncio.create_task(one(s)) for s in sent]
-        await until(lambda: all(len(s) == 1 for s in sent), "every follower caught up")
-        await asyncio.sleep(0.05)
-        for n in range(1, 4):
-            before = events.encoded
-            message = UserMessage(id=f"u{n}", message_id=f"u{n}", content="more")
-            await rt.store.append("w/enc", [message.stamped(sub.id, 0)])
-            await until(lambda n=n: all(len(s) == n + 1 for s in sent), "every follower got it")
-            await asyncio.sleep(0.05)
-            assert events.encoded - before == 1  # not one per follower
-            assert len({s[-1] for s in sent}) == 1 and b'"id":"u%d"' % n in sent[0][-1]
-        stop.set_result(None)
-        await asyncio.gather(*tasks)

@@ -142,7 +142,7 @@ class HearthASGI:
     def begin_shutdown(self) -> None:
         """Stop admitting (503), end open streams and long-polls, and interrupt running work so
         that its leases are released. Safe to call more than once; needs the event loop."""
-        self.closing.event.set()
+        self.closing.set()
         rt = self._runtime
         if rt is not None and self._owner is not None:
             rt.shutting_down = True

@@ -19,9 +19,34 @@ class Closing:
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._next = 0
 
     def is_set(self) -> bool:
         return self.event.is_set()
+
+    def set(self) -> None:
+        """Begin closing: set the event and call every ``on_set`` callback once."""
+        if self.event.is_set():
+            return
+        self.event.set()
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks.values():
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when closing begins (at once if it has); returns the undo. Cheaper
+        than ``watch`` for many waiters: no task each."""
+        if self.event.is_set():
+            callback()
+            return lambda: None
+        key, self._next = self._next, self._next + 1
+        self._callbacks[key] = callback
+
+        def undo() -> None:
+            self._callbacks.pop(key, None)
+
+        return undo
 
     def watch(self, *others: Callable[[], Awaitable[Any]]) -> asyncio.Task[None]:
         """A task done when closing begins (or when any of ``others`` returns)."""

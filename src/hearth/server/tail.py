@@ -2,22 +2,22 @@
 
 Live tailing needs no database polling: before each read, a waiter is armed with
 ``Runtime.next_append``, so an append committed while the read runs still wakes the reader.
+SSE streams share one such reader per conversation (``hearth.server.broadcast``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import anyio
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
+from starlette.responses import Response
 
 from hearth.errors import StoreError
-from hearth.records import Record
 from hearth.runtime.runtime import Runtime
+from hearth.server.broadcast import BATCH, ENCODED, Follower, broadcasts
 from hearth.server.context import Closing
 from hearth.store.base import Submission
 
@@ -27,40 +27,6 @@ if TYPE_CHECKING:
 PAGE_LIMIT = 1000  # records in one JSON page
 MAX_WAIT_S = 300.0  # the longest long-poll (?wait=); longer is refused (400)
 MAX_OFFSET = 2**62  # far past any real stream, and inside every database's integer
-_SSE_BATCH = 500  # records read per step while an SSE stream catches up
-_RECHECK_S = 5.0  # how often an idle reader looks at ``shutting_down`` set from elsewhere
-
-
-def record_json(record: Record) -> str:
-    return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False)
-
-
-class EncodedEvents:
-    """The SSE bytes of recently sent records, made once however many followers send them.
-
-    Followers woken by one append share one read, so they hold the same record objects: the
-    key is the object's identity, and the entry keeps the object alive so that its id cannot be
-    reused while it is cached.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self.encoded = 0  # events encoded (not served from the cache): what a test counts
-        self._by_id: dict[int, tuple[Record, bytes]] = {}
-
-    def event(self, record: Record) -> bytes:
-        hit = self._by_id.get(id(record))
-        if hit is not None and hit[0] is record:
-            return hit[1]
-        data = ServerSentEvent(data=record_json(record), id=str(record.offset)).encode()
-        self.encoded += 1
-        self._by_id[id(record)] = (record, data)
-        if len(self._by_id) > self.size:
-            del self._by_id[next(iter(self._by_id))]  # the oldest entry (dicts keep order)
-        return data
-
-
-ENCODED = EncodedEvents()
 
 
 async def _until_woken(
@@ -70,41 +36,121 @@ async def _until_woken(
     await asyncio.wait({woken, also}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
 
-async def follow(
-    runtime: Runtime, conversation_id: str, after: int, stop: asyncio.Future[Any]
-) -> AsyncIterator[list[Record]]:
-    """Batches of committed records after ``after``, live, until ``stop`` is done.
+_PING = ServerSentEvent(comment="ping").encode()
 
-    The waiter is armed before each read and kept while the batch is handed on, so a short batch
-    needs no second read to learn it was the last: an append since then has fired the waiter.
-    Followers woken by one append read through ``Runtime.read_stream``, which shares one store
-    read among them.
+
+class ConversationStream(Response):
+    """``text/event-stream`` of a conversation's records after ``after``; stays open, tails live.
+
+    The stream reads the store itself until it has caught up, then joins its conversation's
+    channel (``hearth.server.broadcast``), which reads each later append once for every stream.
+    A comment line goes out every ``heartbeat_s`` so proxies keep the connection open. The
+    stream ends when the client leaves or the server closes (``closing``); ``release`` is called
+    once it has ended, however it ended.
     """
-    last = after
-    while not stop.done() and not runtime.shutting_down:
-        with runtime.next_append(conversation_id) as woken:
-            batch = await runtime.read_stream(conversation_id, last, _SSE_BATCH)
-            if batch:
-                yield batch
-                last = batch[-1].offset
-                if len(batch) == _SSE_BATCH:
-                    continue  # maybe more already: read on
-            await _until_woken(woken, stop, _RECHECK_S)
 
+    media_type = "text/event-stream"
 
-class _CountedStream(EventSourceResponse):
-    """An SSE response that gives its slot back once it has ended, however it ends (also when
-    the client left before the first event)."""
-
-    def __init__(self, *args: Any, release: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        runtime: Runtime,
+        conversation_id: str,
+        after: int,
+        closing: Closing,
+        heartbeat_s: float,
+        release: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(
+            {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+        )
+        self.runtime = runtime
+        self.conversation_id = conversation_id
+        self.after = after
+        self.closing = closing
+        self.heartbeat_s = heartbeat_s
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            if scope.get("method") != "HEAD":  # HEAD: the headers only, never a stream
+                await self._stream(receive, send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client went away mid-write
         finally:
             self._release()
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        follower = Follower(self.after)
+        loop = asyncio.get_running_loop()
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher.add_done_callback(lambda _: follower.close())
+        stop_closing = self.closing.on_set(follower.close)
+        pinger = _Pinger(loop, follower, self.heartbeat_s)
+        try:
+            await self._serve(follower, send)
+        finally:
+            pinger.cancel()
+            stop_closing()
+            watcher.cancel()
+            if follower.channel is not None:
+                follower.channel.leave(follower)
+
+    async def _serve(self, follower: Follower, send: Send) -> None:
+        runtime, hub = self.runtime, broadcasts(self.runtime, ENCODED)
+        while not follower.closed and not runtime.shutting_down:
+            if follower.pending:
+                await _write(send, follower.drain())
+            elif follower.ping_due:
+                follower.ping_due = False
+                await _write(send, _PING)
+            elif follower.channel is None:
+                # Catching up alone: read the store until this stream has what the channel has.
+                try:
+                    batch = await runtime.read_stream(self.conversation_id, follower.last, BATCH)
+                except StoreError:
+                    return  # the store closed under us: the server is going away
+                start = None
+                if batch:
+                    follower.last = follower.sent = batch[-1].offset
+                    await _write(send, b"".join(ENCODED.event(record) for record in batch))
+                    if len(batch) == BATCH:
+                        continue
+                elif self.conversation_id not in hub.channels:
+                    # It may have asked for an offset past the end: a channel it starts must
+                    # still read from the end, or later streams would miss what lies between.
+                    info = await runtime.conversation_info(self.conversation_id)
+                    start = None if info is None else min(follower.last, info.last_offset)
+                hub.join(self.conversation_id, follower, start)
+            else:
+                await follower.sleep()
+
+
+async def _write(send: Send, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Pinger:
+    """Marks a ping due on ``follower`` every ``interval`` seconds (one timer, no task)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, follower: Follower, interval: float):
+        self.loop, self.follower, self.interval = loop, follower, interval
+        self.handle = loop.call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        self.follower.ping()
+        self.handle = self.loop.call_later(self.interval, self._tick)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 def sse_response(
@@ -114,30 +160,10 @@ def sse_response(
     closing: Closing,
     heartbeat_s: float,
     release: Callable[[], None] = lambda: None,
-) -> EventSourceResponse:
+) -> Response:
     """One SSE event per committed record after ``after``; stays open, tails live. ``release``
     is called once when the stream has ended (the caller counted it open)."""
-    shutdown = anyio.Event()  # set by sse-starlette when the ASGI server itself is exiting
-
-    async def events() -> AsyncIterator[bytes]:
-        stop = closing.watch(shutdown.wait)
-        try:
-            async for batch in follow(runtime, conversation_id, after, stop):
-                # One send per batch: a follower that fell behind catches up in one write.
-                yield b"".join(ENCODED.event(record) for record in batch)
-        except StoreError:
-            return  # the store closed under us: the server is going away
-        finally:
-            stop.cancel()
-
-    return _CountedStream(
-        events(),
-        release=release,
-        ping=heartbeat_s,
-        headers={"Cache-Control": "no-store"},
-        shutdown_event=shutdown,
-        shutdown_grace_period=1.0,
-    )
+    return ConversationStream(runtime, conversation_id, after, closing, heartbeat_s, release)
 
 
 async def json_page(
