@@ -7,6 +7,7 @@ some submissions mid-work and sending a second message into a busy conversation 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -69,7 +70,16 @@ class Load:
     async def run(self) -> None:
         clients = [hearth.AsyncClient(url, timeout=10.0) for url in self.urls]
         try:
-            await asyncio.gather(*(self._drive(c, clients[c.server]) for c in self.conversations))
+            drives = asyncio.gather(
+                *(self._drive(conv, clients[conv.server]) for conv in self.conversations)
+            )
+            while not self.stopping and not drives.done():
+                await asyncio.wait({drives}, timeout=0.1)
+            # Stopped: what is in flight (a read of a killed server's work, say) is dropped; the
+            # final round and the database, not these clients, judge the outcomes.
+            drives.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drives
         finally:
             for client in clients:
                 await client.aclose()
