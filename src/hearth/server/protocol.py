@@ -10,11 +10,17 @@ what bounds how many of them can pile up.
 The httptools parser (C) costs a quarter less CPU per request than h11 (pure Python), but unlike
 h11 it puts no bound on a head's size: a head past ``MAX_HEAD_BYTES`` is answered 431 and its
 connection closed.
+
+uvicorn writes an answer's status line and headers, then its body, as two writes: two ``send``
+system calls and two packets for a small JSON answer. Each response here holds its head until its
+first body write (or the end of the event loop's turn, for a stream that waits before its first
+event), so a small answer leaves in one.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -62,6 +68,9 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm()  # the head is in: the body and the answer have their own limits
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -80,3 +89,36 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._head_timer = None
         if not self.transport.is_closing():
             self.transport.close()  # armed only while no complete head has arrived
+
+
+class _HeadWithBody:
+    """One response's view of its connection: the first write (the status line and headers) is
+    held until the next write, which carries it along, or until the loop's next turn."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._written = False
+
+    def write(self, data: bytes) -> None:
+        if self._held is not None:
+            data, self._held = self._held + data, None
+        elif not self._written:
+            self._written = True
+            self._held = data
+            self._loop.call_soon(self._flush)
+            return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
