@@ -39,6 +39,7 @@ from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
+from hearth.store.postgres_group import GroupAppends, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import migrate
 from hearth.store.postgres_tx import (
@@ -121,6 +122,7 @@ class PostgresStore(Store):
         self._app_search_path = "public"  # the database's own, read at open (step.transaction)
         # conversation → the last offset this process saw there, for one-statement appends
         self._tails: dict[str, int] = {}
+        self._group = GroupAppends(self._write_group)
         self._notes: Notes | None = None
         self._listener: Listener | None = None
         # (database clock - local monotonic clock, measured at): the database's clock between
@@ -315,31 +317,50 @@ class PostgresStore(Store):
         the batch writes state, or the connection was lost: that path reads back what is stored
         and writes only what is missing)."""
         expect = self._tails.get(conversation_id)
-        if expect is None:
+        if expect is None or not ops.fast_appendable(conversation_id, batch):
             return None
-        fast = ops.fast_append(conversation_id, batch, expect, fence, self._now())
-        if fast is None:
-            return None
-        query, params = fast
-        last = expect + len(batch)
-        try:
-            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                _faults.reached("store:commit-begin")  # the statement is its own transaction
-                row = await ops.fetchone(conn, query, params)
-        except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
-            row = None
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
-        if row is None or row["added"] != len(batch):
+        # Written together with the fast appends of other conversations waiting meanwhile.
+        if not await self._group.append(conversation_id, batch, expect, fence):
             self._tails.pop(conversation_id, None)
             return None
-        _faults.reached("store:commit-done")
-        self._tx().progressed()
+        last = expect + len(batch)
         self._remember_tail(conversation_id, last)
         self.events.publish(Event(APPENDED, conversation_id, last))
         assert self._notes is not None
         self._notes.add([Event(APPENDED, conversation_id, last)])
         return list(range(expect + 1, last + 1))
+
+    async def _write_group(self, items: list[GroupItem]) -> set[int]:
+        """Write one group of fast appends; the indexes of those written (see ``GroupAppends``).
+        A group of one is the plain one-statement append."""
+        if len(items) == 1:
+            [item] = items
+            fast = ops.fast_append(
+                item.conversation_id, item.records, item.expect, item.fence, self._now()
+            )
+            assert fast is not None  # the caller checked ``fast_appendable``
+            query, params = fast
+        else:
+            query, params = group_append(items, self._now())
+        try:
+            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                _faults.reached("store:commit-begin")  # the statement is its own transaction
+                rows = await ops.fetchall(conn, query, params)
+        except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
+            return set()
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+        if len(items) == 1:
+            written = {0} if rows and rows[0]["added"] == len(items[0].records) else set()
+        else:
+            written = {row["ix"] for row in rows}
+            added = rows[0]["added"] if rows else 0
+            if added != sum(len(items[ix].records) for ix in written):
+                return set()  # cannot happen; if it did, the general path reads back
+        if written:
+            _faults.reached("store:commit-done")
+            self._tx().progressed()
+        return written
 
     def _remember_tail(self, conversation_id: str, last: int) -> None:
         """Note a last offset seen; a stale one only sends the next append the general way."""

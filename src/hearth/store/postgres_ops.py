@@ -777,12 +777,19 @@ FAST_APPEND_ONE = FAST_APPEND.replace(
 )
 
 
+def fast_appendable(conversation_id: str, records: list[Record]) -> bool:
+    """Whether ``records`` may go by the one-statement path (no state, no attachment refs)."""
+    return bool(records) and not (
+        rules.state_changes(records) or rules.record_refs(conversation_id, records)
+    )
+
+
 def fast_append(
     conversation_id: str, records: list[Record], expect: int, fence: Fence, now: float | None
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and parameters that append ``records`` after offset ``expect``, or None when
     the batch needs the general path (it writes state)."""
-    if not records or rules.state_changes(records) or rules.record_refs(conversation_id, records):
+    if not fast_appendable(conversation_id, records):
         return None
     encoded = [record.encode(expect + 1 + i) for i, record in enumerate(records)]
     if len(records) == 1:

@@ -1,0 +1,174 @@
+"""Group commit on the client: fenced appends of different conversations, written together.
+
+Each fast append (``postgres_ops.fast_append``) is one statement and one commit. With many
+conversations stepping at once, a process's pool (``HEARTH_PG_POOL``, 10 by default) then bounds
+how many commits are in flight, and each waits for its own. Here an append joins the appends
+waiting while the previous statement runs; the next statement writes them all, each under its
+own fence and its own expected offset, in one transaction and one commit.
+
+Each append in a group succeeds or fails alone: one whose fence no longer holds, or whose
+conversation moved, is left out and its caller takes the general path, as it would after a
+failed fast append. A statement that fails as a whole (a record id exists, a lost connection,
+a deadlock) fails every append in it the same way; the general path reads back what is stored
+and writes only what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hearth.records import Record
+from hearth.store.postgres_ops import NOW
+from hearth.store.rows import Fence
+
+FLUSHERS = 2  # statements in flight at once: one fills while the other runs
+MAX_GROUP = 256  # appends in one statement
+
+GROUP_APPEND = f"""
+WITH items AS (
+    SELECT * FROM unnest(%(ix)s::int[], %(sid)s::text[], %(attempt)s::int[], %(c)s::text[],
+                         %(expect)s::bigint[], %(last)s::bigint[])
+        AS i(ix, sid, attempt, c, expect, last)),
+fence AS (
+    SELECT i.ix FROM items i
+    JOIN submissions s ON s.id = i.sid AND s.status = 'running' AND s.attempt = i.attempt
+    FOR SHARE OF s),
+moved AS (
+    UPDATE conversations cv SET last_offset = i.last, last_activity = {NOW}
+    FROM items i
+    WHERE cv.conversation_id = i.c AND cv.last_offset = i.expect
+      AND i.ix IN (SELECT ix FROM fence)
+    RETURNING i.ix),
+added AS (
+    INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
+    SELECT r.c, r.o, r.id, r.t, r.s, r.b, r.d
+    FROM unnest(%(rix)s::int[], %(rc)s::text[], %(os)s::bigint[], %(ids)s::text[],
+                %(ts)s::text[], %(ss)s::text[], %(bs)s::text[], %(ds)s::text[])
+        AS r(ix, c, o, id, t, s, b, d)
+    WHERE r.ix IN (SELECT ix FROM moved)
+    RETURNING 1)
+SELECT ix, (SELECT count(*) FROM added) AS added FROM moved
+"""
+
+
+@dataclass
+class GroupItem:
+    """One fenced append: ``records`` after offset ``expect`` of ``conversation_id``."""
+
+    conversation_id: str
+    records: list[Record]
+    expect: int
+    fence: Fence
+    done: asyncio.Future[bool] = field(repr=False)
+
+
+def group_append(items: list[GroupItem], now: float | None) -> tuple[str, dict[str, Any]]:
+    """The statement writing ``items`` (each under its own fence) and its parameters."""
+    params: dict[str, Any] = {
+        "now": now,
+        "ix": [],
+        "sid": [],
+        "attempt": [],
+        "c": [],
+        "expect": [],
+        "last": [],
+        "rix": [],
+        "rc": [],
+        "os": [],
+        "ids": [],
+        "ts": [],
+        "ss": [],
+        "bs": [],
+        "ds": [],
+    }
+    for ix, item in enumerate(items):
+        params["ix"].append(ix)
+        params["sid"].append(item.fence.submission_id)
+        params["attempt"].append(item.fence.attempt)
+        params["c"].append(item.conversation_id)
+        params["expect"].append(item.expect)
+        params["last"].append(item.expect + len(item.records))
+        for i, record in enumerate(item.records):
+            offset = item.expect + 1 + i
+            body, digest = record.encode(offset)
+            params["rix"].append(ix)
+            params["rc"].append(item.conversation_id)
+            params["os"].append(offset)
+            params["ids"].append(record.id)
+            params["ts"].append(record.type)
+            params["ss"].append(record.submission_id)
+            params["bs"].append(body)
+            params["ds"].append(digest)
+    return GROUP_APPEND, params
+
+
+Run = Callable[[list[GroupItem]], Awaitable[set[int]]]
+
+
+class GroupAppends:
+    """Appends waiting for a statement, and the tasks that write them.
+
+    ``run(items)`` writes one group and returns the indexes of the items it wrote; an exception
+    from it is every item's. At most ``flushers`` groups are written at once; an append arriving
+    meanwhile waits for the next group (group commit, as the SQLite writer thread does).
+    """
+
+    def __init__(self, run: Run, *, flushers: int = FLUSHERS, max_group: int = MAX_GROUP):
+        self.run = run
+        self.flushers = flushers
+        self.max_group = max_group
+        self.statements = 0  # groups written: what a test counts
+        self._pending: list[GroupItem] = []
+        self._active: set[asyncio.Task[None]] = set()
+
+    async def append(
+        self, conversation_id: str, records: list[Record], expect: int, fence: Fence
+    ) -> bool:
+        """Whether the records were written at ``expect + 1`` on (False: take the general path)."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append(GroupItem(conversation_id, records, expect, fence, done))
+        if len(self._active) < self.flushers:
+            task = asyncio.ensure_future(self._flush())
+            self._active.add(task)
+            task.add_done_callback(self._active.discard)
+        return await done
+
+    def _take(self) -> list[GroupItem]:
+        """The next group: the oldest waiting appends, one per conversation."""
+        group: list[GroupItem] = []
+        seen: set[str] = set()
+        rest: list[GroupItem] = []
+        for item in self._pending:
+            if item.done.done():
+                continue  # its caller was cancelled before it was written: drop it
+            if item.conversation_id in seen or len(group) >= self.max_group:
+                rest.append(item)
+            else:
+                seen.add(item.conversation_id)
+                group.append(item)
+        self._pending = rest
+        return group
+
+    async def _flush(self) -> None:
+        while self._pending:
+            group = self._take()
+            if not group:
+                continue
+            self.statements += 1
+            try:
+                written = await self.run(group)
+            except Exception as exc:
+                for item in group:
+                    if not item.done.done():
+                        item.done.set_exception(exc)
+                continue
+            except BaseException:  # cancelled (the store is closing): so are its appends
+                for item in [*group, *self._pending]:
+                    item.done.cancel()
+                raise
+            for ix, item in enumerate(group):
+                if not item.done.done():
+                    item.done.set_result(ix in written)
