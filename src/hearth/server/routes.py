@@ -21,8 +21,8 @@ from hearth.server.tail import (
     MAX_OFFSET,
     MAX_WAIT_S,
     PAGE_LIMIT,
+    ConversationStream,
     json_page,
-    sse_response,
     wait_for_settlement,
 )
 from hearth.server.views import (
@@ -221,7 +221,7 @@ async def stream(server: ServerContext, request: Request) -> Response:
                 headers={"Retry-After": "5"},
             )
         server.count_sse(+1)  # taken now, with no await since the check: the cap holds
-        return sse_response(
+        return ConversationStream(
             rt,
             conversation_id,
             after,

@@ -153,19 +153,6 @@ class _Pinger:
         self.handle.cancel()
 
 
-def sse_response(
-    runtime: Runtime,
-    conversation_id: str,
-    after: int,
-    closing: Closing,
-    heartbeat_s: float,
-    release: Callable[[], None] = lambda: None,
-) -> Response:
-    """One SSE event per committed record after ``after``; stays open, tails live. ``release``
-    is called once when the stream has ended (the caller counted it open)."""
-    return ConversationStream(runtime, conversation_id, after, closing, heartbeat_s, release)
-
-
 async def json_page(
     runtime: Runtime,
     conversation_id: str,
