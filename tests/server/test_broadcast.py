@@ -46,6 +46,7 @@ class Client:
         self.pauses = pauses  # when given, some writes wait a moment, as a busy socket's do
         self.body = bytearray()
         self.writes = 0
+        self.tried = 0  # body writes begun (a blocked one included)
         self.ended = False
         self.gone = asyncio.Event()
         self.unblocked = asyncio.Event()
@@ -58,6 +59,7 @@ class Client:
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] != "http.response.body":
             return
+        self.tried += 1
         await self.unblocked.wait()  # a client that stops reading blocks the server's write
         if self.pauses is not None and self.pauses.random() < 0.5:
             await asyncio.sleep(self.pauses.choice([0, 0, 0.001]))
@@ -111,6 +113,7 @@ async def test_one_store_read_and_one_write_per_stream_per_append() -> None:
         hub = broadcast.broadcasts(rt, broadcast.ENCODED)
         await until(lambda: len(hub.channels[CONVERSATION].followers) == 200, "all joined")
         channel = hub.channels[CONVERSATION]
+        await until(lambda: channel.idle, "the channel waits for the next append")
         reads, store_read = 0, rt.store.read
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
@@ -124,7 +127,7 @@ async def test_one_store_read_and_one_write_per_stream_per_append() -> None:
             encoded, before = broadcast.ENCODED.encoded, reads
             last = await append(rt, sub, 1)
             await until(lambda at=last: all(c.offsets()[-1] == at for c, _ in streams), "sent")
-            await asyncio.sleep(0.05)  # and back to waiting
+            await until(lambda: channel.idle, "and back to waiting")
             assert reads - before == 1  # not one per stream
             assert broadcast.ENCODED.encoded - encoded == 1
             assert [c.writes - w for (c, _), w in zip(streams, writes, strict=True)] == [1] * 200
@@ -178,12 +181,14 @@ async def test_a_stream_that_finished_its_own_read_after_the_channel_moved_on_re
         late.unblocked.clear()  # it has read offset 0 and is stuck writing it
         stream = ConversationStream(rt, CONVERSATION, -1, closing, heartbeat_s=3600)
         late_task = asyncio.create_task(stream({"type": "http"}, late.receive, late.send))
-        await asyncio.sleep(0.05)
+        await until(lambda: late.tried == 1, "it read offset 0 and is writing it")
         one = await append(rt, sub, 1)
         await until(lambda: first.offsets()[-1:] == [one], "the channel sent offset 1")
         late.unblocked.set()  # now it joins a channel that is one record ahead of it
         two = await append(rt, sub, 1)
-        await until(lambda: late.offsets()[-1:] == [two], "the late stream is current")
+        await until(
+            lambda: late.offsets()[-1:] == first.offsets()[-1:] == [two], "both are current"
+        )
         assert late.offsets() == first.offsets() == [0, one, two]
         closing.set()
         await asyncio.gather(first_task, late_task)

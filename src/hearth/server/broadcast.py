@@ -143,6 +143,7 @@ class Channel:
         self.encoded = encoded
         self.followers: set[Follower] = set()
         self.reads = 0  # batches read: what a test counts
+        self.idle = False  # waiting for the next append (what a test waits for)
         self._empty: asyncio.Future[None] | None = None
         self.task = asyncio.ensure_future(self._run())
 
@@ -167,8 +168,9 @@ class Channel:
                         break
                     empty = self._empty = asyncio.get_running_loop().create_future()
                     waits: set[asyncio.Future[Any]] = {woken, empty}
+                    self.idle = True
                     await asyncio.wait(waits, timeout=RECHECK_S, return_when=FIRST_COMPLETED)
-                    self._empty = None
+                    self.idle, self._empty = False, None
         except StoreError:
             pass  # the store closed under us: the server is going away
         except Exception:
