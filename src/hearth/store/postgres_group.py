@@ -122,19 +122,34 @@ class GroupAppends:
         self.max_group = max_group
         self.statements = 0  # groups written: what a test counts
         self._pending: list[GroupItem] = []
-        self._active: set[asyncio.Task[None]] = set()
+        self._busy = 0  # groups being written now
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def append(
         self, conversation_id: str, records: list[Record], expect: int, fence: Fence
     ) -> bool:
         """Whether the records were written at ``expect + 1`` on (False: take the general path)."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append(GroupItem(conversation_id, records, expect, fence, done))
-        if len(self._active) < self.flushers:
-            task = asyncio.ensure_future(self._flush())
-            self._active.add(task)
-            task.add_done_callback(self._active.discard)
+        item = GroupItem(conversation_id, records, expect, fence, done)
+        if self._busy == 0 and not self._pending:
+            # Nothing else is being written: write it here, with no hand-off to another task.
+            self._busy += 1
+            self.statements += 1
+            try:
+                return 0 in await self.run([item])
+            finally:
+                self._busy -= 1
+                self._start()  # for what queued up meanwhile
+        self._pending.append(item)
+        self._start()
         return await done
+
+    def _start(self) -> None:
+        if self._pending and self._busy < self.flushers:
+            self._busy += 1
+            task = asyncio.ensure_future(self._flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _take(self) -> list[GroupItem]:
         """The next group: the oldest waiting appends, one per conversation."""
@@ -153,6 +168,12 @@ class GroupAppends:
         return group
 
     async def _flush(self) -> None:
+        try:
+            await self._drain()
+        finally:
+            self._busy -= 1
+
+    async def _drain(self) -> None:
         while self._pending:
             group = self._take()
             if not group:
