@@ -292,3 +292,17 @@ async def test_a_head_request_gets_the_headers_and_no_stream() -> None:
             stream({"type": "http", "method": "HEAD"}, client.receive, client.send), timeout=10
         )
         assert client.ended and client.body == b""
+
+
+@pytest.mark.parametrize("heartbeat_s", [0.01, 0])
+async def test_heartbeats_go_out_while_idle_and_zero_turns_them_off(heartbeat_s: float) -> None:
+    async with app().run() as rt:
+        await admit(rt)
+        client = Client()
+        stream = ConversationStream(rt, CONVERSATION, 0, Closing(), heartbeat_s=heartbeat_s)
+        task = asyncio.create_task(stream({"type": "http"}, client.receive, client.send))
+        await asyncio.sleep(0.2)
+        pings = bytes(client.body).count(b": ping")
+        assert (pings >= 3) if heartbeat_s else (pings == 0)
+        client.gone.set()
+        await asyncio.wait_for(task, timeout=10)

@@ -44,9 +44,9 @@ class ConversationStream(Response):
 
     The stream reads the store itself until it has caught up, then joins its conversation's
     channel (``hearth.server.broadcast``), which reads each later append once for every stream.
-    A comment line goes out every ``heartbeat_s`` so proxies keep the connection open. The
-    stream ends when the client leaves or the server closes (``closing``); ``release`` is called
-    once it has ended, however it ended.
+    A comment line goes out every ``heartbeat_s`` (0: never) so proxies keep the connection
+    open. The stream ends when the client leaves or the server closes (``closing``); ``release``
+    is called once it has ended, however it ended.
     """
 
     media_type = "text/event-stream"
@@ -89,11 +89,12 @@ class ConversationStream(Response):
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         watcher.add_done_callback(lambda _: follower.close())
         stop_closing = self.closing.on_set(follower.close)
-        pinger = _Pinger(loop, follower, self.heartbeat_s)
+        pinger = _Pinger(loop, follower, self.heartbeat_s) if self.heartbeat_s > 0 else None
         try:
             await self._serve(follower, send)
         finally:
-            pinger.cancel()
+            if pinger is not None:
+                pinger.cancel()
             stop_closing()
             watcher.cancel()
             if follower.channel is not None:
