@@ -87,7 +87,7 @@ class ConversationStream(Response):
         follower = Follower(self.after)
         loop = asyncio.get_running_loop()
         watcher = asyncio.ensure_future(_until_disconnect(receive))
-        watcher.add_done_callback(lambda _: follower.close())
+        watcher.add_done_callback(lambda done: _closed_by(done, follower))
         stop_closing = self.closing.on_set(follower.close)
         pinger = _Pinger(loop, follower, self.heartbeat_s) if self.heartbeat_s > 0 else None
         try:
@@ -112,19 +112,19 @@ class ConversationStream(Response):
                 # Catching up alone: read the store until this stream has what the channel has.
                 try:
                     batch = await runtime.read_stream(self.conversation_id, follower.last, BATCH)
+                    start = None
+                    if not batch and self.conversation_id not in hub.channels:
+                        # It may have asked for an offset past the end: a channel it starts
+                        # must still read from the end, or later streams would miss the rest.
+                        info = await runtime.conversation_info(self.conversation_id)
+                        start = None if info is None else min(follower.last, info.last_offset)
                 except StoreError:
                     return  # the store closed under us: the server is going away
-                start = None
                 if batch:
                     follower.last = follower.sent = batch[-1].offset
                     await _write(send, b"".join(ENCODED.event(record) for record in batch))
                     if len(batch) == BATCH:
                         continue
-                elif self.conversation_id not in hub.channels:
-                    # It may have asked for an offset past the end: a channel it starts must
-                    # still read from the end, or later streams would miss what lies between.
-                    info = await runtime.conversation_info(self.conversation_id)
-                    start = None if info is None else min(follower.last, info.last_offset)
                 hub.join(self.conversation_id, follower, start)
             else:
                 await follower.sleep()
@@ -137,6 +137,13 @@ async def _write(send: Send, data: bytes) -> None:
 async def _until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _closed_by(watcher: asyncio.Future[None], follower: Follower) -> None:
+    """The client left (or the server could not tell us more): the stream ends."""
+    if not watcher.cancelled():
+        watcher.exception()  # retrieved: a server whose receive raises ends the stream quietly
+    follower.close()
 
 
 class _Pinger:
