@@ -110,7 +110,7 @@ async def test_one_store_read_and_one_write_per_stream_per_append() -> None:
         closing = Closing()
         streams = [start(rt, -1, closing) for _ in range(200)]
         await until(lambda: all(c.offsets() == [0] for c, _ in streams), "all caught up")
-        hub = broadcast.broadcasts(rt, broadcast.ENCODED)
+        hub = broadcast.broadcasts(rt)
         await until(lambda: len(hub.channels[CONVERSATION].followers) == 200, "all joined")
         channel = hub.channels[CONVERSATION]
         await until(lambda: channel.idle, "the channel waits for the next append")
@@ -175,7 +175,7 @@ async def test_a_stream_that_finished_its_own_read_after_the_channel_moved_on_re
         sub = await admit(rt)
         closing = Closing()
         first, first_task = start(rt, -1, closing)
-        hub = broadcast.broadcasts(rt, broadcast.ENCODED)
+        hub = broadcast.broadcasts(rt)
         await until(lambda: CONVERSATION in hub.channels, "the channel started")
         late = Client()
         late.unblocked.clear()  # it has read offset 0 and is stuck writing it
@@ -200,7 +200,7 @@ async def test_a_stream_asking_past_the_end_does_not_hide_records_from_the_other
         sub = await admit(rt)
         closing = Closing()
         ahead, ahead_task = start(rt, 1_000, closing)  # the first: it starts the channel
-        hub = broadcast.broadcasts(rt, broadcast.ENCODED)
+        hub = broadcast.broadcasts(rt)
         await until(lambda: CONVERSATION in hub.channels, "the channel started")
         current, current_task = start(rt, -1, closing)
         one = await append(rt, sub, 1)
@@ -248,7 +248,7 @@ async def test_a_stream_that_stops_reading_falls_back_without_holding_up_the_oth
         closing = Closing()
         (slow, slow_task), (fast, fast_task) = start(rt, -1, closing), start(rt, -1, closing)
         await until(lambda: slow.offsets() == [0] and fast.offsets() == [0], "both caught up")
-        hub = broadcast.broadcasts(rt, broadcast.ENCODED)
+        hub = broadcast.broadcasts(rt)
         await until(lambda: len(hub.channels[CONVERSATION].followers) == 2, "both joined")
         slow.unblocked.clear()
         for _ in range(30):
@@ -271,7 +271,7 @@ async def test_a_stream_whose_client_leaves_ends_and_the_last_one_ends_the_chann
         sub = await admit(rt)
         closing = Closing()
         (a, a_task), (b, b_task) = start(rt, -1, closing), start(rt, -1, closing)
-        hub = broadcast.broadcasts(rt, broadcast.ENCODED)
+        hub = broadcast.broadcasts(rt)
         await until(
             lambda: len(getattr(hub.channels.get(CONVERSATION), "followers", ())) == 2, "joined"
         )

@@ -228,9 +228,9 @@ class Broadcasts:
 _HUBS: weakref.WeakKeyDictionary[Runtime, Broadcasts] = weakref.WeakKeyDictionary()
 
 
-def broadcasts(runtime: Runtime, encoded: EncodedEvents) -> Broadcasts:
-    """The runtime's channels (made on first use)."""
+def broadcasts(runtime: Runtime) -> Broadcasts:
+    """The runtime's channels (made on first use), encoding through ``ENCODED``."""
     hub = _HUBS.get(runtime)
     if hub is None:
-        hub = _HUBS[runtime] = Broadcasts(runtime, encoded)
+        hub = _HUBS[runtime] = Broadcasts(runtime, ENCODED)
     return hub

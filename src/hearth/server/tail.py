@@ -101,7 +101,7 @@ class ConversationStream(Response):
                 follower.channel.leave(follower)
 
     async def _serve(self, follower: Follower, send: Send) -> None:
-        runtime, hub = self.runtime, broadcasts(self.runtime, ENCODED)
+        runtime, hub = self.runtime, broadcasts(self.runtime)
         while not follower.closed and not runtime.shutting_down:
             if follower.pending:
                 await _write(send, follower.drain())

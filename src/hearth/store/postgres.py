@@ -335,11 +335,9 @@ class PostgresStore(Store):
         A group of one is the plain one-statement append."""
         if len(items) == 1:
             [item] = items
-            fast = ops.fast_append(
+            query, params = ops.fast_append(
                 item.conversation_id, item.records, item.expect, item.fence, self._now()
             )
-            assert fast is not None  # the caller checked ``fast_appendable``
-            query, params = fast
         else:
             query, params = group_append(items, self._now())
         try:

@@ -786,11 +786,9 @@ def fast_appendable(conversation_id: str, records: list[Record]) -> bool:
 
 def fast_append(
     conversation_id: str, records: list[Record], expect: int, fence: Fence, now: float | None
-) -> tuple[str, dict[str, Any]] | None:
-    """The statement and parameters that append ``records`` after offset ``expect``, or None when
-    the batch needs the general path (it writes state)."""
-    if not fast_appendable(conversation_id, records):
-        return None
+) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters that append ``records`` after offset ``expect`` (records
+    that ``fast_appendable`` accepted)."""
     encoded = [record.encode(expect + 1 + i) for i, record in enumerate(records)]
     if len(records) == 1:
         [(body, digest)], [record] = encoded, records
