@@ -751,6 +751,41 @@ async def test_settling_a_host_settles_its_joined_submissions(store: Store) -> N
     assert row.settled_at is not None
 
 
+async def test_a_settlement_with_records_before_it_settles_every_joined_in_join_order(
+    store: Store,
+) -> None:
+    host = await running(store)
+    first, second = await admitted(store), await admitted(store)
+    assert await store.join(host.fence, first.id, [msg(1, first.id)])
+    assert await store.join(host.fence, second.id, [msg(2, second.id)])
+    before = msg(3, host.id)
+    offset = await store.settle(
+        host.fence,
+        settlement(host),
+        outcome="failed",
+        error={"type": "x"},
+        reply=None,
+        records_before=[before],
+    )
+    records = await store.read(CONV)
+    assert [r.id for r in records] == [
+        f"{CONV}:created",
+        "m1",
+        "m2",
+        "m3",
+        f"{host.id}:settled",
+        f"{first.id}:settled",
+        f"{second.id}:settled",
+    ]
+    assert offset == 4
+    assert [r.offset for r in records] == list(range(7))
+    for sub in (first, second):
+        row = await store.get_submission(sub.id)
+        assert row is not None
+        assert (row.status, row.outcome, row.error) == ("joined", "failed", {"type": "x"})
+    assert await last_offset(store, CONV) == 6
+
+
 async def test_join_fails_unless_the_target_is_queued_in_that_conversation(
     store: Store,
 ) -> None:

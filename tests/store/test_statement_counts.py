@@ -148,3 +148,59 @@ async def test_a_one_statement_append_by_a_stale_attempt_is_fenced_out(pg_cluste
         assert [r.id for r in await store.read(conv, after=0)] == ["m1", "m1b"]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("guests", [1, 8])
+async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_statements(
+    pg_cluster: Any, guests: int
+) -> None:
+    """Admitting to a conversation that exists takes 2 statements, a join 4 (with its
+    record), a settlement 7 however many joined it: their settlement records go in one insert
+    and their rows in one update."""
+    from pgcluster import new_schema
+
+    from hearth.records import SubmissionSettled, UserMessage
+    from hearth.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_cluster.conninfo, schema=new_schema())
+    await store.open()
+    try:
+        conv = "support/c-1"
+
+        def new() -> NewSubmission:
+            return NewSubmission(conv, "support", "message", {"message": "hi"})
+
+        host = (await store.admit(new())).submission
+        [running] = await store.claim("owner-1", 30.0, 1)
+        admitted: list[Any] = []
+
+        async def admit() -> None:
+            admitted.append((await store.admit(new())).submission)
+
+        for _ in range(guests):
+            assert len(await statements(store, admit)) == 2
+        for n, guest in enumerate(admitted):
+            record = UserMessage(
+                id=f"m{n}", message_id=f"m{n}", content="x", submission_id=guest.id
+            )
+            joined = await statements(
+                store, lambda g=guest, r=record: store.join(running.fence, g.id, [r])
+            )
+            assert len(joined) == 4, joined
+        settled = SubmissionSettled(
+            id=f"{host.id}:settled", submission_id=host.id, outcome="completed", reply="ok"
+        )
+        sent = await statements(
+            store,
+            lambda: store.settle(
+                running.fence, settled, outcome="completed", error=None, reply="ok"
+            ),
+        )
+        assert len(sent) == 7, sent
+        records = await store.read(conv)
+        assert [r.id for r in records[-guests:]] == [f"{g.id}:settled" for g in admitted]
+        for guest in admitted:
+            row = await store.get_submission(guest.id)
+            assert row is not None and (row.outcome, row.reply) == ("completed", "ok")
+    finally:
+        await store.close()

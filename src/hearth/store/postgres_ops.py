@@ -82,12 +82,6 @@ FROM picked WHERE u.seq = picked.seq
 RETURNING u.*
 """
 
-# After a head settles, the next queued submission of its conversation is the head.
-NEXT_HEAD = """
-UPDATE submissions SET is_head = true WHERE seq = (
-    SELECT min(seq) FROM submissions WHERE conversation_id = %(c)s AND status = 'queued')
-"""
-
 
 async def fetchone(conn: Conn, query: str, params: dict[str, Any]) -> dict[str, Any] | None:
     cursor = await conn.execute(query.encode(), params)
@@ -113,13 +107,9 @@ async def check_fence(conn: Conn, fence: Fence, *, lock: str = "SHARE") -> dict[
 async def append(
     conn: Conn, conversation_id: str, records: list[Record], outbox: Outbox, now: float | None
 ) -> list[int]:
-    row = await fetchone(
-        conn,
-        "SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE",
-        {"c": conversation_id},
-    )
-    if row is not None:
-        last = int(row["last_offset"])
+    locked = await _lock_conversation(conn, conversation_id)
+    if locked is not None:
+        last = locked
     elif (
         records
         and isinstance(records[0], ConversationCreated)
@@ -130,41 +120,30 @@ async def append(
         last = -1
     else:
         raise StoreError(f"conversation {conversation_id} does not exist; admit a submission first")
-    start, offsets, new = last, [], []
-    for record in records:
-        body, digest = record.encode(last + 1)
-        inserted = await fetchone(
-            conn,
-            'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
-            " VALUES (%(c)s, %(o)s, %(id)s, %(t)s, %(s)s, %(b)s, %(d)s)"
-            " ON CONFLICT DO NOTHING RETURNING 1 AS ok",
-            {
-                "c": conversation_id,
-                "o": last + 1,
-                "id": record.id,
-                "t": record.type,
-                "s": record.submission_id,
-                "b": body,
-                "d": digest,
-            },
-        )
-        if inserted is not None:
-            last += 1
-            offsets.append(last)
-            new.append(record)
-            continue
-        existing = await fetchone(
-            conn,
-            'SELECT "offset", digest FROM records WHERE conversation_id = %(c)s AND id = %(id)s',
-            {"c": conversation_id, "id": record.id},
-        )
-        if existing is None:
-            raise StoreError(f"offset {last + 1} of {conversation_id} is taken: corrupt stream")
-        offsets.append(
-            rules.check_reappend(
-                conversation_id, record, digest, int(existing["offset"]), existing["digest"]
-            )
-        )
+    return await append_locked(conn, conversation_id, records, last, outbox, now)
+
+
+async def append_locked(
+    conn: Conn,
+    conversation_id: str,
+    records: list[Record],
+    last: int,
+    outbox: Outbox,
+    now: float | None,
+) -> list[int]:
+    """``append`` once the conversation's row is locked at offset ``last``."""
+    start = last
+    if len(records) > 1 and await _insert_all(conn, conversation_id, records, last):
+        offsets, new = list(range(last + 1, last + 1 + len(records))), records
+        last += len(records)
+    else:
+        offsets, new = [], []
+        for record in records:
+            offset = await _insert_one(conn, conversation_id, record, last)
+            if offset > last:
+                last = offset
+                new.append(record)
+            offsets.append(offset)
     await add_refs(conn, rules.record_refs(conversation_id, new))
     for name, value in rules.state_changes(new).items():
         await conn.execute(
@@ -180,6 +159,75 @@ async def append(
         )
         outbox.append(Event(APPENDED, conversation_id, last))
     return offsets
+
+
+INSERT_RECORDS = """
+INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
+SELECT %(c)s, r.o, r.id, r.t, r.s, r.b, r.d
+FROM unnest(%(os)s::bigint[], %(ids)s::text[], %(ts)s::text[], %(ss)s::text[], %(bs)s::text[],
+            %(ds)s::text[]) AS r(o, id, t, s, b, d)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+
+async def _insert_all(conn: Conn, conversation_id: str, records: list[Record], last: int) -> bool:
+    """Insert ``records`` after ``last`` in one statement; False (with nothing left inserted)
+    when one of them exists already, so they must go one by one."""
+    encoded = [record.encode(last + 1 + i) for i, record in enumerate(records)]
+    rows = await fetchall(
+        conn,
+        INSERT_RECORDS,
+        {
+            "c": conversation_id,
+            "os": list(range(last + 1, last + 1 + len(records))),
+            "ids": [record.id for record in records],
+            "ts": [record.type for record in records],
+            "ss": [record.submission_id for record in records],
+            "bs": [body for body, _ in encoded],
+            "ds": [digest for _, digest in encoded],
+        },
+    )
+    if len(rows) == len(records):
+        return True
+    if rows:  # inserted by this transaction at offsets that are now wrong: take them back
+        await conn.execute(
+            "DELETE FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
+            {"c": conversation_id, "ids": [row["id"] for row in rows]},
+        )
+    return False
+
+
+async def _insert_one(conn: Conn, conversation_id: str, record: Record, last: int) -> int:
+    """Insert ``record`` at ``last + 1``, or find it stored with the same content; its offset."""
+    body, digest = record.encode(last + 1)
+    inserted = await fetchone(
+        conn,
+        'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
+        " VALUES (%(c)s, %(o)s, %(id)s, %(t)s, %(s)s, %(b)s, %(d)s)"
+        " ON CONFLICT DO NOTHING RETURNING 1 AS ok",
+        {
+            "c": conversation_id,
+            "o": last + 1,
+            "id": record.id,
+            "t": record.type,
+            "s": record.submission_id,
+            "b": body,
+            "d": digest,
+        },
+    )
+    if inserted is not None:
+        return last + 1
+    existing = await fetchone(
+        conn,
+        'SELECT "offset", digest FROM records WHERE conversation_id = %(c)s AND id = %(id)s',
+        {"c": conversation_id, "id": record.id},
+    )
+    if existing is None:
+        raise StoreError(f"offset {last + 1} of {conversation_id} is taken: corrupt stream")
+    return rules.check_reappend(
+        conversation_id, record, digest, int(existing["offset"]), existing["digest"]
+    )
 
 
 async def create_conversation(
@@ -240,15 +288,14 @@ async def admit(
     conn: Conn, new: NewSubmission, submission_id: str, outbox: Outbox, now: float | None
 ) -> Admission:
     conversation_id = new.conversation_id
-    await create_conversation(conn, conversation_id, new.agent, new.parent, now)
-    locked = await fetchone(
-        conn,
-        "SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE",
-        {"c": conversation_id},
-    )
-    assert locked is not None
-    if int(locked["last_offset"]) < 0:
-        await append(conn, conversation_id, [rules.conversation_created(new)], outbox, now)
+    offset = await _lock_conversation(conn, conversation_id)
+    if offset is None:
+        await create_conversation(conn, conversation_id, new.agent, new.parent, now)
+        offset = await _lock_conversation(conn, conversation_id)
+        assert offset is not None
+    if offset < 0:
+        created: list[Record] = [rules.conversation_created(new)]
+        offset = (await append_locked(conn, conversation_id, created, offset, outbox, now))[-1]
     if new.idempotency_key is not None:
         row = await fetchone(
             conn,
@@ -258,7 +305,6 @@ async def admit(
         if row is not None:
             rules.check_idempotent(new, row["payload_digest"])
             return Admission(submission_from_row(row), int(row["admitted_offset"]), True)
-    offset = await last_offset(conn, conversation_id)
     row = await fetchone(
         conn,
         "INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key,"
@@ -288,6 +334,17 @@ async def admit(
     await add_refs(conn, rules.payload_refs(submission_id, new.payload))
     outbox.append(Event(ADMITTED, conversation_id, offset, submission_id))
     return Admission(submission_from_row(row), offset, False)
+
+
+async def _lock_conversation(conn: Conn, conversation_id: str) -> int | None:
+    """Lock the conversation's row (admissions and appends to it wait their turn); its last
+    offset, or None when it does not exist."""
+    row = await fetchone(
+        conn,
+        "SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE",
+        {"c": conversation_id},
+    )
+    return None if row is None else int(row["last_offset"])
 
 
 # Insert the bytes, or lock the stored copy without rewriting it (``DO UPDATE ... WHERE false``
@@ -362,40 +419,56 @@ async def settle(
     outcome, error, reply = result
     host = await check_fence(conn, fence, lock="UPDATE")
     conversation_id = host["conversation_id"]
-    offset = (await append(conn, conversation_id, batch, outbox, now))[-1]
+    last = await _lock_conversation(conn, conversation_id)
+    if last is None:
+        raise StoreError(f"conversation {conversation_id} does not exist")
+    # The messages that joined this one settle with it, each by its own record after the batch.
+    joined = [
+        row["id"]
+        for row in await fetchall(
+            conn,
+            "SELECT id FROM submissions WHERE joined_to = %(id)s AND status = %(j)s"
+            " AND settled_at IS NULL ORDER BY seq FOR UPDATE",
+            {"id": fence.submission_id, "j": JOINED},
+        )
+    ]
+    records = batch + [rules.settlement(sid, outcome, error, reply) for sid in joined]
+    offsets = await append_locked(conn, conversation_id, records, last, outbox, now)
+    offset = offsets[len(batch) - 1]
     values = {
         "outcome": outcome,
         "error": rules.to_json_or_none(error),
         "reply": reply,
         "now": now,
         "id": fence.submission_id,
+        "c": conversation_id,
         "settled": SETTLED_STATUS,
     }
-    await conn.execute(
-        "UPDATE submissions SET status = %(settled)s, outcome = %(outcome)s, error = %(error)s,"
-        f" reply = %(reply)s, settled_at = {NOW}, lease_owner = NULL, lease_expires_at = NULL,"
-        " is_head = false WHERE id = %(id)s".encode(),
-        values,
-    )
-    await conn.execute(NEXT_HEAD.encode(), {"c": conversation_id})
+    await conn.execute(SETTLE_HOST.encode(), values)
     outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt))
-    joined = await fetchall(
-        conn,
-        "SELECT id FROM submissions WHERE joined_to = %(id)s AND status = %(j)s"
-        " AND settled_at IS NULL ORDER BY seq FOR UPDATE",
-        {"id": fence.submission_id, "j": JOINED},
-    )
-    for row in joined:
-        sid = row["id"]
-        record = rules.settlement(sid, outcome, error, reply)
-        at = (await append(conn, conversation_id, [record], outbox, now))[0]
+    if joined:
         await conn.execute(
             "UPDATE submissions SET outcome = %(outcome)s, error = %(error)s, reply = %(reply)s,"
-            f" settled_at = {NOW} WHERE id = %(sid)s".encode(),
-            {**values, "sid": sid},
+            f" settled_at = {NOW} WHERE id = ANY(%(ids)s::text[])".encode(),
+            {**values, "ids": joined},
         )
-        outbox.append(Event(SETTLED, conversation_id, at, sid))
+        for sid, at in zip(joined, offsets[len(batch) :], strict=True):
+            outbox.append(Event(SETTLED, conversation_id, at, sid))
     return offset
+
+
+# The host's settlement, and the next queued submission of its conversation becomes the head
+# (a queued row, never the host's own).
+SETTLE_HOST = f"""
+WITH host AS (
+    UPDATE submissions SET status = %(settled)s, outcome = %(outcome)s, error = %(error)s,
+        reply = %(reply)s, settled_at = {NOW}, lease_owner = NULL, lease_expires_at = NULL,
+        is_head = false
+    WHERE id = %(id)s
+    RETURNING 1)
+UPDATE submissions SET is_head = true WHERE seq = (
+    SELECT min(seq) FROM submissions WHERE conversation_id = %(c)s AND status = 'queued')
+"""
 
 
 async def join(
@@ -406,20 +479,35 @@ async def join(
     outbox: Outbox,
     now: float | None,
 ) -> bool:
-    host_row = await check_fence(conn, host)
-    conversation_id = host_row["conversation_id"]
     row = await fetchone(
-        conn, "SELECT * FROM submissions WHERE id = %(id)s FOR UPDATE", {"id": submission_id}
+        conn,
+        JOIN,
+        {
+            "j": JOINED,
+            "q": QUEUED,
+            "host": host.submission_id,
+            "attempt": host.attempt,
+            "id": submission_id,
+            "now": now,
+        },
     )
-    if row is None or row["status"] != QUEUED or row["conversation_id"] != conversation_id:
-        return False
-    await conn.execute(
-        f"UPDATE submissions SET status = %(j)s, joined_to = %(host)s, started_at = {NOW}"
-        " WHERE id = %(id)s".encode(),
-        {"j": JOINED, "host": host.submission_id, "id": submission_id, "now": now},
-    )
-    await append(conn, conversation_id, batch, outbox, now)
+    if row is None:
+        await check_fence(conn, host)  # FencedOut when the host's claim is gone
+        return False  # not queued (any more), or of another conversation
+    await append(conn, row["conversation_id"], batch, outbox, now)
     return True
+
+
+# A queued submission joins the host's running attempt: the host's row is locked as by
+# ``check_fence`` (SHARE), the joining one as by its update; nothing changes unless both hold.
+JOIN = f"""
+UPDATE submissions SET status = %(j)s, joined_to = %(host)s, started_at = {NOW}
+WHERE id = %(id)s AND status = %(q)s AND conversation_id = (
+    SELECT conversation_id FROM submissions
+    WHERE id = %(host)s AND status = 'running' AND attempt = %(attempt)s
+    FOR SHARE)
+RETURNING conversation_id
+"""
 
 
 async def release(conn: Conn, fence: Fence, owner: str, outbox: Outbox) -> bool:
