@@ -87,7 +87,7 @@ async def test_a_settlement_wakes_only_the_waiters_of_its_own_submission(
         done = await asyncio.wait_for(waiters[0], timeout=10)
         await asyncio.sleep(0.05)  # let any other woken waiter run
         assert done.outcome == "completed"
-        assert rows == WAITERS + 1  # one wake-up, one re-read, for N waiters
+        assert rows == WAITERS  # one wake-up, no re-read (the event carries the row)
         assert sum(w.done() for w in waiters) == 1
         for w in waiters:
             w.cancel()

@@ -874,10 +874,16 @@ async def test_settling_wakes_the_waiters_of_the_host_and_its_joined(store: Stor
     guest_waiter = store.events.watch_settled(guest.id)
     try:
         await store.settle(host.fence, settlement(host), outcome="completed", error=None, reply="")
-        await asyncio.wait_for(asyncio.gather(host_waiter, guest_waiter), 1.0)
+        rows = await asyncio.wait_for(asyncio.gather(host_waiter, guest_waiter), 1.0)
     finally:
         store.events.unwatch_settled(host.id, host_waiter)
         store.events.unwatch_settled(guest.id, guest_waiter)
+    # Settled by this handle: each waiter gets its row as the settlement committed it.
+    assert rows == [await store.get_submission(host.id), await store.get_submission(guest.id)]
+    assert [(r.status, r.outcome) for r in rows if r is not None] == [
+        ("settled", "completed"),
+        ("joined", "completed"),
+    ]
 
 
 async def test_a_failed_write_publishes_nothing(store: Store) -> None:
@@ -953,6 +959,9 @@ async def test_events_of_one_handle_reach_the_other(store_pair: tuple[Store, Sto
     waiter = two.events.watch_settled(sub.id)
     try:
         await one.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="")
-        await asyncio.wait_for(waiter, 5.0)
+        row = await asyncio.wait_for(waiter, 5.0)
+        # Settled by a peer, the waiter is woken without the row, and reads it; by its own
+        # handle (SQLite's pair is one handle), with it.
+        assert row is None if one is not two else row == await two.get_submission(sub.id)
     finally:
         two.events.unwatch_settled(sub.id, waiter)

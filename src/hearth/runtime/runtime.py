@@ -254,6 +254,9 @@ class Runtime:
                 # pause doubles, so many long waits cost few reads while nothing settles.
                 wait_s = recheck if left is None else min(left, recheck)
                 await asyncio.wait({woken}, timeout=wait_s)
+                settled = woken.result() if woken.done() else None
+                if settled is not None:
+                    return settled  # this process settled it: the row as committed
                 recheck = min(recheck * 2, _RECHECK_MAX_S)
             finally:
                 events.unwatch_settled(submission_id, woken)

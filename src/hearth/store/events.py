@@ -3,8 +3,9 @@
 A store publishes an ``Event`` only after the transaction that caused it committed. The SQLite
 store publishes from its writer thread into the owning event loop; a store shared by several
 processes also feeds the events its peers committed into the same hub, so a waiter never has to
-know where a write came from. Events carry ids and offsets only — never data that is not in the
-tables — so a lost event delays a waiter but never misleads it.
+know where a write came from. Events carry ids and offsets, and a settlement written by this
+process its settled row as committed: nothing that is not in the tables, so a lost event delays a
+waiter but never misleads it.
 
 Example::
 
@@ -23,7 +24,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from hearth.store.rows import Submission
 
 ADMITTED = "admitted"  # a submission was admitted: claimers look for work
 APPENDED = "appended"  # records were appended: tails and readers wake
@@ -37,13 +41,16 @@ KINDS = (ADMITTED, APPENDED, ABORT, RELEASED, SETTLED)
 class Event:
     """One committed change. ``offset`` is the conversation's last offset for ``appended``;
     ``submission_id`` names the submission for ``released`` and ``settled``; ``attempt`` is the
-    attempt that settled it, when this process wrote the settlement (0 when unknown)."""
+    attempt that settled it, when this process wrote the settlement (0 when unknown), and
+    ``row`` the settled row as that commit left it (None when a peer settled it: waiters read
+    it then)."""
 
     kind: str
     conversation_id: str
     offset: int = -1
     submission_id: str | None = None
     attempt: int = 0
+    row: Submission | None = None
 
 
 Listener = Callable[[Event], None]
@@ -61,7 +68,7 @@ class StoreEvents:
         # Waiters per key in an insertion-ordered dict: N followers each dropping their own
         # waiter after an append costs O(N) in all, not O(N²).
         self._appended: dict[str, dict[asyncio.Future[int], None]] = {}
-        self._settled: dict[str, dict[asyncio.Future[None], None]] = {}
+        self._settled: dict[str, dict[asyncio.Future[Submission | None], None]] = {}
         self._listeners: list[Listener] = []
 
     def publish(self, event: Event) -> None:
@@ -69,7 +76,7 @@ class StoreEvents:
         if event.kind == APPENDED:
             _fire(self._appended.pop(event.conversation_id, None), event.offset)
         elif event.kind == SETTLED and event.submission_id is not None:
-            _fire(self._settled.pop(event.submission_id, None), None)
+            _fire(self._settled.pop(event.submission_id, None), event.row)
         for listener in list(self._listeners):
             listener(event)
 
@@ -107,12 +114,13 @@ class StoreEvents:
     def unsubscribe(self, conversation_id: str, fut: asyncio.Future[int]) -> None:
         _disarm(self._appended, conversation_id, fut)
 
-    def watch_settled(self, submission_id: str) -> asyncio.Future[None]:
-        """A future done when the submission settles. Arm it before reading the row;
-        ``unwatch_settled`` when done."""
+    def watch_settled(self, submission_id: str) -> asyncio.Future[Submission | None]:
+        """A future done when the submission settles, with the settled row when this process
+        settled it (else None: read it). Arm it before reading the row; ``unwatch_settled`` when
+        done."""
         return _arm(self._settled, submission_id)
 
-    def unwatch_settled(self, submission_id: str, fut: asyncio.Future[None]) -> None:
+    def unwatch_settled(self, submission_id: str, fut: asyncio.Future[Submission | None]) -> None:
         _disarm(self._settled, submission_id, fut)
 
     async def wait(self, conversation_id: str, timeout: float | None = None) -> None:

@@ -444,16 +444,20 @@ async def settle(
         "c": conversation_id,
         "settled": SETTLED_STATUS,
     }
-    await conn.execute(SETTLE_HOST.encode(), values)
-    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt))
+    settled = await fetchone(conn, SETTLE_HOST, values)
+    assert settled is not None
+    row = submission_from_row(settled)
+    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt, row))
     if joined:
-        await conn.execute(
+        rows = await fetchall(
+            conn,
             "UPDATE submissions SET outcome = %(outcome)s, error = %(error)s, reply = %(reply)s,"
-            f" settled_at = {NOW} WHERE id = ANY(%(ids)s::text[])".encode(),
+            f" settled_at = {NOW} WHERE id = ANY(%(ids)s::text[]) RETURNING *",
             {**values, "ids": joined},
         )
+        guests = {r["id"]: submission_from_row(r) for r in rows}
         for sid, at in zip(joined, offsets[len(batch) :], strict=True):
-            outbox.append(Event(SETTLED, conversation_id, at, sid))
+            outbox.append(Event(SETTLED, conversation_id, at, sid, row=guests.get(sid)))
     return offset
 
 
@@ -465,9 +469,12 @@ WITH host AS (
         reply = %(reply)s, settled_at = {NOW}, lease_owner = NULL, lease_expires_at = NULL,
         is_head = false
     WHERE id = %(id)s
+    RETURNING *),
+head AS (
+    UPDATE submissions SET is_head = true WHERE seq = (
+        SELECT min(seq) FROM submissions WHERE conversation_id = %(c)s AND status = 'queued')
     RETURNING 1)
-UPDATE submissions SET is_head = true WHERE seq = (
-    SELECT min(seq) FROM submissions WHERE conversation_id = %(c)s AND status = 'queued')
+SELECT * FROM host
 """
 
 

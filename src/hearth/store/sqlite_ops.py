@@ -41,6 +41,7 @@ from hearth.store.rows import (
     NewSubmission,
     ScheduleCursor,
     StoredDelivery,
+    Submission,
     Wait,
     blob_from_row,
     cursor_from_row,
@@ -288,7 +289,8 @@ def settle(
         (SETTLED_STATUS, outcome, error_json, reply, now, fence.submission_id),
     )
     conn.execute(NEXT_HEAD, (conversation_id,))
-    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt))
+    row = _settled_row(conn, fence.submission_id)
+    outbox.append(Event(SETTLED, conversation_id, offset, fence.submission_id, fence.attempt, row))
     joined = conn.execute(
         "SELECT id FROM submissions WHERE joined_to = ? AND status = ?"
         " AND settled_at IS NULL ORDER BY seq",
@@ -301,8 +303,14 @@ def settle(
             "UPDATE submissions SET outcome = ?, error = ?, reply = ?, settled_at = ? WHERE id = ?",
             (outcome, error_json, reply, now, sid),
         )
-        outbox.append(Event(SETTLED, conversation_id, at, sid))
+        outbox.append(Event(SETTLED, conversation_id, at, sid, row=_settled_row(conn, sid)))
     return offset
+
+
+def _settled_row(conn: sqlite3.Connection, submission_id: str) -> Submission | None:
+    """The row a settlement left, for the waiters its event wakes in this process."""
+    row = submission_row(conn, submission_id)
+    return None if row is None else submission_from_row(row)
 
 
 def join(
