@@ -154,9 +154,9 @@ async def test_a_one_statement_append_by_a_stale_attempt_is_fenced_out(pg_cluste
 async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_statements(
     pg_cluster: Any, guests: int
 ) -> None:
-    """Admitting to a conversation that exists takes 2 statements, a join 4 (with its
-    record), a settlement 7 however many joined it: their settlement records go in one insert
-    and their rows in one update."""
+    """Admitting to a conversation that exists takes 2 statements; a join 2 (its update, and
+    its record as a fast append once the host has appended); a settlement 7 however many joined
+    it: their settlement records go in one insert and their rows in one update."""
     from pgcluster import new_schema
 
     from hearth.records import SubmissionSettled, UserMessage
@@ -172,6 +172,8 @@ async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_sta
 
         host = (await store.admit(new())).submission
         [running] = await store.claim("owner-1", 30.0, 1)
+        first = UserMessage(id="h", message_id="h", content="x", submission_id=host.id)
+        assert await store.append(conv, [first], fence=running.fence) == [1]
         admitted: list[Any] = []
 
         async def admit() -> None:
@@ -186,7 +188,7 @@ async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_sta
             joined = await statements(
                 store, lambda g=guest, r=record: store.join(running.fence, g.id, [r])
             )
-            assert len(joined) == 4, joined
+            assert len(joined) == 2, joined
         settled = SubmissionSettled(
             id=f"{host.id}:settled", submission_id=host.id, outcome="completed", reply="ok"
         )
@@ -204,3 +206,43 @@ async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_sta
             assert row is not None and (row.outcome, row.reply) == ("completed", "ok")
     finally:
         await store.close()
+
+
+async def test_a_join_after_another_writer_moved_the_offset_lands_the_general_way(
+    pg_cluster: Any,
+) -> None:
+    from pgcluster import new_schema
+
+    from hearth.records import UserMessage
+    from hearth.store.postgres import PostgresStore
+
+    def msg(name: str, submission_id: str) -> UserMessage:
+        return UserMessage(id=name, message_id=name, content="x", submission_id=submission_id)
+
+    schema = new_schema()
+    mine, other = (PostgresStore(pg_cluster.conninfo, schema=schema) for _ in range(2))
+    await mine.open()
+    await other.open()
+    try:
+        conv = "support/c-1"
+        new = NewSubmission(conv, "support", "message", {"message": "hi"})
+        host = (await mine.admit(new)).submission
+        [running] = await mine.claim("owner-1", 30.0, 1)
+        assert await mine.append(conv, [msg("h1", host.id)], fence=running.fence) == [1]
+        guest = (await mine.admit(new)).submission
+        await other.append(conv, [msg("x", host.id)])  # the offset mine knows is stale now
+        sent = await statements(
+            mine, lambda: mine.join(running.fence, guest.id, [msg("g", guest.id)])
+        )
+        assert len(sent) > 2, sent  # the fast append found the offset moved
+        step = await statements(
+            mine, lambda: mine.append(conv, [msg("h2", host.id)], fence=running.fence)
+        )
+        assert len(step) == 1, step  # the join left the tail it wrote
+        records = await other.read(conv)
+        assert [(r.offset, r.id) for r in records[1:]] == [(1, "h1"), (2, "x"), (3, "g"), (4, "h2")]
+        row = await other.get_submission(guest.id)
+        assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
+    finally:
+        await mine.close()
+        await other.close()

@@ -551,11 +551,21 @@ class PostgresStore(Store):
 
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
         batch = list(records)
+        appended: list[Event] = []  # what the last try appended, for the next fast append
 
-        return await self._write(
-            lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self._now()),
-            resolve=lambda conn: readback.joined(conn, submission_id, host),
+        async def work(conn: ops.Conn, outbox: ops.Outbox) -> bool:
+            joined = await ops.join(
+                conn, host, submission_id, batch, outbox, self._now(), tail=self._tails.get
+            )
+            appended[:] = [e for e in outbox if e.kind == APPENDED]
+            return joined
+
+        joined = await self._write(
+            work, resolve=lambda conn: readback.joined(conn, submission_id, host)
         )
+        for event in appended if joined else ():
+            self._remember_tail(event.conversation_id, event.offset)
+        return joined
 
     # --- channel deliveries and schedule cursors ------------------------------------------------
     async def admit_delivery(

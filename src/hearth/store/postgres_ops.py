@@ -8,6 +8,7 @@ what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -485,7 +486,11 @@ async def join(
     batch: list[Record],
     outbox: Outbox,
     now: float | None,
+    tail: Callable[[str], int | None] = lambda conversation_id: None,
 ) -> bool:
+    """Join ``submission_id`` to the host's attempt and append ``batch`` (its input). When
+    ``tail`` knows the conversation's last offset, the append is one statement (as a fast
+    append); if the offset moved, the general way appends it in the same transaction."""
     row = await fetchone(
         conn,
         JOIN,
@@ -501,7 +506,15 @@ async def join(
     if row is None:
         await check_fence(conn, host)  # FencedOut when the host's claim is gone
         return False  # not queued (any more), or of another conversation
-    await append(conn, row["conversation_id"], batch, outbox, now)
+    conversation_id = row["conversation_id"]
+    expect = tail(conversation_id)
+    if expect is not None and fast_appendable(conversation_id, batch):
+        query, params = fast_append(conversation_id, batch, expect, host, now)
+        added = await fetchone(conn, query, params)
+        if added is not None and added["added"] == len(batch):
+            outbox.append(Event(APPENDED, conversation_id, expect + len(batch)))
+            return True
+    await append(conn, conversation_id, batch, outbox, now)
     return True
 
 
