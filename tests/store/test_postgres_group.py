@@ -111,3 +111,40 @@ async def test_a_group_whose_statement_fails_sends_each_append_the_general_way(
     for i in range(8):
         ids = [r.id for r in await pg_store.read(f"support/c{i}")][1:]
         assert ids == ([f"m{i}-1"] if i == 3 else [f"m{i}-1", f"m{i}-2"])
+
+
+async def test_a_one_statement_join_writes_nothing_unless_fence_row_and_offset_all_hold(
+    pg_store: Any,
+) -> None:
+    """Once the host has appended, a join is tried as one statement. A stale host, or a row that
+    is not queued there, leaves everything as it was; the general path then answers as it always
+    did. (A moved offset: ``test_statement_counts``.)"""
+
+    conv, other = "support/c0", "support/c1"
+    [host] = await running_in(pg_store, 1)
+    assert await pg_store.append(conv, [msg(1, host.submission_id)], fence=host) == [1]
+    elsewhere = (await pg_store.admit(NewSubmission(other, "support", "message", {}))).submission
+    guest = (await pg_store.admit(NewSubmission(conv, "support", "message", {}))).submission
+
+    async def stream() -> list[tuple[int, str]]:
+        return [(r.offset, r.id) for r in await pg_store.read(conv)]
+
+    before = await stream()
+    # Of another conversation, or not there at all: not joined, nothing written.
+    assert not await pg_store.join(host, elsewhere.id, [msg(2, elsewhere.id)])
+    assert not await pg_store.join(host, "s_missing", [msg(3, "s_missing")])
+    assert await stream() == before
+    # A stale fence (an attempt that is not the running one) is fenced out, nothing written.
+    stale = Fence(host.submission_id, host.attempt + 1)
+    with pytest.raises(FencedOut):
+        await pg_store.join(stale, guest.id, [msg(4, guest.id)])
+    assert await stream() == before
+    row = await pg_store.get_submission(guest.id)
+    assert row is not None and row.status == "queued"
+    # The real host joins it, in one statement, and the next step follows at once.
+    assert await pg_store.join(host, guest.id, [msg(5, guest.id)])
+    assert not await pg_store.join(host, guest.id, [msg(6, guest.id)])  # joined already
+    assert await pg_store.append(conv, [msg(7, host.submission_id)], fence=host) == [3]
+    assert (await stream())[len(before) :] == [(2, "m0-5"), (3, "m0-7")]
+    row = await pg_store.get_submission(guest.id)
+    assert row is not None and (row.status, row.joined_to) == ("joined", host.submission_id)

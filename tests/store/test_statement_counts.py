@@ -154,9 +154,10 @@ async def test_a_one_statement_append_by_a_stale_attempt_is_fenced_out(pg_cluste
 async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_statements(
     pg_cluster: Any, guests: int
 ) -> None:
-    """Admitting to a conversation that exists takes 2 statements; a join 2 (its update, and
-    its record as a fast append once the host has appended); a settlement 7 however many joined
-    it: their settlement records go in one insert and their rows in one update."""
+    """Admitting to a conversation that exists takes 2 statements; a join 1 once the host has
+    appended (its fence, the row, the offset and the record in one statement); a settlement 7
+    however many joined it: their settlement records go in one insert and their rows in one
+    update."""
     from pgcluster import new_schema
 
     from hearth.records import SubmissionSettled, UserMessage
@@ -188,7 +189,7 @@ async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_sta
             joined = await statements(
                 store, lambda g=guest, r=record: store.join(running.fence, g.id, [r])
             )
-            assert len(joined) == 2, joined
+            assert len(joined) == 1, joined
         settled = SubmissionSettled(
             id=f"{host.id}:settled", submission_id=host.id, outcome="completed", reply="ok"
         )

@@ -75,6 +75,7 @@ from hearth.store.rows import (
 )
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
@@ -122,6 +123,7 @@ class PostgresStore(Store):
         self._app_search_path = "public"  # the database's own, read at open (step.transaction)
         # conversation → the last offset this process saw there, for one-statement appends
         self._tails: dict[str, int] = {}
+        self._hosts: dict[str, str] = {}  # the conversation of each submission that appended
         self._group = GroupAppends(self._write_group)
         self._notes: Notes | None = None
         self._listener: Listener | None = None
@@ -316,6 +318,7 @@ class PostgresStore(Store):
         offset; None when the general path must do it (the offset moved, a record id exists,
         the batch writes state, or the connection was lost: that path reads back what is stored
         and writes only what is missing)."""
+        _remember(self._hosts, fence.submission_id, conversation_id)
         expect = self._tails.get(conversation_id)
         if expect is None or not ops.fast_appendable(conversation_id, batch):
             return None
@@ -362,11 +365,7 @@ class PostgresStore(Store):
 
     def _remember_tail(self, conversation_id: str, last: int) -> None:
         """Note a last offset seen; a stale one only sends the next append the general way."""
-        tails = self._tails
-        tails.pop(conversation_id, None)
-        tails[conversation_id] = last
-        if len(tails) > _TAILS_KEPT:
-            del tails[next(iter(tails))]
+        _remember(self._tails, conversation_id, last)
 
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
@@ -551,12 +550,12 @@ class PostgresStore(Store):
 
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
         batch = list(records)
+        if await self._join_fast(host, submission_id, batch):
+            return True
         appended: list[Event] = []  # what the last try appended, for the next fast append
 
         async def work(conn: ops.Conn, outbox: ops.Outbox) -> bool:
-            joined = await ops.join(
-                conn, host, submission_id, batch, outbox, self._now(), tail=self._tails.get
-            )
+            joined = await ops.join(conn, host, submission_id, batch, outbox, self._now())
             appended[:] = [e for e in outbox if e.kind == APPENDED]
             return joined
 
@@ -566,6 +565,42 @@ class PostgresStore(Store):
         for event in appended if joined else ():
             self._remember_tail(event.conversation_id, event.offset)
         return joined
+
+    async def _join_fast(self, host: Fence, submission_id: str, batch: list[Record]) -> bool:
+        """A join as one statement, when this process appended for ``host`` and knows its
+        conversation's last offset; False when the general path must do it (the offset moved,
+        the submission is not queued there, the claim is gone, the connection was lost: that
+        path tells these apart and reads back what may have committed)."""
+        conversation_id = self._hosts.get(host.submission_id)
+        expect = None if conversation_id is None else self._tails.get(conversation_id)
+        if (
+            conversation_id is None
+            or expect is None
+            or len(batch) != 1
+            or not ops.fast_appendable(conversation_id, batch)
+        ):
+            return False
+        query, params = ops.fast_join(
+            conversation_id, host, submission_id, batch[0], expect, self._now()
+        )
+        try:
+            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                _faults.reached("store:commit-begin")  # the statement is its own transaction
+                row = await ops.fetchone(conn, query, params)
+        except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
+            return False
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+        if row is None or row["done"] != 2:
+            return False
+        _faults.reached("store:commit-done")
+        self._tx().progressed()
+        last = expect + 1
+        self._remember_tail(conversation_id, last)
+        self.events.publish(Event(APPENDED, conversation_id, last))
+        assert self._notes is not None
+        self._notes.add([Event(APPENDED, conversation_id, last)])
+        return True
 
     # --- channel deliveries and schedule cursors ------------------------------------------------
     async def admit_delivery(
@@ -692,6 +727,14 @@ class PostgresStore(Store):
             )
         )
         return None if row is None or row["t"] is None else float(row["t"])
+
+
+def _remember(kept: dict[str, V], key: str, value: V) -> None:
+    """Keep ``key``'s newest ``value``, dropping the least recently noted beyond ``_TAILS_KEPT``."""
+    kept.pop(key, None)
+    kept[key] = value
+    if len(kept) > _TAILS_KEPT:
+        del kept[next(iter(kept))]
 
 
 def _named(name: str) -> str:

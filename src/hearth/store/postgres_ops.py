@@ -8,7 +8,6 @@ what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -486,11 +485,8 @@ async def join(
     batch: list[Record],
     outbox: Outbox,
     now: float | None,
-    tail: Callable[[str], int | None] = lambda conversation_id: None,
 ) -> bool:
-    """Join ``submission_id`` to the host's attempt and append ``batch`` (its input). When
-    ``tail`` knows the conversation's last offset, the append is one statement (as a fast
-    append); if the offset moved, the general way appends it in the same transaction."""
+    """Join ``submission_id`` to the host's attempt and append ``batch`` (its input)."""
     row = await fetchone(
         conn,
         JOIN,
@@ -506,15 +502,7 @@ async def join(
     if row is None:
         await check_fence(conn, host)  # FencedOut when the host's claim is gone
         return False  # not queued (any more), or of another conversation
-    conversation_id = row["conversation_id"]
-    expect = tail(conversation_id)
-    if expect is not None and fast_appendable(conversation_id, batch):
-        query, params = fast_append(conversation_id, batch, expect, host, now)
-        added = await fetchone(conn, query, params)
-        if added is not None and added["added"] == len(batch):
-            outbox.append(Event(APPENDED, conversation_id, expect + len(batch)))
-            return True
-    await append(conn, conversation_id, batch, outbox, now)
+    await append(conn, row["conversation_id"], batch, outbox, now)
     return True
 
 
@@ -928,3 +916,47 @@ def fast_append(
         "bs": [body for body, _ in encoded],
         "ds": [digest for _, digest in encoded],
     }
+
+
+# A join as one statement, for its common case: the host's process knows the conversation's last
+# offset, and the input is one record. The host's fence, the joining row (queued, in that
+# conversation) and the offset are checked and locked as ``join`` and ``append`` do; unless all
+# three hold, nothing is written and the caller takes the general path.
+FAST_JOIN = f"""
+WITH fence AS (
+    SELECT 1 FROM submissions
+    WHERE id = %(sid)s AND status = 'running' AND attempt = %(attempt)s
+    FOR SHARE),
+guest AS (
+    SELECT 1 FROM submissions
+    WHERE id = %(guest)s AND status = %(q)s AND conversation_id = %(c)s
+    FOR UPDATE),
+moved AS (
+    UPDATE conversations SET last_offset = %(last)s, last_activity = {NOW}
+    WHERE conversation_id = %(c)s AND last_offset = %(expect)s
+      AND EXISTS (SELECT 1 FROM fence) AND EXISTS (SELECT 1 FROM guest)
+    RETURNING 1),
+joined AS (
+    UPDATE submissions SET status = %(j)s, joined_to = %(sid)s, started_at = {NOW}
+    WHERE id = %(guest)s AND EXISTS (SELECT 1 FROM moved)
+    RETURNING 1),
+added AS (
+    INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
+    SELECT %(c)s, %(o)s, %(id)s, %(t)s, %(s)s, %(b)s, %(d)s FROM moved
+    RETURNING 1)
+SELECT (SELECT count(*) FROM added) + (SELECT count(*) FROM joined) AS done
+"""
+
+
+def fast_join(
+    conversation_id: str,
+    host: Fence,
+    submission_id: str,
+    record: Record,
+    expect: int,
+    now: float | None,
+) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters that join ``submission_id`` with its input ``record`` (one
+    that ``fast_appendable`` accepted) after offset ``expect``; it did when ``done`` is 2."""
+    _, params = fast_append(conversation_id, [record], expect, host, now)
+    return FAST_JOIN, {**params, "guest": submission_id, "q": QUEUED, "j": JOINED}
