@@ -321,6 +321,36 @@ async def test_a_later_admission_reuses_the_conversation(store: Store) -> None:
     assert await ids(store) == [f"{CONV}:created", "m1"]
 
 
+async def test_an_admission_to_an_existing_conversation_keeps_every_value_as_given(
+    store: Store,
+) -> None:
+    await admitted(store)  # the conversation exists: later admissions take the quick path
+    text = "quotes ' \" \\ back; semi-colon -- dash %(c)s %s\nline 2\tüñí €𝄞 ''"
+    cases = [
+        new(text=text, key=f"k'{text[:12]}", max_attempts=3, timeout=12.5),
+        new(
+            text="x",
+            source={"channel": "hook's", "delivery": "d\\1"},
+            traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ),
+    ]
+    for made in cases:
+        admission = await store.admit(made)
+        row = await store.get_submission(admission.submission.id)
+        assert row is not None
+        assert row == admission.submission
+        assert (row.payload, row.idempotency_key, row.max_attempts, row.timeout) == (
+            made.payload,
+            made.idempotency_key,
+            made.max_attempts,
+            made.timeout,
+        )
+        assert (row.source, row.traceparent) == (made.source, made.traceparent)
+        assert (row.status, row.attempt, row.conversation_id) == ("queued", 0, CONV)
+    again = await store.admit(cases[0])
+    assert again.deduplicated
+
+
 async def test_the_same_idempotency_key_and_payload_return_the_first_submission(
     store: Store,
 ) -> None:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from pgcluster import Cluster, free_port, new_schema
 
@@ -520,6 +521,88 @@ async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster:
             assert [s.id for s in listed] == [admission.submission.id]
     finally:
         await proxy.stop()
+
+
+async def test_a_one_round_trip_admission_whose_reply_was_lost_is_read_back(
+    pg_cluster: Cluster,
+) -> None:
+    proxy = CommitCutter(pg_cluster.port, marker=b"FOR UPDATE;")  # the lock and the insert
+    await proxy.start()
+    schema = new_schema()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, schema) as store:
+            first = await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+            proxy.armed = True
+            second = await store.admit(NewSubmission(CONV, "support", "message", {"t": 2}))
+            assert proxy.cuts == 1
+            assert not second.deduplicated
+            listed = await store.list_submissions(CONV)
+            assert [s.id for s in listed] == [first.submission.id, second.submission.id]
+            assert [s.payload for s in listed] == [{"t": 1}, {"t": 2}]
+    finally:
+        await proxy.stop()
+
+
+async def test_a_one_statement_join_whose_reply_was_lost_is_read_back_as_joined(
+    pg_cluster: Cluster,
+) -> None:
+    proxy = CommitCutter(pg_cluster.port, marker=b"guest AS")  # the one-statement join
+    await proxy.start()
+    schema = new_schema()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, schema) as store:
+            host = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
+            [running] = await store.claim("owner-1", 30.0, 1)
+            assert await store.append(CONV, [msg(1, host.id)], fence=running.fence) == [1]
+            guest = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
+            proxy.armed = True
+            assert await store.join(running.fence, guest.id, [msg(2, guest.id)])
+            assert proxy.cuts == 1
+            ids = [r.id for r in await store.read(CONV)]
+            assert ids == [f"{CONV}:created", "m1", "m2"]
+            row = await store.get_submission(guest.id)
+            assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
+    finally:
+        await proxy.stop()
+
+
+async def test_admissions_racing_into_an_idle_conversation_make_exactly_one_head(
+    pg_cluster: Cluster,
+) -> None:
+    """Each admission decides whether it is its conversation's head once it holds the
+    conversation's lock, with a snapshot that sees the admissions committed before it."""
+    schema = new_schema()
+    async with (
+        opened(pg_cluster.conninfo, schema) as one,
+        opened(pg_cluster.conninfo, schema) as two,
+    ):
+        first = (await one.admit(NewSubmission(CONV, "support", "message", {}))).submission
+        [running] = await one.claim("owner-1", 30.0, 1)
+        record = settlement(first.id, "completed", None, "ok")
+        await one.settle(running.fence, record, outcome="completed", error=None, reply="ok")
+        for round_ in range(5):  # the conversation is idle: every admission races to be head
+            admitted = await asyncio.gather(
+                *(
+                    store.admit(NewSubmission(CONV, "support", "message", {"n": n}))
+                    for n in range(8)
+                    for store in (one, two)
+                )
+            )
+            ids = [a.submission.id for a in admitted]
+            async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as conn:
+                cursor = await conn.execute(
+                    f'SELECT id FROM "{schema}".submissions WHERE id = ANY(%s) AND is_head',
+                    (ids,),
+                )
+                rows = await cursor.fetchall()
+            assert len(rows) == 1, (round_, rows)
+            # Settle them all, so that the next round starts idle again.
+            while subs := await one.claim("owner-1", 30.0, 100):
+                for sub in subs:
+                    done = settlement(sub.id, "completed", None, "ok")
+                    await one.settle(sub.fence, done, outcome="completed", error=None, reply="ok")
 
 
 async def test_a_transaction_frozen_mid_way_gives_its_locks_up_after_a_while(

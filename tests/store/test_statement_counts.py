@@ -154,10 +154,10 @@ async def test_a_one_statement_append_by_a_stale_attempt_is_fenced_out(pg_cluste
 async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_statements(
     pg_cluster: Any, guests: int
 ) -> None:
-    """Admitting to a conversation that exists takes 2 statements; a join 1 once the host has
-    appended (its fence, the row, the offset and the record in one statement); a settlement 7
-    however many joined it: their settlement records go in one insert and their rows in one
-    update."""
+    """Admitting to a conversation that exists takes one round trip (its lock and its insert in
+    one query, no ``BEGIN``); a join 1 statement once the host has appended (its fence, the
+    row, the offset and the record together); a settlement 7 however many joined it: their
+    settlement records go in one insert and their rows in one update."""
     from pgcluster import new_schema
 
     from hearth.records import SubmissionSettled, UserMessage
@@ -180,8 +180,23 @@ async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_sta
         async def admit() -> None:
             admitted.append((await store.admit(new())).submission)
 
-        for _ in range(guests):
-            assert len(await statements(store, admit)) == 2
+        import psycopg
+
+        blocks = 0
+        transaction = psycopg.AsyncConnection.transaction
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal blocks
+            blocks += 1
+            return transaction(self, *args, **kwargs)
+
+        psycopg.AsyncConnection.transaction = counted  # type: ignore[method-assign]
+        try:
+            for _ in range(guests):
+                assert len(await statements(store, admit)) == 1
+        finally:
+            psycopg.AsyncConnection.transaction = transaction  # type: ignore[method-assign]
+        assert blocks == 0
         for n, guest in enumerate(admitted):
             record = UserMessage(
                 id=f"m{n}", message_id=f"m{n}", content="x", submission_id=guest.id

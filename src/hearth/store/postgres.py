@@ -423,7 +423,14 @@ class PostgresStore(Store):
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
-
+        if ops.fast_admittable(new):
+            fast = await self._tx().write_once(
+                lambda conn, outbox: ops.admit_fast(conn, new, sid, outbox, self._now()),
+                budget_s=ADMIT_WAIT_S,
+                resolve=lambda conn: readback.admission(conn, sid),
+            )
+            if fast is not None:
+                return fast
         return await self._write(
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
             resolve=lambda conn: readback.admission(conn, sid),
@@ -550,7 +557,8 @@ class PostgresStore(Store):
 
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
         batch = list(records)
-        if await self._join_fast(host, submission_id, batch):
+        fast = await self._join_fast(host, submission_id, batch)
+        if fast is True:
             return True
         appended: list[Event] = []  # what the last try appended, for the next fast append
 
@@ -559,18 +567,22 @@ class PostgresStore(Store):
             appended[:] = [e for e in outbox if e.kind == APPENDED]
             return joined
 
-        joined = await self._write(
-            work, resolve=lambda conn: readback.joined(conn, submission_id, host)
+        joined = await self._tx().write(
+            work,
+            budget_s=self.write_retry_s,
+            resolve=lambda conn: readback.joined(conn, submission_id, host),
+            uncertain=fast is None,  # the one statement's answer was lost: it may have joined
         )
         for event in appended if joined else ():
             self._remember_tail(event.conversation_id, event.offset)
         return joined
 
-    async def _join_fast(self, host: Fence, submission_id: str, batch: list[Record]) -> bool:
+    async def _join_fast(self, host: Fence, submission_id: str, batch: list[Record]) -> bool | None:
         """A join as one statement, when this process appended for ``host`` and knows its
-        conversation's last offset; False when the general path must do it (the offset moved,
-        the submission is not queued there, the claim is gone, the connection was lost: that
-        path tells these apart and reads back what may have committed)."""
+        conversation's last offset. False when the general path must do it (the offset moved,
+        the submission is not queued there, the claim is gone: that path tells these apart);
+        None when the connection was lost, so that it may have joined (the general path reads
+        that back first)."""
         conversation_id = self._hosts.get(host.submission_id)
         expect = None if conversation_id is None else self._tails.get(conversation_id)
         if (
@@ -587,7 +599,9 @@ class PostgresStore(Store):
             async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
                 _faults.reached("store:commit-begin")  # the statement is its own transaction
                 row = await ops.fetchone(conn, query, params)
-        except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
+        except psycopg.OperationalError:
+            return None
+        except (psycopg.IntegrityError, PoolTimeout):
             return False
         except psycopg.Error as exc:
             raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc

@@ -336,6 +336,64 @@ async def admit(
     return Admission(submission_from_row(row), offset, False)
 
 
+# An admission to a conversation that has its first record, as one round trip: two statements in
+# one simple query, which PostgreSQL runs as one transaction. The first locks the conversation's
+# row as ``admit`` does; the second, with a snapshot taken once it holds the lock, inserts the
+# submission unless its idempotency key is taken (then it inserts nothing, and ``admit`` answers).
+# Its values are bound by the client, so each is cast to its column's type.
+ADMIT_FAST = f"""
+SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE;
+INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key, payload_digest,
+    admitted_offset, status, attempt, max_attempts, timeout, accepted_at, is_head, source,
+    traceparent)
+SELECT %(id)s::text, %(c)s::text, %(kind)s::text, %(payload)s::text, %(key)s::text,
+    %(digest)s::text, c.last_offset, 'queued', 0, %(max)s::int, %(timeout)s::float8, {NOW},
+    NOT EXISTS (SELECT 1 FROM submissions WHERE conversation_id = %(c)s AND status IN {OPEN_SQL}),
+    %(source)s::text, %(traceparent)s::text
+FROM conversations c
+WHERE c.conversation_id = %(c)s AND c.last_offset >= 0
+  AND NOT EXISTS (
+    SELECT 1 FROM submissions WHERE conversation_id = %(c)s AND idempotency_key = %(key)s)
+RETURNING *
+"""
+
+
+def fast_admittable(new: NewSubmission) -> bool:
+    """Whether ``admit_fast`` may admit ``new`` (nothing to store beside its row)."""
+    return not new.blobs and not rules.payload_refs("", new.payload)
+
+
+async def admit_fast(
+    conn: Conn, new: NewSubmission, submission_id: str, outbox: Outbox, now: float | None
+) -> Admission | None:
+    """``admit`` in one round trip, for a submission ``fast_admittable`` accepted; None when
+    nothing was written (the conversation is new, or the idempotency key is taken)."""
+    cursor = psycopg.AsyncClientCursor(conn)
+    await cursor.execute(
+        ADMIT_FAST.encode(),
+        {
+            "id": submission_id,
+            "c": new.conversation_id,
+            "kind": new.kind,
+            "payload": rules.to_json(new.payload),
+            "key": new.idempotency_key,
+            "digest": rules.payload_digest(new.kind, new.payload),
+            "max": new.max_attempts,
+            "timeout": new.timeout,
+            "now": now,
+            "source": rules.to_json_or_none(new.source),
+            "traceparent": new.traceparent,
+        },
+    )
+    cursor.nextset()  # past the lock's row, to the insert's
+    row = await cursor.fetchone()
+    if row is None:
+        return None
+    offset = int(row["admitted_offset"])
+    outbox.append(Event(ADMITTED, new.conversation_id, offset, submission_id))
+    return Admission(submission_from_row(row), offset, False)
+
+
 async def _lock_conversation(conn: Conn, conversation_id: str) -> int | None:
     """Lock the conversation's row (admissions and appends to it wait their turn); its last
     offset, or None when it does not exist."""

@@ -95,9 +95,21 @@ class Transactions:
         return await self._run(run, budget_s=READ_RETRY_S, transaction=False)
 
     async def write(
-        self, work: Work[T], *, budget_s: float, resolve: Resolve[T] | None = None
+        self,
+        work: Work[T],
+        *,
+        budget_s: float,
+        resolve: Resolve[T] | None = None,
+        uncertain: bool = False,
     ) -> T:
-        return await self._run(work, budget_s=budget_s, resolve=resolve)
+        """Run ``work`` in a transaction. ``uncertain``: an earlier try of the same write (a
+        one-statement form of it) may have committed, so ``resolve`` looks first."""
+        return await self._run(work, budget_s=budget_s, resolve=resolve, uncertain=uncertain)
+
+    async def write_once(self, work: Work[T], *, budget_s: float, resolve: Resolve[T]) -> T:
+        """``write`` for work that is one round trip committing by itself (one statement, or
+        statements in one simple query): no ``BEGIN`` and ``COMMIT`` of its own."""
+        return await self._run(work, budget_s=budget_s, resolve=resolve, transaction=False)
 
     async def _run(
         self,
@@ -106,10 +118,11 @@ class Transactions:
         budget_s: float,
         transaction: bool = True,
         resolve: Resolve[T] | None = None,
+        uncertain: bool = False,
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
-        delay, uncertain, queued = 0.05, False, False
+        delay, queued = 0.05, False
         while True:
             outbox: ops.Outbox = []
             try:
@@ -122,6 +135,8 @@ class Transactions:
                     if not transaction:
                         result = await work(conn, outbox)
                         self.progressed()
+                        self.events.publish_all(outbox)
+                        self.notes.add(outbox)
                         return result
                     async with conn.transaction():
                         result = await work(conn, outbox)
@@ -150,7 +165,9 @@ class Transactions:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.OperationalError as exc:
-                uncertain = uncertain or transaction  # its COMMIT may have gone through
+                # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
+                # may have gone through.
+                uncertain = uncertain or transaction or resolve is not None
                 if time.monotonic() + delay >= end or self.pool.closed:
                     raise StoreUnavailable(self._why(exc)) from None
                 await asyncio.sleep(delay)
