@@ -508,7 +508,9 @@ async def test_a_one_statement_append_whose_reply_was_lost_is_not_written_twice(
 
 
 async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster: Cluster) -> None:
-    proxy = CommitCutter(pg_cluster.port)
+    # The first admission of a conversation: its creation, first record, lock and insert go in
+    # one round trip (one implicit transaction), whose answer is cut.
+    proxy = CommitCutter(pg_cluster.port, marker=b"ON CONFLICT DO NOTHING;")
     await proxy.start()
     schema = new_schema()
     conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
@@ -519,6 +521,7 @@ async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster:
             assert proxy.cuts == 1
             listed = await store.list_submissions(CONV)
             assert [s.id for s in listed] == [admission.submission.id]
+            assert [r.id for r in await store.read(CONV)] == [f"{CONV}:created"]
     finally:
         await proxy.stop()
 

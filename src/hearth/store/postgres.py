@@ -124,6 +124,7 @@ class PostgresStore(Store):
         # conversation → the last offset this process saw there, for one-statement appends
         self._tails: dict[str, int] = {}
         self._hosts: dict[str, str] = {}  # the conversation of each submission that appended
+        self._conversations: dict[str, None] = {}  # conversations this process admitted to
         self._group = GroupAppends(self._write_group)
         self._notes: Notes | None = None
         self._listener: Listener | None = None
@@ -424,12 +425,16 @@ class PostgresStore(Store):
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
         if ops.fast_admittable(new):
+            known = new.conversation_id in self._conversations
             fast = await self._tx().write_once(
-                lambda conn, outbox: ops.admit_fast(conn, new, sid, outbox, self._now()),
+                lambda conn, outbox: ops.admit_fast(
+                    conn, new, sid, outbox, self._now(), known=known
+                ),
                 budget_s=ADMIT_WAIT_S,
                 resolve=lambda conn: readback.admission(conn, sid),
             )
             if fast is not None:
+                _remember(self._conversations, new.conversation_id, None)
                 return fast
         return await self._write(
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),

@@ -336,13 +336,16 @@ async def admit(
     return Admission(submission_from_row(row), offset, False)
 
 
-# An admission to a conversation that has its first record, as one round trip: two statements in
-# one simple query, which PostgreSQL runs as one transaction. The first locks the conversation's
-# row as ``admit`` does; the second, with a snapshot taken once it holds the lock, inserts the
-# submission unless its idempotency key is taken (then it inserts nothing, and ``admit`` answers).
-# Its values are bound by the client, so each is cast to its column's type.
-ADMIT_FAST = f"""
+# An admission as one round trip: statements in one simple query, which PostgreSQL runs as one
+# transaction, each with a snapshot of its own. The lock is taken as ``admit`` takes it; the
+# insert, with a snapshot taken once the lock is held, sees every admission committed before it
+# (so that one submission of an idle conversation becomes its head), and inserts nothing when
+# the idempotency key is taken (``admit`` then answers). Values are bound by the client, so each
+# is cast to its column's type.
+_ADMIT_LOCK = """
 SELECT last_offset FROM conversations WHERE conversation_id = %(c)s FOR UPDATE;
+"""
+_ADMIT_INSERT = f"""
 INSERT INTO submissions (id, conversation_id, kind, payload, idempotency_key, payload_digest,
     admitted_offset, status, attempt, max_attempts, timeout, accepted_at, is_head, source,
     traceparent)
@@ -356,6 +359,26 @@ WHERE c.conversation_id = %(c)s AND c.last_offset >= 0
     SELECT 1 FROM submissions WHERE conversation_id = %(c)s AND idempotency_key = %(key)s)
 RETURNING *
 """
+ADMIT_FAST = _ADMIT_LOCK + _ADMIT_INSERT
+# The same for a conversation this process has not seen: it is created with its first record
+# unless it exists (the creation and the first record are no-ops then).
+ADMIT_FAST_NEW = (
+    f"""
+INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at, last_activity)
+VALUES (%(c)s::text, %(agent)s::text, %(parent)s::text, -1, {NOW}, {NOW})
+ON CONFLICT DO NOTHING;
+"""
+    + _ADMIT_LOCK
+    + f"""
+INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
+SELECT %(c)s::text, 0, %(rid)s::text, %(rtype)s::text, NULL, %(rbody)s::text, %(rdigest)s::text
+FROM conversations WHERE conversation_id = %(c)s AND last_offset = -1;
+UPDATE conversations SET last_offset = 0, last_activity = {NOW}
+WHERE conversation_id = %(c)s AND last_offset = -1
+RETURNING 1 AS created;
+"""
+    + _ADMIT_INSERT
+)
 
 
 def fast_admittable(new: NewSubmission) -> bool:
@@ -364,32 +387,56 @@ def fast_admittable(new: NewSubmission) -> bool:
 
 
 async def admit_fast(
-    conn: Conn, new: NewSubmission, submission_id: str, outbox: Outbox, now: float | None
+    conn: Conn,
+    new: NewSubmission,
+    submission_id: str,
+    outbox: Outbox,
+    now: float | None,
+    *,
+    known: bool,
 ) -> Admission | None:
-    """``admit`` in one round trip, for a submission ``fast_admittable`` accepted; None when
-    nothing was written (the conversation is new, or the idempotency key is taken)."""
+    """``admit`` in one round trip, for a submission ``fast_admittable`` accepted; ``known``:
+    the conversation is known to exist. None when nothing was written (the idempotency key is
+    taken, or a ``known`` conversation does not exist)."""
+    values: dict[str, Any] = {
+        "id": submission_id,
+        "c": new.conversation_id,
+        "kind": new.kind,
+        "payload": rules.to_json(new.payload),
+        "key": new.idempotency_key,
+        "digest": rules.payload_digest(new.kind, new.payload),
+        "max": new.max_attempts,
+        "timeout": new.timeout,
+        "now": now,
+        "source": rules.to_json_or_none(new.source),
+        "traceparent": new.traceparent,
+    }
+    if not known:
+        first = rules.conversation_created(new)
+        body, digest = first.encode(0)
+        values |= {
+            "agent": new.agent,
+            "parent": rules.to_json_or_none(new.parent),
+            "rid": first.id,
+            "rtype": first.type,
+            "rbody": body,
+            "rdigest": digest,
+        }
     cursor = psycopg.AsyncClientCursor(conn)
-    await cursor.execute(
-        ADMIT_FAST.encode(),
-        {
-            "id": submission_id,
-            "c": new.conversation_id,
-            "kind": new.kind,
-            "payload": rules.to_json(new.payload),
-            "key": new.idempotency_key,
-            "digest": rules.payload_digest(new.kind, new.payload),
-            "max": new.max_attempts,
-            "timeout": new.timeout,
-            "now": now,
-            "source": rules.to_json_or_none(new.source),
-            "traceparent": new.traceparent,
-        },
-    )
-    cursor.nextset()  # past the lock's row, to the insert's
+    await cursor.execute((ADMIT_FAST if known else ADMIT_FAST_NEW).encode(), values)
+    created = False
+    if not known:
+        cursor.nextset()  # the lock
+        cursor.nextset()  # the first record
+        cursor.nextset()  # the offset it moved
+        created = await cursor.fetchone() is not None
+    cursor.nextset()  # the insert
     row = await cursor.fetchone()
     if row is None:
         return None
     offset = int(row["admitted_offset"])
+    if created:
+        outbox.append(Event(APPENDED, new.conversation_id, 0))
     outbox.append(Event(ADMITTED, new.conversation_id, offset, submission_id))
     return Admission(submission_from_row(row), offset, False)
 
