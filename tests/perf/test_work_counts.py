@@ -66,7 +66,7 @@ async def admit(rt: Runtime, conversation_id: str) -> Submission:
 async def test_a_settlement_wakes_only_the_waiters_of_its_own_submission(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("hearth.runtime.runtime._RECHECK_S", 3600.0)  # no periodic look
+    monkeypatch.setattr("hearth.runtime.settled.LOOK_EVERY_S", 3600.0)  # no periodic look
     async with app().run() as rt:
         await rt.coordinator.stop()  # settle by hand
         subs = [await admit(rt, f"w/c{i}") for i in range(WAITERS)]
@@ -91,6 +91,49 @@ async def test_a_settlement_wakes_only_the_waiters_of_its_own_submission(
         assert sum(w.done() for w in waiters) == 1
         for w in waiters:
             w.cancel()
+
+
+async def test_waits_whose_settlement_events_were_lost_share_one_look_per_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A settlement's event can be lost (another process's, dying before it notified). The
+    waits then learn of it from one shared read of all their rows per look, not one each."""
+    monkeypatch.setattr("hearth.runtime.settled.LOOK_EVERY_S", 0.2)
+    async with app().run() as rt:
+        await rt.coordinator.stop()  # settle by hand
+        subs = [await admit(rt, f"w/c{i}") for i in range(WAITERS)]
+        reads = looks = 0
+        get_submission, get_submissions = rt.store.get_submission, rt.store.get_submissions
+
+        async def read_one(submission_id: str) -> Submission | None:
+            nonlocal reads
+            reads += 1
+            return await get_submission(submission_id)
+
+        async def read_many(submission_ids: Any) -> list[Submission]:
+            nonlocal looks
+            looks += 1
+            return await get_submissions(submission_ids)
+
+        monkeypatch.setattr(rt.store, "get_submission", read_one)
+        monkeypatch.setattr(rt.store, "get_submissions", read_many)
+        events = rt.store.events
+        publish = events.publish
+        monkeypatch.setattr(
+            events, "publish", lambda e: None if e.kind == "settled" else publish(e)
+        )  # every settlement's event is lost
+        waiters = [asyncio.create_task(rt.wait_settled(s.id, timeout=30)) for s in subs]
+        await until(lambda: reads == WAITERS, "every waiter read its row once")
+        claimed = await rt.store.claim("me", 30.0, WAITERS)
+        assert len(claimed) == WAITERS
+        for sub in claimed:
+            record = settlement(sub.id, "completed", None, "ok")
+            await rt.store.settle(sub.fence, record, outcome="completed", error=None, reply="ok")
+        done = await asyncio.wait_for(asyncio.gather(*waiters), timeout=10)
+        assert [d.outcome for d in done] == ["completed"] * WAITERS
+        assert reads == WAITERS  # no wait read its own row again
+        assert 1 <= looks <= 10  # a few looks of 0.2 s, each one read of every waited row
+        assert rt.settled_looks.looks == looks
 
 
 async def test_a_tool_schema_is_built_once_however_many_model_requests_carry_it(

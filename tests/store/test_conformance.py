@@ -351,6 +351,16 @@ async def test_an_admission_to_an_existing_conversation_keeps_every_value_as_giv
     assert again.deduplicated
 
 
+async def test_get_submissions_reads_those_that_exist_in_admission_order(store: Store) -> None:
+    first, second, third = [await admitted(store, c) for c in (CONV, OTHER, CONV)]
+    found = await store.get_submissions([third.id, "s_missing", first.id, third.id])
+    assert [s.id for s in found] == [first.id, third.id]
+    assert found[0] == await store.get_submission(first.id)
+    assert await store.get_submissions([]) == []
+    many = await store.get_submissions([second.id] + [f"s_{i}" for i in range(1200)])
+    assert [s.id for s in many] == [second.id]
+
+
 async def test_the_same_idempotency_key_and_payload_return_the_first_submission(
     store: Store,
 ) -> None:

@@ -44,6 +44,7 @@ from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.deliveries import Deliveries, DeliveryReceipt
 from hearth.runtime.env import Env
 from hearth.runtime.scheduler import Scheduler
+from hearth.runtime.settled import SettledLooks
 from hearth.runtime.shared_reads import SharedReads
 from hearth.schedules import Schedule, iso
 from hearth.store.base import (
@@ -87,6 +88,7 @@ class Runtime:
         self.coordinator = Coordinator(env, settings)
         self.shutting_down = False
         self.tail_reads = SharedReads(env.store)
+        self.settled_looks = SettledLooks(env.store)
         self.channels = Deliveries(env, {c.name: c for c in channels})
         self.scheduler = Scheduler(env, schedules, schedule_clock)
 
@@ -104,6 +106,7 @@ class Runtime:
         self.shutting_down = True
         await self.scheduler.stop()
         await self.coordinator.stop()
+        await self.settled_looks.close()
 
     # --- admission ------------------------------------------------------------------------
     def agent(self, name: str) -> Agent:
@@ -239,7 +242,6 @@ class Runtime:
         """Wait until the submission has its outcome (or ``TimeoutError``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         events = self.store.events
-        recheck = _RECHECK_S
         while True:
             # Armed before the read: a settlement committed meanwhile still wakes us.
             woken = events.watch_settled(submission_id)
@@ -250,14 +252,16 @@ class Runtime:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"submission {submission_id} has not settled yet")
-                # Re-read now and then: an event from another process may have been lost. The
-                # pause doubles, so many long waits cost few reads while nothing settles.
-                wait_s = recheck if left is None else min(left, recheck)
-                await asyncio.wait({woken}, timeout=wait_s)
+                # Woken by the settlement's event, or, when that event was lost (another
+                # process's), by the shared look at every waited row.
+                self.settled_looks.watch(submission_id)
+                try:
+                    await asyncio.wait({woken}, timeout=left)
+                finally:
+                    self.settled_looks.unwatch(submission_id)
                 settled = woken.result() if woken.done() else None
                 if settled is not None:
-                    return settled  # this process settled it: the row as committed
-                recheck = min(recheck * 2, _RECHECK_MAX_S)
+                    return settled  # the row as the settlement committed it
             finally:
                 events.unwatch_settled(submission_id, woken)
 
@@ -458,10 +462,6 @@ class Runtime:
     def render_metrics(self) -> str:
         """This process's metrics in the Prometheus text format."""
         return self.env.metrics.render()
-
-
-_RECHECK_S = 1.0  # when a settlement wait first looks again, in case an event was lost
-_RECHECK_MAX_S = 8.0  # the longest pause between two such looks
 
 
 __all__ = ["HearthError", "Runtime"]

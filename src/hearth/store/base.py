@@ -189,6 +189,12 @@ class Store(ABC):
         ...
 
     @abstractmethod
+    async def get_submissions(self, submission_ids: Sequence[str]) -> list[Submission]:
+        """The rows of those of ``submission_ids`` that exist, in admission order (one read
+        for many: what settlement waits look at)."""
+        ...
+
+    @abstractmethod
     async def list_submissions(
         self,
         conversation_id: str | None = None,

@@ -120,6 +120,11 @@ class StoreEvents:
         done."""
         return _arm(self._settled, submission_id)
 
+    def found_settled(self, row: Submission) -> None:
+        """Wake the waiters of a submission a read found settled (its event was lost), with
+        its row; no listener hears of it."""
+        _fire(self._settled.pop(row.id, None), row)
+
     def unwatch_settled(self, submission_id: str, fut: asyncio.Future[Submission | None]) -> None:
         _disarm(self._settled, submission_id, fut)
 

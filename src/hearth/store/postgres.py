@@ -456,6 +456,16 @@ class PostgresStore(Store):
         )
         return None if row is None else submission_from_row(row)
 
+    async def get_submissions(self, submission_ids: Sequence[str]) -> list[Submission]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT * FROM submissions WHERE id = ANY(%(ids)s::text[]) ORDER BY seq",
+                {"ids": list(submission_ids)},
+            )
+        )
+        return [submission_from_row(row) for row in rows]
+
     async def list_submissions(
         self,
         conversation_id: str | None = None,

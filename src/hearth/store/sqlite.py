@@ -57,6 +57,7 @@ from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
 T = TypeVar("T")
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+_IDS_PER_QUERY = 500  # well under SQLite's limit of bound parameters
 
 
 def steady_clock() -> Callable[[], float]:
@@ -229,6 +230,20 @@ class SQLiteStore(Store):
         def work(conn: sqlite3.Connection) -> Submission | None:
             row = ops.submission_row(conn, submission_id)
             return None if row is None else submission_from_row(row)
+
+        return await self._read(work)
+
+    async def get_submissions(self, submission_ids: Sequence[str]) -> list[Submission]:
+        ids = list(dict.fromkeys(submission_ids))
+
+        def work(conn: sqlite3.Connection) -> list[Submission]:
+            found: list[Submission] = []
+            for start in range(0, len(ids), _IDS_PER_QUERY):
+                chunk = ids[start : start + _IDS_PER_QUERY]
+                marks = ", ".join("?" * len(chunk))
+                sql = f"SELECT * FROM submissions WHERE id IN ({marks})"
+                found += (submission_from_row(row) for row in conn.execute(sql, chunk))
+            return sorted(found, key=lambda s: s.seq)
 
         return await self._read(work)
 
