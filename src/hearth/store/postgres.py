@@ -460,7 +460,7 @@ class PostgresStore(Store):
         rows = await self._read(
             lambda conn: ops.fetchall(
                 conn,
-                "SELECT * FROM submissions WHERE id = ANY(%(ids)s::text[]) ORDER BY seq",
+                "SELECT * FROM submissions WHERE id = ANY(%(ids)b::text[]) ORDER BY seq",
                 {"ids": list(submission_ids)},
             )
         )
@@ -479,7 +479,7 @@ class PostgresStore(Store):
                 conn,
                 "SELECT * FROM submissions WHERE seq > %(after)s"
                 " AND (%(c)s::text IS NULL OR conversation_id = %(c)s)"
-                " AND (%(st)s::text[] IS NULL OR status = ANY(%(st)s::text[]))"
+                " AND (%(st)b::text[] IS NULL OR status = ANY(%(st)b::text[]))"
                 " ORDER BY seq LIMIT %(limit)s",
                 {
                     "after": after,

@@ -29,8 +29,8 @@ MAX_GROUP = 256  # appends in one statement
 
 GROUP_APPEND = f"""
 WITH items AS (
-    SELECT * FROM unnest(%(ix)s::int[], %(sid)s::text[], %(attempt)s::int[], %(c)s::text[],
-                         %(expect)s::bigint[], %(last)s::bigint[])
+    SELECT * FROM unnest(%(ix)b::int[], %(sid)b::text[], %(attempt)b::int[], %(c)b::text[],
+                         %(expect)b::bigint[], %(last)b::bigint[])
         AS i(ix, sid, attempt, c, expect, last)),
 fence AS (
     SELECT i.ix FROM items i
@@ -45,8 +45,8 @@ moved AS (
 added AS (
     INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
     SELECT r.c, r.o, r.id, r.t, r.s, r.b, r.d
-    FROM unnest(%(rix)s::int[], %(rc)s::text[], %(os)s::bigint[], %(ids)s::text[],
-                %(ts)s::text[], %(ss)s::text[], %(bs)s::text[], %(ds)s::text[])
+    FROM unnest(%(rix)b::int[], %(rc)b::text[], %(os)b::bigint[], %(ids)b::text[],
+                %(ts)b::text[], %(ss)b::text[], %(bs)b::text[], %(ds)b::text[])
         AS r(ix, c, o, id, t, s, b, d)
     WHERE r.ix IN (SELECT ix FROM moved)
     RETURNING 1)

@@ -165,7 +165,7 @@ class Notes:
             try:
                 async with self.pool.connection(timeout=2.0) as conn:
                     await conn.execute(
-                        "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)s::text[]) AS p",
+                        "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
                         {"ch": self.channel, "ps": [encode(e, self.sender) for e in events]},
                     )
             except (psycopg.Error, PoolTimeout) as exc:

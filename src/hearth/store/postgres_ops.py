@@ -66,7 +66,7 @@ WITH picked AS (
     SELECT seq FROM submissions
     WHERE is_head
       AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= {NOW}))
-      AND NOT (conversation_id = ANY(%(excluded)s::text[]))
+      AND NOT (conversation_id = ANY(%(excluded)b::text[]))
     ORDER BY seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
@@ -164,8 +164,8 @@ async def append_locked(
 INSERT_RECORDS = """
 INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
 SELECT %(c)s, r.o, r.id, r.t, r.s, r.b, r.d
-FROM unnest(%(os)s::bigint[], %(ids)s::text[], %(ts)s::text[], %(ss)s::text[], %(bs)s::text[],
-            %(ds)s::text[]) AS r(o, id, t, s, b, d)
+FROM unnest(%(os)b::bigint[], %(ids)b::text[], %(ts)b::text[], %(ss)b::text[], %(bs)b::text[],
+            %(ds)b::text[]) AS r(o, id, t, s, b, d)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -192,7 +192,7 @@ async def _insert_all(conn: Conn, conversation_id: str, records: list[Record], l
         return True
     if rows:  # inserted by this transaction at offsets that are now wrong: take them back
         await conn.execute(
-            "DELETE FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
+            "DELETE FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
             {"c": conversation_id, "ids": [row["id"] for row in rows]},
         )
     return False
@@ -475,7 +475,7 @@ async def add_refs(conn: Conn, refs: list[tuple[str, str]]) -> None:
     if refs:
         await conn.execute(
             "INSERT INTO attachment_refs (sha256, holder) SELECT * FROM"
-            " unnest(%(s)s::text[], %(h)s::text[]) ON CONFLICT DO NOTHING",
+            " unnest(%(s)b::text[], %(h)b::text[]) ON CONFLICT DO NOTHING",
             {"s": [sha for sha, _ in refs], "h": [holder for _, holder in refs]},
         )
 
@@ -557,7 +557,7 @@ async def settle(
         rows = await fetchall(
             conn,
             "UPDATE submissions SET outcome = %(outcome)s, error = %(error)s, reply = %(reply)s,"
-            f" settled_at = {NOW} WHERE id = ANY(%(ids)s::text[]) RETURNING *",
+            f" settled_at = {NOW} WHERE id = ANY(%(ids)b::text[]) RETURNING *",
             {**values, "ids": joined},
         )
         guests = {r["id"]: submission_from_row(r) for r in rows}
@@ -641,7 +641,7 @@ async def expire_owners(conn: Conn, owners: list[str], outbox: Outbox) -> int:
     rows = await fetchall(
         conn,
         "UPDATE submissions SET lease_expires_at = 0 WHERE status = %(r)s"
-        " AND lease_owner = ANY(%(owners)s::text[])"
+        " AND lease_owner = ANY(%(owners)b::text[])"
         " AND (lease_expires_at IS NULL OR lease_expires_at <> 0)"
         " RETURNING id, conversation_id",
         {"r": RUNNING, "owners": owners},
@@ -963,8 +963,8 @@ moved AS (
 added AS (
     INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)
     SELECT %(c)s, r.o, r.id, r.t, r.s, r.b, r.d
-    FROM moved, unnest(%(os)s::bigint[], %(ids)s::text[], %(ts)s::text[], %(ss)s::text[],
-                       %(bs)s::text[], %(ds)s::text[]) AS r(o, id, t, s, b, d)
+    FROM moved, unnest(%(os)b::bigint[], %(ids)b::text[], %(ts)b::text[], %(ss)b::text[],
+                       %(bs)b::text[], %(ds)b::text[]) AS r(o, id, t, s, b, d)
     RETURNING 1)
 SELECT count(*) AS added FROM added
 """
@@ -972,8 +972,8 @@ SELECT count(*) AS added FROM added
 # The same for one record, without arrays (most steps append one).
 FAST_APPEND_ONE = FAST_APPEND.replace(
     """SELECT %(c)s, r.o, r.id, r.t, r.s, r.b, r.d
-    FROM moved, unnest(%(os)s::bigint[], %(ids)s::text[], %(ts)s::text[], %(ss)s::text[],
-                       %(bs)s::text[], %(ds)s::text[]) AS r(o, id, t, s, b, d)""",
+    FROM moved, unnest(%(os)b::bigint[], %(ids)b::text[], %(ts)b::text[], %(ss)b::text[],
+                       %(bs)b::text[], %(ds)b::text[]) AS r(o, id, t, s, b, d)""",
     "SELECT %(c)s, %(o)s, %(id)s, %(t)s, %(s)s, %(b)s, %(d)s FROM moved",
 )
 

@@ -73,7 +73,7 @@ async def appended_offsets(
     rows = await fetchall(
         conn,
         'SELECT id, "offset", digest FROM records'
-        " WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
+        " WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
         {"c": conversation_id, "ids": [r.id for r in records]},
     )
     stored = {row["id"]: (int(row["offset"]), row["digest"]) for row in rows}

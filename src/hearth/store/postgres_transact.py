@@ -116,7 +116,7 @@ async def read_back(conn: Conn, conversation_id: str, ids: Sequence[str]) -> lis
     """The records with ``ids`` when every one is stored (an earlier try committed), else None."""
     rows = await fetchall(
         conn,
-        "SELECT id, body FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)s::text[])",
+        "SELECT id, body FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
         {"c": conversation_id, "ids": list(ids)},
     )
     found = {row["id"]: loads(row["body"]) for row in rows}

@@ -248,7 +248,7 @@ class Transactions:
 
     async def _notify(self, conn: ops.Conn, outbox: ops.Outbox) -> None:
         await conn.execute(
-            "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)s::text[]) AS p",
+            "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
             {"ch": self.channel, "ps": [encode(e, self.sender) for e in outbox]},
         )
 
