@@ -41,6 +41,8 @@ STORE_READS = {
     "get_conversation",
     "get_state",
     "get_submission",
+    "get_submissions",
+    "turn_view",
     "list_conversations",
     "list_submissions",
     "lease_owners",

@@ -16,7 +16,7 @@ import pytest
 import hearth
 from hearth.records import Compaction, Record, UserMessage
 from hearth.runtime.runtime import Runtime
-from hearth.store.base import NewSubmission, Submission
+from hearth.store.base import NewSubmission, Submission, TurnView
 from hearth.store.rules import settlement
 from hearth.testing import ScriptedModel, call, calls, reply
 
@@ -176,7 +176,16 @@ async def records_read_by_one_turn(history: int) -> int:
             read += len(found)
             return found
 
+        turn_view = rt.store.turn_view
+
+        async def counted_view(*args: Any, **kwargs: Any) -> TurnView:
+            nonlocal read
+            found = await turn_view(*args, **kwargs)
+            read += len(found.records)
+            return found
+
         rt.store.read = counted  # type: ignore[method-assign]
+        rt.store.turn_view = counted_view  # type: ignore[method-assign]
         answer = await rt.read(await rt.dispatch("w", "long", "again"), timeout=30)
         assert answer.text == "fresh"
         return read

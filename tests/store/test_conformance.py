@@ -18,6 +18,7 @@ from hearth.records import (
     UserMessage,
 )
 from hearth.store import Event, Fence, NewSubmission, Store, Submission
+from hearth.store.base import TurnView
 from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -349,6 +350,23 @@ async def test_an_admission_to_an_existing_conversation_keeps_every_value_as_giv
         assert (row.status, row.attempt, row.conversation_id) == ("queued", 0, CONV)
     again = await store.admit(cases[0])
     assert again.deduplicated
+
+
+async def test_a_turn_view_reads_new_records_the_state_and_the_row_together(
+    store: Store,
+) -> None:
+    sub = await running(store)
+    await store.append(CONV, [msg(1, sub.id), StateWrite(id="w1", name="count", value=1)])
+    view = await store.turn_view(CONV, 1, sub.id)
+    assert [(r.offset, r.id) for r in view.records] == [(2, "w1")]
+    assert view.records == await store.read(CONV, after=1)
+    assert view.state == {"count": 1} == await store.get_state(CONV)
+    assert view.submission == await store.get_submission(sub.id)
+    await store.request_abort(CONV)
+    later = await store.turn_view(CONV, 2, sub.id)
+    assert later.records == []
+    assert later.submission is not None and later.submission.abort_requested_at is not None
+    assert (await store.turn_view(OTHER, -1, "s_missing")) == TurnView([], {}, None)
 
 
 async def test_get_submissions_reads_those_that_exist_in_admission_order(store: Store) -> None:

@@ -262,3 +262,18 @@ async def test_a_join_after_another_writer_moved_the_offset_lands_the_general_wa
     finally:
         await mine.close()
         await other.close()
+
+
+async def test_a_turn_view_is_one_round_trip_on_postgres(pg_cluster: Any) -> None:
+    from pgcluster import new_schema
+
+    from hearth.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_cluster.conninfo, schema=new_schema())
+    await store.open()
+    try:
+        sub = (await store.admit(NewSubmission("support/c-1", "support", "message", {}))).submission
+        sent = await statements(store, lambda: store.turn_view("support/c-1", -1, sub.id))
+        assert len(sent) == 1, sent
+    finally:
+        await store.close()

@@ -43,8 +43,12 @@ class Journal:
 
     async def refresh(self) -> None:
         """Pick up records appended since the last read (by this attempt or anyone else)."""
-        new = await self.store.read(self.conversation_id, after=self.last_offset)
-        last = self.last_offset  # a concurrent append of this attempt may have landed meanwhile
+        self.take(await self.store.read(self.conversation_id, after=self.last_offset))
+
+    def take(self, new: Sequence[Record]) -> None:
+        """Add records read after this journal's last offset (a concurrent append of this
+        attempt may have landed meanwhile: only those past it are new)."""
+        last = self.last_offset
         self.records.extend(r for r in new if r.offset > last)
 
     def stamp(self, records: Sequence[Record]) -> list[Record]:

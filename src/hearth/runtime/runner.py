@@ -133,8 +133,13 @@ class Attempt:
     async def _run(self) -> None:
         await self._load()
         while True:
-            rendered, render_error = await self._try_render()
-            evidence = await self._evidence(rendered)
+            # One read per turn boundary: new records, the state, the submission's row.
+            view = await self.store.turn_view(
+                self.conversation_id, self.journal.last_offset, self.sub.id
+            )
+            self.journal.take(view.records)
+            rendered, render_error = self._try_render(view.state)
+            evidence = await self._evidence(rendered, view.submission)
             decision = classify_recovery(evidence)
             if decision.action in TURNS and rendered is not None and self._over_budget(rendered):
                 decision = classify_recovery(dataclasses.replace(evidence, over_budget=True))
@@ -196,23 +201,22 @@ class Attempt:
         """Run a delegated task's child conversation through this loop, under this claim."""
         await Attempt(self.env, self.sub, policy, self.spending).run()
 
-    async def _try_render(self) -> tuple[Rendered | None, dict[str, Any] | None]:
+    def _try_render(self, state: dict[str, Any]) -> tuple[Rendered | None, dict[str, Any] | None]:
         if self.agent is None:
             message = f"agent {self.agent_name!r} is not declared"
             return None, {"type": "agent_missing", "message": message}
         try:
-            return await self._render(), None
+            return self._render(state), None
         except (ConfigurationError, _AgentFailure) as exc:
             return None, {"type": "agent_error", "message": str(exc)}
 
-    async def _evidence(self, rendered: Rendered | None) -> Evidence:
-        await self.journal.refresh()
+    async def _evidence(self, rendered: Rendered | None, row: Submission | None) -> Evidence:
         mine = self.submission_records()
         closes = close_open_messages(mine)
         if closes:
             await self.journal.append(*closes)
             mine = self.submission_records()
-        abort, deadline_passed = await self._stop_requests()
+        abort, deadline_passed = await self._stop_requests(row)
         max_tokens = self._max_tokens()
         spent = 0 if max_tokens is None else await self.spending.count()
         return Evidence(
@@ -235,9 +239,9 @@ class Attempt:
         agent = self.env.agents.get(self.sub.agent)
         return None if agent is None else agent.durability.max_tokens
 
-    async def _stop_requests(self) -> tuple[bool, bool]:
-        """Whether an abort intent is stamped, and whether the deadline has passed."""
-        row = await self.store.get_submission(self.sub.id)
+    async def _stop_requests(self, row: Submission | None) -> tuple[bool, bool]:
+        """Whether an abort intent is stamped on ``row`` (the submission as just read), and
+        whether the deadline has passed."""
         abort = row is not None and row.abort_requested_at is not None
         deadline = self.sub.deadline
         return abort, deadline is not None and await self.store.now() >= deadline
@@ -309,10 +313,9 @@ class Attempt:
         await self.policy.finish(self, settlement)
 
     # --- steps ----------------------------------------------------------------------------
-    async def _render(self) -> Rendered:
+    def _render(self, state: dict[str, Any]) -> Rendered:
         agent = self.agent
         assert agent is not None
-        state = await self.store.get_state(self.conversation_id)
         _faults.reached("render")
         try:
             return agent.render(self.id, state)

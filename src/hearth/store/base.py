@@ -40,6 +40,7 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Submission,
+    TurnView,
     Wait,
 )
 
@@ -187,6 +188,16 @@ class Store(ABC):
     async def get_submission(self, submission_id: str) -> Submission | None:
         """The submission row, or None."""
         ...
+
+    async def turn_view(self, conversation_id: str, after: int, submission_id: str) -> TurnView:
+        """``read(conversation_id, after)``, ``get_state(conversation_id)`` and
+        ``get_submission(submission_id)`` together: what an attempt reads at each turn
+        boundary. A store may answer all three in one round trip."""
+        return TurnView(
+            await self.read(conversation_id, after=after),
+            await self.get_state(conversation_id),
+            await self.get_submission(submission_id),
+        )
 
     @abstractmethod
     async def get_submissions(self, submission_ids: Sequence[str]) -> list[Submission]:
@@ -433,6 +444,7 @@ __all__ = [
     "StoredDelivery",
     "StreamNotifier",
     "Submission",
+    "TurnView",
     "Wait",
     "all_submissions",
 ]

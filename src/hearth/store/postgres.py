@@ -65,6 +65,7 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Submission,
+    TurnView,
     Wait,
     conversation_from_row,
     cursor_from_row,
@@ -404,6 +405,13 @@ class PostgresStore(Store):
             )
         )
         return None if row is None else conversation_from_row(row)
+
+    async def turn_view(self, conversation_id: str, after: int, submission_id: str) -> TurnView:
+        values = {"c": conversation_id, "a": after, "id": submission_id}
+        view = await self._read(lambda conn: ops.turn_view(conn, values))
+        if view.records:
+            self._remember_tail(conversation_id, view.records[-1].offset)
+        return view
 
     async def get_state(self, conversation_id: str) -> dict[str, Any]:
         rows = await self._read(

@@ -8,6 +8,7 @@ what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -43,6 +44,7 @@ from hearth.store.rows import (
     NewSubmission,
     ScheduleCursor,
     StoredDelivery,
+    TurnView,
     Wait,
     blob_from_row,
     cursor_from_row,
@@ -439,6 +441,26 @@ async def admit_fast(
         outbox.append(Event(APPENDED, new.conversation_id, 0))
     outbox.append(Event(ADMITTED, new.conversation_id, offset, submission_id))
     return Admission(submission_from_row(row), offset, False)
+
+
+# What an attempt reads at a turn boundary, in one round trip: three reads in one simple query.
+TURN_VIEW = """
+SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" > %(a)s ORDER BY "offset";
+SELECT name, value FROM state WHERE conversation_id = %(c)s;
+SELECT * FROM submissions WHERE id = %(id)s
+"""
+
+
+async def turn_view(conn: Conn, values: dict[str, Any]) -> TurnView:
+    """``Store.turn_view`` for ``values`` ``c`` (conversation), ``a`` (after), ``id``."""
+    cursor = psycopg.AsyncClientCursor(conn)
+    await cursor.execute(TURN_VIEW.encode(), values)
+    records = [loads(row["body"]) for row in await cursor.fetchall()]
+    cursor.nextset()
+    state = {row["name"]: json.loads(row["value"]) for row in await cursor.fetchall()}
+    cursor.nextset()
+    row = await cursor.fetchone()
+    return TurnView(records, state, None if row is None else submission_from_row(row))
 
 
 async def _lock_conversation(conn: Conn, conversation_id: str) -> int | None:

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hearth.records import iso_from_unix
+from hearth.records import Record, iso_from_unix
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -117,6 +117,16 @@ class Submission:
             "waits": self.waits,
             "waiting_since": self.waiting_since,
         }
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """What an attempt reads at each turn boundary (``Store.turn_view``): the records appended
+    after the offset it knew, the conversation's state, and its submission's row."""
+
+    records: list[Record]
+    state: dict[str, Any]
+    submission: Submission | None
 
 
 @dataclass(frozen=True)

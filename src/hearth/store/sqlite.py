@@ -43,6 +43,7 @@ from hearth.store.rows import (
     ScheduleCursor,
     StoredDelivery,
     Submission,
+    TurnView,
     Wait,
     conversation_from_row,
     cursor_from_row,
@@ -58,6 +59,13 @@ T = TypeVar("T")
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # well under SQLite's limit of bound parameters
+
+
+def _state(conn: sqlite3.Connection, conversation_id: str) -> dict[str, Any]:
+    rows = conn.execute(
+        "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
+    )
+    return {name: json.loads(value) for name, value in rows}
 
 
 def steady_clock() -> Callable[[], float]:
@@ -203,13 +211,21 @@ class SQLiteStore(Store):
         return await self._read(work)
 
     async def get_state(self, conversation_id: str) -> dict[str, Any]:
-        def work(conn: sqlite3.Connection) -> dict[str, Any]:
-            rows = conn.execute(
-                "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
-            )
-            return {name: json.loads(value) for name, value in rows}
+        return await self._read(lambda conn: _state(conn, conversation_id))
 
-        return await self._read(work)
+    async def turn_view(self, conversation_id: str, after: int, submission_id: str) -> TurnView:
+        def work(conn: sqlite3.Connection) -> TurnView:
+            rows = conn.execute(
+                'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
+                ' ORDER BY "offset"',
+                (conversation_id, after),
+            )
+            records = [loads(row[0]) for row in rows]
+            row = ops.submission_row(conn, submission_id)
+            submission = None if row is None else submission_from_row(row)
+            return TurnView(records, _state(conn, conversation_id), submission)
+
+        return await self._read(work)  # one hand-off to the store's thread for the three
 
     async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
         return await self._write(
