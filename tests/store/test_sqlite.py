@@ -408,6 +408,28 @@ async def test_appends_queued_together_share_one_commit() -> None:
         await store.close()
 
 
+async def test_a_group_that_succeeds_runs_without_savepoints() -> None:
+    """Savepoints (two statements per operation) are only for a group in which one fails."""
+    store = await opened(":memory:")
+    try:
+        conversations = [f"support/c-{n}" for n in range(10)]
+        for conversation_id in conversations:
+            await store.admit(new(conversation_id))
+        seen: list[str] = []
+        await store._write(lambda conn, _: conn.set_trace_callback(seen.append))
+        submitted = store.submitted
+        store.pause_writer()
+        appends = [asyncio.create_task(store.append(c, [msg(1)])) for c in conversations]
+        await until_submitted(store, submitted + 10)
+        store.resume_writer()
+        assert await asyncio.gather(*appends) == [[1]] * 10
+        await store._write(lambda conn, _: conn.set_trace_callback(None))
+        assert not [s for s in seen if s.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK"))]
+        assert sum(s == "COMMIT" for s in seen) == 2  # the group's, and the one that set the trace
+    finally:
+        await store.close()
+
+
 async def test_concurrent_appends_need_no_more_commits_than_appends(tmp_path: Path) -> None:
     store = await opened(tmp_path / "hearth.db")
     try:
