@@ -119,6 +119,14 @@ def test_idempotency_key_over_256_characters_is_400(server: ThreadServer) -> Non
         assert r.json()["error"]["details"] == {"field": "idempotency_key"}
 
 
+def test_an_idempotency_key_with_a_nul_is_400_not_a_store_error(server: ThreadServer) -> None:
+    with server.client() as http:
+        r = http.post("/agents/echo/c-1", json={"message": "hi", "idempotency_key": "k\u0000x"})
+        assert r.status_code == 400
+        assert r.json()["error"]["details"] == {"field": "idempotency_key"}
+        assert "NUL" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_non_json_content_type_is_415(server: ThreadServer, content_type: str | None) -> None:
     headers = {"content-type": content_type} if content_type else {}

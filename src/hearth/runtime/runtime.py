@@ -139,9 +139,11 @@ class Runtime:
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str)
             or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
+            or "\x00" in idempotency_key  # no store keeps it alike (PostgreSQL cannot at all)
         ):
             raise InvalidInput(
-                f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters",
+                f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters,"
+                " without NUL",
                 "idempotency_key",
             )
         if self.shutting_down:

@@ -75,7 +75,12 @@ _SCHEMAS: dict[str, Any] = {
             }
         },
     },
-    "IdempotencyKey": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY},
+    "IdempotencyKey": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_IDEMPOTENCY_KEY,
+        "pattern": "^[^\\u0000]*$",  # no NUL
+    },
     "MessageAdmission": {
         "type": "object",
         "required": ["message"],
