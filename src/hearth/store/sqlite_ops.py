@@ -80,7 +80,13 @@ UPDATE submissions SET is_head = 1 WHERE seq = (
 
 
 def check_fence(conn: sqlite3.Connection, fence: Fence) -> sqlite3.Row:
-    row = submission_row(conn, fence.submission_id)
+    """The fenced submission's row (the columns the fenced writes use), once its claim is
+    ``fence``'s; ``FencedOut`` otherwise."""
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT status, attempt, conversation_id, abort_requested_at FROM submissions"
+        " WHERE id = ?",
+        (fence.submission_id,),
+    ).fetchone()
     rules.check_fence(
         fence, None if row is None else row["status"], None if row is None else row["attempt"]
     )
