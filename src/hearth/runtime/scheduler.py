@@ -15,11 +15,11 @@ nothing else does (leases never see it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from hearth import _faults
+from hearth._tasks import cancel_and_wait
 from hearth.runtime.admission import new_submission
 from hearth.runtime.env import Env
 from hearth.schedules import Schedule, iso
@@ -57,10 +57,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

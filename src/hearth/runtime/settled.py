@@ -10,10 +10,10 @@ statement per look, and wakes the waits whose row has settled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 
+from hearth._tasks import cancel_and_wait
 from hearth.store.base import Store
 
 log = logging.getLogger("hearth.runtime")
@@ -43,10 +43,7 @@ class SettledLooks:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         # Ends once nothing is waited on; ``watch`` starts it again. (No await lies between the

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from hearth._tasks import cancel_and_wait
 from hearth.store.events import APPENDED, KINDS, Event, StoreEvents
 
 log = logging.getLogger("hearth.store.postgres")
@@ -77,10 +78,7 @@ class Listener:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         delay, first = _BACKOFF_MIN_S, True

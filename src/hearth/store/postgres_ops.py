@@ -176,19 +176,8 @@ RETURNING id
 async def _insert_all(conn: Conn, conversation_id: str, records: list[Record], last: int) -> bool:
     """Insert ``records`` after ``last`` in one statement; False (with nothing left inserted)
     when one of them exists already, so they must go one by one."""
-    encoded = [record.encode(last + 1 + i) for i, record in enumerate(records)]
     rows = await fetchall(
-        conn,
-        INSERT_RECORDS,
-        {
-            "c": conversation_id,
-            "os": list(range(last + 1, last + 1 + len(records))),
-            "ids": [record.id for record in records],
-            "ts": [record.type for record in records],
-            "ss": [record.submission_id for record in records],
-            "bs": [body for body, _ in encoded],
-            "ds": [digest for _, digest in encoded],
-        },
+        conn, INSERT_RECORDS, {"c": conversation_id, **record_arrays(records, last + 1)}
     )
     if len(rows) == len(records):
         return True
@@ -968,16 +957,19 @@ async def admit_occurrence(
     return await admit(conn, new, submission_id, outbox, now)
 
 
+# The fenced attempt's claim, locked as ``check_fence`` locks it (the first CTE of a statement).
+_FENCE = """WITH fence AS (
+    SELECT 1 FROM submissions
+    WHERE id = %(sid)s AND status = 'running' AND attempt = %(attempt)s
+    FOR SHARE),"""
+
 # A fenced append in one statement, for the common case: the appender knows the conversation's
 # last offset (it appended there before), so the records are encoded with their offsets up front.
 # The fence is checked and the conversation's row locked as in ``check_fence`` and ``append``; if
 # the offset moved meanwhile (another writer appended), nothing is written and the caller takes
 # the general path.
 FAST_APPEND = f"""
-WITH fence AS (
-    SELECT 1 FROM submissions
-    WHERE id = %(sid)s AND status = 'running' AND attempt = %(attempt)s
-    FOR SHARE),
+{_FENCE}
 moved AS (
     UPDATE conversations SET last_offset = %(last)s, last_activity = {NOW}
     WHERE conversation_id = %(c)s AND last_offset = %(expect)s AND EXISTS (SELECT 1 FROM fence)
@@ -1012,9 +1004,9 @@ def fast_append(
 ) -> tuple[str, dict[str, Any]]:
     """The statement and parameters that append ``records`` after offset ``expect`` (records
     that ``fast_appendable`` accepted)."""
-    encoded = [record.encode(expect + 1 + i) for i, record in enumerate(records)]
     if len(records) == 1:
-        [(body, digest)], [record] = encoded, records
+        [record] = records
+        body, digest = record.encode(expect + 1)
         return FAST_APPEND_ONE, {
             "sid": fence.submission_id,
             "attempt": fence.attempt,
@@ -1036,7 +1028,16 @@ def fast_append(
         "c": conversation_id,
         "expect": expect,
         "last": expect + len(records),
-        "os": list(range(expect + 1, expect + 1 + len(records))),
+        **record_arrays(records, expect + 1),
+    }
+
+
+def record_arrays(records: list[Record], first: int) -> dict[str, list[Any]]:
+    """The array parameters (``os``, ``ids``, ``ts``, ``ss``, ``bs``, ``ds``) that insert
+    ``records`` at offsets ``first``, ``first + 1``, ... through ``unnest``."""
+    encoded = [record.encode(first + i) for i, record in enumerate(records)]
+    return {
+        "os": list(range(first, first + len(records))),
         "ids": [record.id for record in records],
         "ts": [record.type for record in records],
         "ss": [record.submission_id for record in records],
@@ -1050,10 +1051,7 @@ def fast_append(
 # conversation) and the offset are checked and locked as ``join`` and ``append`` do; unless all
 # three hold, nothing is written and the caller takes the general path.
 FAST_JOIN = f"""
-WITH fence AS (
-    SELECT 1 FROM submissions
-    WHERE id = %(sid)s AND status = 'running' AND attempt = %(attempt)s
-    FOR SHARE),
+{_FENCE}
 guest AS (
     SELECT 1 FROM submissions
     WHERE id = %(guest)s AND status = %(q)s AND conversation_id = %(c)s

@@ -83,8 +83,7 @@ def check_fence(conn: sqlite3.Connection, fence: Fence) -> sqlite3.Row:
     """The fenced submission's row (the columns the fenced writes use), once its claim is
     ``fence``'s; ``FencedOut`` otherwise."""
     row: sqlite3.Row | None = conn.execute(
-        "SELECT status, attempt, conversation_id, abort_requested_at FROM submissions"
-        " WHERE id = ?",
+        "SELECT status, attempt, conversation_id, abort_requested_at FROM submissions WHERE id = ?",
         (fence.submission_id,),
     ).fetchone()
     rules.check_fence(
