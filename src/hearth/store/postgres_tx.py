@@ -133,7 +133,11 @@ class Transactions:
                         if found is not None:
                             return found
                     if not transaction:
+                        if resolve is not None:  # a write in one round trip, its own transaction
+                            _faults.reached("store:commit-begin")
                         result = await work(conn, outbox)
+                        if resolve is not None:
+                            _faults.reached("store:commit-done")
                         self.progressed()
                         self.events.publish_all(outbox)
                         self.notes.add(outbox)
