@@ -60,3 +60,24 @@ async def test_while_the_listener_is_down_polling_keeps_work_moving(pg_cluster: 
         sid = await admit_elsewhere(url, "echo/polled")
         done = await rt.wait_settled(sid, timeout=10)
         assert done.outcome == "completed"
+
+
+async def test_a_read_after_dispatch_hears_a_peers_settlement_or_looks_for_it(
+    pg_cluster: Cluster,
+) -> None:
+    """A read of a submission this process just admitted skips the first read of its row; a
+    settlement written by another process still reaches it: by its notification, or, with the
+    notification lost, by the shared look at waited rows."""
+    url = pg_cluster.url()
+    async with app_on(url, scan_s=0.2).run() as front, app_on(url, scan_s=0.2).run() as worker:
+        await front.coordinator.stop()  # this one only admits and reads; the other one runs
+        receipt = await front.dispatch("echo", "heard", "hi")
+        done = await front.read(receipt, timeout=10)
+        assert done.text == "heard"
+        assert isinstance(front.store, PostgresStore)
+        await front.store._listener.stop()  # type: ignore[union-attr]  # notifications are lost
+        receipt = await front.dispatch("echo", "looked", "hi")
+        done = await front.read(receipt, timeout=10)
+        assert done.text == "heard"
+        assert front.settled_looks.looks >= 1
+        assert worker.env.metrics.settled_by_outcome.get("completed", 0) == 2

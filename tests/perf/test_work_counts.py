@@ -136,6 +136,32 @@ async def test_waits_whose_settlement_events_were_lost_share_one_look_per_second
         assert rt.settled_looks.looks == looks
 
 
+async def test_a_read_right_after_dispatch_reads_no_row_when_this_process_settles_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with app().run() as rt:
+        reads = 0
+        get_submission = rt.store.get_submission
+
+        async def counted(submission_id: str) -> Submission | None:
+            nonlocal reads
+            reads += 1
+            return await get_submission(submission_id)
+
+        monkeypatch.setattr(rt.store, "get_submission", counted)
+        receipts = [await rt.dispatch("w", f"c{i}", "hi") for i in range(20)]
+        answers = await asyncio.gather(*(rt.read(r, timeout=30) for r in receipts))
+        assert [a.text for a in answers] == ["ok"] * 20
+        assert reads == 0  # the settlements' events carried the rows
+        # Read again later, each answer is known without a read as well; a submission this
+        # process did not admit is read.
+        assert (await rt.read(receipts[0], timeout=30)).text == "ok"
+        assert reads == 0
+        other = await admit(rt, "w/elsewhere")
+        assert (await rt.wait_settled(other.id, timeout=30)).outcome == "completed"
+        assert reads >= 1
+
+
 async def test_a_tool_schema_is_built_once_however_many_model_requests_carry_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -205,6 +205,15 @@ def test_a_recovery_attempt_in_another_process_continues_the_trace(tmp_path: Pat
             server.start()
             done = http.get(f"/agents/worker/k-1/submissions/{sid}?wait=30").json()
             assert done["status"] == "settled" and done["outcome"] == "completed"
+
+            def attempt_exported() -> bool:  # its span ends after the settlement is answered
+                try:
+                    found = read_spans(spans_file)
+                except ValueError:  # a line being written
+                    return False
+                return any(s["name"] == "hearth.attempt" and s["pid"] != first_pid for s in found)
+
+            wait_until(attempt_exported, timeout=20)
     finally:
         server.kill()
     found = read_spans(spans_file)

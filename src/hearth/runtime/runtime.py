@@ -176,6 +176,7 @@ class Runtime:
             span.set_attribute("hearth.deduplicated", admission.deduplicated)
         if not admission.deduplicated:
             self.env.metrics.admitted += 1
+            self.settled_looks.admitted(admission.submission.id)
         sub = admission.submission
         return Receipt(
             submission_id=sub.id,
@@ -244,13 +245,21 @@ class Runtime:
         """Wait until the submission has its outcome (or ``TimeoutError``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         events = self.store.events
+        first = True
         while True:
             # Armed before the read: a settlement committed meanwhile still wakes us.
             woken = events.watch_settled(submission_id)
             try:
-                sub = await self.submission(submission_id)
-                if sub.outcome is not None:
-                    return sub
+                known = self.settled_looks.known(submission_id) if first else None
+                if isinstance(known, Submission):
+                    return known  # this process settled it: the row as committed
+                # Admitted here lately, no settlement heard of since: the row says "unsettled"
+                # (a settlement would have woken the watch), unless asked not to wait at all.
+                if known is None or (timeout is not None and timeout <= 0):
+                    sub = await self.submission(submission_id)
+                    if sub.outcome is not None:
+                        return sub
+                first = False
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"submission {submission_id} has not settled yet")

@@ -5,6 +5,9 @@ lost (the process died between its commit and its notification, or this process'
 reconnecting), so the waits look at their rows now and then. Each wait doing that on its own
 costs a read per wait per look; here one task reads the rows of every submission waited on in one
 statement per look, and wakes the waits whose row has settled.
+
+It also remembers the submissions this process admitted lately and the settlements it heard of
+lately, so that a ``read`` right after a ``dispatch`` need not read a row it knows is unsettled.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from typing import TypeVar
 
 from hearth._tasks import cancel_and_wait
-from hearth.store.base import Store
+from hearth.store.base import Store, Submission
+from hearth.store.events import SETTLED, Event
 
 log = logging.getLogger("hearth.runtime")
 
 LOOK_EVERY_S = 1.0  # how long a settlement missed by its event can keep a wait waiting
 _CHUNK = 500  # ids per statement
+_KEPT = 4096  # submissions admitted, and settlements heard of, remembered lately
+V = TypeVar("V")
 
 
 class SettledLooks:
@@ -30,6 +37,26 @@ class SettledLooks:
         self._waited: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self.looks = 0  # statements sent (tests count them)
+        self._admitted: dict[str, None] = {}
+        # Settlements heard of: the settled row when this process wrote it, else None.
+        self._heard: dict[str, Submission | None] = {}
+        self._unlisten = store.events.listen(self._on_event)
+
+    def admitted(self, submission_id: str) -> None:
+        """Note a submission this process just admitted (not an earlier one deduplicated)."""
+        _keep(self._admitted, submission_id, None)
+
+    def known(self, submission_id: str) -> Submission | bool | None:
+        """What this process knows without a read: the settled row (its own settlement), True
+        when it admitted the submission lately and has heard of no settlement since (a wait is
+        woken by that settlement's event, or by the shared look), None when it cannot tell."""
+        if submission_id in self._heard:
+            return self._heard[submission_id]  # None: a peer settled it (read the row)
+        return True if submission_id in self._admitted else None
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == SETTLED and event.submission_id is not None:
+            _keep(self._heard, event.submission_id, event.row)
 
     def watch(self, submission_id: str) -> None:
         self._waited[submission_id] += 1
@@ -42,6 +69,8 @@ class SettledLooks:
             del self._waited[submission_id]
 
     async def close(self) -> None:
+        self._unlisten()
+        self._admitted.clear()  # nothing is heard from now on: waits read their rows
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
@@ -60,4 +89,12 @@ class SettledLooks:
                 self.looks += 1
                 for row in rows:
                     if row.outcome is not None:
+                        _keep(self._heard, row.id, row)
                         self.store.events.found_settled(row)
+
+
+def _keep(kept: dict[str, V], key: str, value: V) -> None:
+    kept.pop(key, None)
+    kept[key] = value
+    if len(kept) > _KEPT:
+        del kept[next(iter(kept))]
