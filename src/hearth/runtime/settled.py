@@ -56,7 +56,12 @@ class SettledLooks:
 
     def _on_event(self, event: Event) -> None:
         if event.kind == SETTLED and event.submission_id is not None:
-            _keep(self._heard, event.submission_id, event.row)
+            self._heard_of(event.submission_id, event.row)
+
+    def _heard_of(self, submission_id: str, row: Submission | None) -> None:
+        # No longer "admitted, unsettled": once this is forgotten, a wait reads the row.
+        self._admitted.pop(submission_id, None)
+        _keep(self._heard, submission_id, row)
 
     def watch(self, submission_id: str) -> None:
         self._waited[submission_id] += 1
@@ -89,7 +94,7 @@ class SettledLooks:
                 self.looks += 1
                 for row in rows:
                     if row.outcome is not None:
-                        _keep(self._heard, row.id, row)
+                        self._heard_of(row.id, row)
                         self.store.events.found_settled(row)
 
 
