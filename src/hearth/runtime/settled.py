@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import TypeVar
 
+from hearth._recent import keep_recent
 from hearth._tasks import cancel_and_wait
 from hearth.store.base import Store, Submission
 from hearth.store.events import SETTLED, Event
@@ -26,7 +26,6 @@ log = logging.getLogger("hearth.runtime")
 LOOK_EVERY_S = 1.0  # how long a settlement missed by its event can keep a wait waiting
 _CHUNK = 500  # ids per statement
 _KEPT = 4096  # submissions admitted, and settlements heard of, remembered lately
-V = TypeVar("V")
 
 
 class SettledLooks:
@@ -44,7 +43,7 @@ class SettledLooks:
 
     def admitted(self, submission_id: str) -> None:
         """Note a submission this process just admitted (not an earlier one deduplicated)."""
-        _keep(self._admitted, submission_id, None)
+        keep_recent(self._admitted, submission_id, None, _KEPT)
 
     def known(self, submission_id: str) -> Submission | bool | None:
         """What this process knows without a read: the settled row (its own settlement), True
@@ -61,7 +60,7 @@ class SettledLooks:
     def _heard_of(self, submission_id: str, row: Submission | None) -> None:
         # No longer "admitted, unsettled": once this is forgotten, a wait reads the row.
         self._admitted.pop(submission_id, None)
-        _keep(self._heard, submission_id, row)
+        keep_recent(self._heard, submission_id, row, _KEPT)
 
     def watch(self, submission_id: str) -> None:
         self._waited[submission_id] += 1
@@ -96,10 +95,3 @@ class SettledLooks:
                     if row.outcome is not None:
                         self._heard_of(row.id, row)
                         self.store.events.found_settled(row)
-
-
-def _keep(kept: dict[str, V], key: str, value: V) -> None:
-    kept.pop(key, None)
-    kept[key] = value
-    if len(kept) > _KEPT:
-        del kept[next(iter(kept))]

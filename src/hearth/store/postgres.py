@@ -31,6 +31,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from hearth import _faults
+from hearth._recent import keep_recent
 from hearth.errors import ConfigurationError, IntegrityError, StoreError, StoreUnavailable
 from hearth.records import Record, WaitStarted, loads
 from hearth.store import postgres_ops as ops
@@ -76,7 +77,6 @@ from hearth.store.rows import (
 )
 
 T = TypeVar("T")
-V = TypeVar("V")
 
 SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
@@ -320,7 +320,7 @@ class PostgresStore(Store):
         offset; None when the general path must do it (the offset moved, a record id exists,
         the batch writes state, or the connection was lost: that path reads back what is stored
         and writes only what is missing)."""
-        _remember(self._hosts, fence.submission_id, conversation_id)
+        keep_recent(self._hosts, fence.submission_id, conversation_id, _TAILS_KEPT)
         expect = self._tails.get(conversation_id)
         if expect is None or not ops.fast_appendable(conversation_id, batch):
             return None
@@ -329,10 +329,7 @@ class PostgresStore(Store):
             self._tails.pop(conversation_id, None)
             return None
         last = expect + len(batch)
-        self._remember_tail(conversation_id, last)
-        self.events.publish(Event(APPENDED, conversation_id, last))
-        assert self._notes is not None
-        self._notes.add([Event(APPENDED, conversation_id, last)])
+        self._appended_alone(conversation_id, last)
         return list(range(expect + 1, last + 1))
 
     async def _write_group(self, items: list[GroupItem]) -> set[int]:
@@ -346,13 +343,9 @@ class PostgresStore(Store):
         else:
             query, params = group_append(items, self._now())
         try:
-            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                _faults.reached("store:commit-begin")  # the statement is its own transaction
-                rows = await ops.fetchall(conn, query, params)
+            rows = await self._alone(query, params)
         except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
             return set()
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
         if len(items) == 1:
             written = {0} if rows and rows[0]["added"] == len(items[0].records) else set()
         else:
@@ -367,7 +360,7 @@ class PostgresStore(Store):
 
     def _remember_tail(self, conversation_id: str, last: int) -> None:
         """Note a last offset seen; a stale one only sends the next append the general way."""
-        _remember(self._tails, conversation_id, last)
+        keep_recent(self._tails, conversation_id, last, _TAILS_KEPT)
 
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
@@ -442,7 +435,7 @@ class PostgresStore(Store):
                 resolve=lambda conn: readback.admission(conn, sid),
             )
             if fast is not None:
-                _remember(self._conversations, new.conversation_id, None)
+                keep_recent(self._conversations, new.conversation_id, None, _TAILS_KEPT)
                 return fast
         return await self._write(
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
@@ -619,25 +612,38 @@ class PostgresStore(Store):
             conversation_id, host, submission_id, batch[0], expect, self._now()
         )
         try:
-            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                _faults.reached("store:commit-begin")  # the statement is its own transaction
-                row = await ops.fetchone(conn, query, params)
+            rows = await self._alone(query, params)
         except psycopg.OperationalError:
             return None
         except (psycopg.IntegrityError, PoolTimeout):
             return False
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
-        if row is None or row["done"] != 2:
+        if not rows or rows[0]["done"] != 2:
             return False
         _faults.reached("store:commit-done")
         self._tx().progressed()
-        last = expect + 1
+        self._appended_alone(conversation_id, expect + 1)
+        return True
+
+    async def _alone(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run one statement as its own transaction on a connection of the pool. A refused
+        statement is a ``StoreError``; a lost connection, an existing row or a busy pool is
+        raised as psycopg says it, for the caller's general path to settle."""
+        try:
+            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                _faults.reached("store:commit-begin")  # the statement is its own transaction
+                return await ops.fetchall(conn, query, params)
+        except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
+            raise
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+
+    def _appended_alone(self, conversation_id: str, last: int) -> None:
+        """After a one-statement write: the tail it left, and its ``appended`` event here and
+        for peers."""
         self._remember_tail(conversation_id, last)
         self.events.publish(Event(APPENDED, conversation_id, last))
         assert self._notes is not None
         self._notes.add([Event(APPENDED, conversation_id, last)])
-        return True
 
     # --- channel deliveries and schedule cursors ------------------------------------------------
     async def admit_delivery(
@@ -764,14 +770,6 @@ class PostgresStore(Store):
             )
         )
         return None if row is None or row["t"] is None else float(row["t"])
-
-
-def _remember(kept: dict[str, V], key: str, value: V) -> None:
-    """Keep ``key``'s newest ``value``, dropping the least recently noted beyond ``_TAILS_KEPT``."""
-    kept.pop(key, None)
-    kept[key] = value
-    if len(kept) > _TAILS_KEPT:
-        del kept[next(iter(kept))]
 
 
 def _named(name: str) -> str:

@@ -61,6 +61,17 @@ _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # well under SQLite's limit of bound parameters
 
 
+def _records(
+    conn: sqlite3.Connection, conversation_id: str, after: int, limit: int | None
+) -> list[Record]:
+    rows = conn.execute(
+        'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
+        ' ORDER BY "offset" LIMIT ?',
+        (conversation_id, after, -1 if limit is None else limit),
+    )
+    return [loads(row[0]) for row in rows]
+
+
 def _state(conn: sqlite3.Connection, conversation_id: str) -> dict[str, Any]:
     rows = conn.execute(
         "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
@@ -176,15 +187,7 @@ class SQLiteStore(Store):
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
     ) -> list[Record]:
-        def work(conn: sqlite3.Connection) -> list[Record]:
-            rows = conn.execute(
-                'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
-                ' ORDER BY "offset" LIMIT ?',
-                (conversation_id, after, -1 if limit is None else limit),
-            )
-            return [loads(row[0]) for row in rows]
-
-        return await self._read(work)
+        return await self._read(lambda conn: _records(conn, conversation_id, after, limit))
 
     async def last_offset(self, conversation_id: str) -> int:
         """The last offset of the stream, -1 when empty or unknown (not part of ``Store``)."""
@@ -215,12 +218,7 @@ class SQLiteStore(Store):
 
     async def turn_view(self, conversation_id: str, after: int, submission_id: str) -> TurnView:
         def work(conn: sqlite3.Connection) -> TurnView:
-            rows = conn.execute(
-                'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
-                ' ORDER BY "offset"',
-                (conversation_id, after),
-            )
-            records = [loads(row[0]) for row in rows]
+            records = _records(conn, conversation_id, after, None)
             row = ops.submission_row(conn, submission_id)
             submission = None if row is None else submission_from_row(row)
             return TurnView(records, _state(conn, conversation_id), submission)

@@ -191,19 +191,9 @@ class GroupCommitWriter:
                 if op.write and savepoints:
                     conn.execute("RELEASE op")
             if writes:
-                _faults.reached("store:commit-begin")  # the group ran; nothing is committed yet
-                conn.execute("COMMIT")
-                self.commits += 1
-                _faults.reached("store:commit-done")  # committed; no caller has heard of it
+                self._commit(conn)
         except sqlite3.Error as exc:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            for op in group:
-                op.error = _failure(exc, "the SQLite transaction failed and was rolled back")
-                op.outbox.clear()
+            _fail_all(conn, group, exc)
         self._finish(group)
 
     def _run_plain(self, conn: sqlite3.Connection, group: list[_Op]) -> bool:
@@ -217,24 +207,19 @@ class GroupCommitWriter:
             for op in group:
                 op.result = None
                 op.outbox.clear()
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
+            _rollback(conn)
             return False
         try:
-            _faults.reached("store:commit-begin")  # the group ran; nothing is committed yet
-            conn.execute("COMMIT")
+            self._commit(conn)
         except sqlite3.Error as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            for op in group:
-                op.error = _failure(exc, "the SQLite transaction failed and was rolled back")
-                op.outbox.clear()
-            return True  # answered: every op failed with the commit
+            _fail_all(conn, group, exc)  # answered: every op failed with the commit
+        return True
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        _faults.reached("store:commit-begin")  # the group ran; nothing is committed yet
+        conn.execute("COMMIT")
         self.commits += 1
         _faults.reached("store:commit-done")  # committed; no caller has heard of it
-        return True
 
     def _finish(self, group: list[_Op]) -> None:
         self.ops += len(group)
@@ -255,6 +240,20 @@ class GroupCommitWriter:
             else:
                 op.future.set_result(op.result)
         self.events.publish_all(committed)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def _fail_all(conn: sqlite3.Connection, group: list[_Op], exc: sqlite3.Error) -> None:
+    """The group's transaction failed: roll back what is left of it; every op fails."""
+    _rollback(conn)
+    for op in group:
+        op.error = _failure(exc, "the SQLite transaction failed and was rolled back")
+        op.outbox.clear()
 
 
 def _as_store_error(exc: Exception) -> Exception:
