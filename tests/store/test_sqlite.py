@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -439,6 +441,134 @@ async def test_concurrent_appends_need_no_more_commits_than_appends(tmp_path: Pa
         await asyncio.gather(*(store.append(c, [msg(1)]) for c in conversations))
         assert store.commits - commits <= len(conversations)
         assert store.ops >= 100
+    finally:
+        await store.close()
+
+
+def on_thread(conn: sqlite3.Connection, _: object) -> int:
+    return threading.get_ident()
+
+
+async def test_a_lone_operation_runs_on_the_event_loop_and_commits_before_it_answers(
+    tmp_path: Path,
+) -> None:
+    """No hand-off to the writer thread and back when nothing else is asked for."""
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        await store.admit(new("support/c-1"))
+        commits, inline = store.commits, store._writer.inline
+        assert await store._writer.call(on_thread, write=True) == threading.get_ident()
+        assert await store.append("support/c-1", [msg(1)]) == [1]
+        assert await store.read("support/c-1", after=0) != []
+        assert store._writer.inline - inline == 3
+        assert store.commits - commits == 2  # the two writes; the read commits nothing
+        in_transaction = await store._writer.call(lambda conn, _: conn.in_transaction, write=False)
+        assert in_transaction is False
+    finally:
+        await store.close()
+    reopened = await opened(tmp_path / "hearth.db")
+    try:
+        assert await reopened.last_offset("support/c-1") == 1
+    finally:
+        await reopened.close()
+
+
+async def test_operations_asked_for_in_one_loop_iteration_share_one_commit() -> None:
+    """Without pausing the writer: the first of them does not run alone on the loop."""
+    store = await opened(":memory:")
+    try:
+        conversations = [f"support/c-{n}" for n in range(10)]
+        for conversation_id in conversations:
+            await store.admit(new(conversation_id))
+        commits, inline = store.commits, store._writer.inline
+        threads = await asyncio.gather(
+            *(store._writer.call(on_thread, write=True) for _ in conversations)
+        )
+        assert set(threads) == {store._writer._thread.ident}  # type: ignore[union-attr]
+        assert store.commits - commits == 1
+        assert store._writer.inline == inline
+    finally:
+        await store.close()
+
+
+class HeldQueue(queue.SimpleQueue):  # type: ignore[type-arg]
+    """The writer's queue, with a hold: the thread takes an item, then waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.go.set()
+        self.taken = threading.Event()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        self.taken.set()
+        self.go.wait()
+        return item
+
+
+async def test_a_lone_operation_waits_its_turn_behind_work_handed_to_the_thread() -> None:
+    """Taken by the thread but not yet run (no lock held, the writer not paused), an earlier
+    operation of this loop still runs before a later lone one."""
+    store = SQLiteStore(":memory:")
+    held = store._writer._queue = HeldQueue()
+    await store.open()
+    try:
+        for n in range(2):
+            await store.admit(new(f"support/c-{n}"))
+        order: list[str] = []
+
+        def first(conn: sqlite3.Connection, _: object) -> None:
+            order.append("first")
+
+        def second(conn: sqlite3.Connection, _: object) -> int:
+            order.append("second")
+            return threading.get_ident()
+
+        held.go.clear()
+        held.taken.clear()
+        early = asyncio.gather(*(store._writer.call(first, write=True) for _ in range(2)))
+        await asyncio.to_thread(held.taken.wait, 5)  # the thread holds the first of the two
+        late = asyncio.create_task(store._writer.call(second, write=True))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert order == [] and not late.done()  # not run on the loop ahead of the two
+        held.go.set()
+        await early
+        assert await late != threading.get_ident()
+        assert order == ["first", "first", "second"]
+    finally:
+        held.go.set()
+        await store.close()
+
+
+async def test_operations_from_another_event_loop_run_on_the_writer_thread() -> None:
+    store = await opened(":memory:")
+    try:
+        await store.admit(new("support/c-1"))
+        home = threading.get_ident()
+
+        async def elsewhere() -> tuple[int, list[int]]:
+            thread = await store._writer.call(on_thread, write=True)
+            return thread, await store.append("support/c-1", [msg(1)])
+
+        thread, offsets = await asyncio.to_thread(asyncio.run, elsewhere())
+        assert thread not in (home, threading.get_ident()) and offsets == [1]
+        assert await store.last_offset("support/c-1") == 1
+    finally:
+        await store.close()
+
+
+async def test_a_lone_failing_write_on_the_loop_leaves_nothing_and_the_store_goes_on() -> None:
+    store = await opened(":memory:")
+    try:
+        await store.admit(new("support/c-1"))
+        await store.append("support/c-1", [msg(1)])
+        inline = store._writer.inline
+        with pytest.raises(IntegrityError):
+            await store.append("support/c-1", [msg(2), msg(1, "changed")])
+        assert store._writer.inline - inline == 1
+        assert await store.last_offset("support/c-1") == 1
+        assert await store.append("support/c-1", [msg(2)]) == [2]
     finally:
         await store.close()
 

@@ -1,9 +1,9 @@
-"""The embedded store: one SQLite file, owned by one process, written by one thread.
+"""The embedded store: one SQLite file, owned by one process, through one connection.
 
 ``SQLiteStore`` turns each ``Store`` method into a closure over the operations in
 ``sqlite_ops`` and hands it to the ``GroupCommitWriter`` (``sqlite_writer``), which runs it on
-the only connection and commits concurrent operations together; ``sqlite_schema`` opens the file
-and keeps its schema.
+the only connection and commits concurrent operations together (on its thread; a lone one on the
+event loop); ``sqlite_schema`` opens the file and keeps its schema.
 
 Example::
 

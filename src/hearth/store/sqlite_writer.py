@@ -1,10 +1,14 @@
-"""One thread, one connection, group commit.
+"""One connection, group commit, and a thread that runs the groups.
 
-Every operation — reads included — is a closure queued to the thread that holds the only
-connection. The thread takes whatever is queued, runs it all in one transaction (each write in its
-own savepoint when there are several, so a failing operation undoes only itself) and commits once:
-concurrent appends share one fsync. Futures resolve only after the commit, so a caller never sees
-data that could still be lost.
+Every operation — reads included — is a closure run on the only connection. The operations that
+the event loop asks for in one of its iterations are collected and handed over together at the
+end of it. Several go to the writer thread, which runs what is queued in one transaction (each
+write in its own savepoint when one of them fails, so a failing operation undoes only itself) and
+commits once: concurrent appends share one fsync. One operation alone, with the thread idle and
+nothing of this loop's in its queue, runs on the loop itself: a lone step then costs one commit,
+without the two thread switches of a hand-off (``bench/handoff.py``). Either way a future
+resolves only after the commit, so a caller never sees data that could still be lost. (The price:
+while a lone write commits, the loop waits for its fsync; a disk that stalls stalls the loop.)
 """
 
 from __future__ import annotations
@@ -47,10 +51,12 @@ class _Stop:
 
 
 class GroupCommitWriter:
-    """Runs closures on one connection in one thread, committing each group of them once.
+    """Runs closures on one connection, committing each group of them once: a group on the
+    writer thread, a lone closure on the event loop that asked for it when the thread is idle.
 
     ``commits``, ``ops`` and ``submitted`` count committed transactions, executed operations and
-    queued ones, so the effect of group commit can be observed.
+    queued ones, and ``inline`` the lone ones run on the loop, so the effect of group commit can
+    be observed.
     """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], events: StoreEvents) -> None:
@@ -59,8 +65,14 @@ class GroupCommitWriter:
         self.commits = 0
         self.ops = 0
         self.submitted = 0
+        self.inline = 0  # groups of one run on the event loop instead of the thread
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._running = threading.Lock()  # held by whichever thread runs a group
+        self._home: asyncio.AbstractEventLoop | None = None  # the loop that started the writer
+        self._collected: list[_Op] = []  # the home loop's operations of this iteration
+        self._handed = 0  # the home loop's operations handed to the thread, not yet delivered
         self._closing = False
         self._gate = threading.Event()
         self._gate.set()
@@ -76,6 +88,7 @@ class GroupCommitWriter:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
         self._closing = False
+        self._home, self._handed = loop, 0
         self._thread = threading.Thread(
             target=self._main, args=(loop, ready), name="hearth-sqlite-writer", daemon=True
         )
@@ -95,6 +108,7 @@ class GroupCommitWriter:
         if thread is None or self._closing:
             return
         self._closing = True
+        self._hand_over()  # what was asked for before the stop runs before it
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._gate.set()
@@ -116,8 +130,44 @@ class GroupCommitWriter:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self.submitted += 1
-        self._queue.put(_Op(work, write, loop, future))
+        op = _Op(work, write, loop, future)
+        if loop is self._home:
+            if not self._collected:
+                loop.call_soon(self._dispatch)
+            self._collected.append(op)
+        else:
+            self._queue.put(op)
         return await future
+
+    def _dispatch(self) -> None:
+        """At the end of a loop iteration: run a lone operation here when nothing else is
+        running or queued; hand anything else to the thread."""
+        if len(self._collected) == 1 and self._handed == 0 and self._gate.is_set():
+            if self._running.acquire(blocking=False):
+                try:
+                    ran = self._run_here()
+                finally:
+                    self._running.release()
+                if ran:
+                    return
+        self._hand_over()
+
+    def _run_here(self) -> bool:
+        conn = self._conn
+        if conn is None or self._closing:
+            return False
+        group, self._collected = self._collected, []
+        self._run_group(conn, group)
+        self.inline += 1
+        self.ops += len(group)
+        self._deliver(group)
+        return True
+
+    def _hand_over(self) -> None:
+        group, self._collected = self._collected, []
+        self._handed += len(group)
+        for op in group:
+            self._queue.put(op)
 
     def _main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
         try:
@@ -125,13 +175,16 @@ class GroupCommitWriter:
         except BaseException as exc:
             _post(loop, _fail, ready, exc)
             return
+        self._conn = conn
         _post(loop, _succeed, ready, None)
         stop: _Stop | None = None
         try:
             stop = self._serve(conn)
         finally:
             self._closing = True
-            conn.close()
+            with self._running:
+                self._conn = None
+                conn.close()
             while True:  # anything queued behind the stop is refused, never left hanging
                 try:
                     late = self._queue.get_nowait()
@@ -139,7 +192,7 @@ class GroupCommitWriter:
                     break
                 if isinstance(late, _Op):
                     late.error = StoreError("the SQLite store was closed")
-                    _post(late.loop, self._deliver, [late])
+                    _post(late.loop, self._deliver_handed, [late])
             if stop is not None:
                 _post(stop.loop, _succeed, stop.future, None)
 
@@ -159,7 +212,9 @@ class GroupCommitWriter:
                     stop = item
                     break
                 group.append(item)
-            self._run_group(conn, group)
+            with self._running:
+                self._run_group(conn, group)
+            self._finish(group)
             if stop is not None:
                 return stop
 
@@ -170,7 +225,6 @@ class GroupCommitWriter:
         # fails, that try is rolled back and the group runs again, each write in its savepoint.
         savepoints = writes and len(group) > 1
         if savepoints and self._run_plain(conn, group):
-            self._finish(group)
             return
         try:
             if writes:
@@ -194,7 +248,6 @@ class GroupCommitWriter:
                 self._commit(conn)
         except sqlite3.Error as exc:
             _fail_all(conn, group, exc)
-        self._finish(group)
 
     def _run_plain(self, conn: sqlite3.Connection, group: list[_Op]) -> bool:
         """Run and commit ``group`` in one transaction without savepoints; False, with nothing
@@ -227,7 +280,12 @@ class GroupCommitWriter:
         for op in group:
             by_loop.setdefault(op.loop, []).append(op)
         for loop, ops in by_loop.items():
-            _post(loop, self._deliver, ops)
+            _post(loop, self._deliver_handed, ops)
+
+    def _deliver_handed(self, ops: list[_Op]) -> None:
+        if ops[0].loop is self._home:
+            self._handed -= len(ops)
+        self._deliver(ops)
 
     def _deliver(self, ops: list[_Op]) -> None:
         committed: Outbox = []
