@@ -38,16 +38,24 @@ BODY = "x" * 150  # about one step record
 
 
 def _sqlite(path: Path) -> sqlite3.Connection:
+    """One connection as hearth opens its own: WAL, ``synchronous=FULL`` and exclusive locking
+    (the WAL index in the process's memory, no file locks per transaction)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA locking_mode=EXCLUSIVE")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     return conn
 
 
 def floor_commit(backend: str, where: str) -> Callable[[], Callable[[], None]]:
-    """A factory of committers: each opens its own connection; a call commits one row."""
+    """A factory of committers; a call commits one row. On PostgreSQL each committer has its own
+    connection; on SQLite they share the one connection that exclusive locking allows (callers
+    take turns, as SQLite's single writer makes them anyway)."""
+    shared: list[Callable[[], None]] = []
 
     def sqlite_committer() -> Callable[[], None]:
+        if shared:
+            return shared[0]
         conn = _sqlite(Path(where) / "floor.db")
         conn.execute("CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, body TEXT)")
 
@@ -56,6 +64,7 @@ def floor_commit(backend: str, where: str) -> Callable[[], Callable[[], None]]:
             conn.execute("INSERT INTO t VALUES (?, ?)", (uuid.uuid4().hex, BODY))
             conn.execute("COMMIT")
 
+        shared.append(commit)
         return commit
 
     def pg_committer() -> Callable[[], None]:

@@ -1,17 +1,20 @@
-"""What the one-writer-thread design costs a lone commit, before hearth adds anything.
+"""What a thread hand-off would cost a lone commit, next to what hearth's lone step costs.
 
-hearth's SQLite store keeps one connection per process on one writer thread (the WAL-reset bug of
-SQLite < 3.51.3 rules out more connections), and its callers are coroutines on the event loop. So
-every step.do pays for two thread hand-offs that the raw floor in ``bench/peers.py`` does not:
-the event loop queues the work to the writer thread, and the writer wakes the loop with the
-result. This benchmark times, interleaved on one file:
+hearth's SQLite store keeps one connection per process (the WAL-reset bug of SQLite < 3.51.3 rules
+out more connections), and its callers are coroutines on the event loop. Operations asked for
+together go to the writer thread as one group; a lone one, with the thread idle, runs on the loop
+itself, because a hand-off to the thread and back costs two thread switches that the raw floor in
+``bench/peers.py`` does not pay. This benchmark times, interleaved on one file:
 
 * ``raw``: INSERT + COMMIT (WAL, ``synchronous=FULL``) called directly (the floor of peers.py);
 * ``handoff``: the same INSERT + COMMIT queued from a coroutine to a writer thread, the coroutine
-  woken with ``call_soon_threadsafe`` (the least that hearth's design can do);
+  woken with ``call_soon_threadsafe`` (what every lone step paid before it ran on the loop);
 * ``hearth``: ``ctx.step.do`` of a durable tool (as in ``bench/step_overhead.py``).
 
     .venv/bin/python bench/handoff.py --samples 2000
+
+Each run drops its first ``--warmup`` samples (1,000): the commits that grow a new file's WAL
+cost about twice as much as the later ones, which reuse it.
 """
 
 from __future__ import annotations
@@ -94,19 +97,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1000, help="samples dropped from each run")
     args = parser.parse_args()
+    n = args.warmup + args.samples
     found: dict[str, list[float]] = {"raw": [], "handoff": [], "hearth": []}
     with tempfile.TemporaryDirectory() as tmp:
         runs: dict[str, Callable[[Path], list[float]]] = {
-            "raw": lambda p: raw(p, args.samples),
-            "handoff": lambda p: asyncio.run(handoff(p, args.samples)),
-            "hearth": lambda p: asyncio.run(
-                measure_step_do(args.samples, f"sqlite:///{p}?synchronous=FULL")
-            ),
+            "raw": lambda p: raw(p, n),
+            "handoff": lambda p: asyncio.run(handoff(p, n)),
+            "hearth": lambda p: asyncio.run(measure_step_do(n, f"sqlite:///{p}?synchronous=FULL")),
         }
         for r in range(args.rounds):
             for name, run in runs.items():
-                found[name] += run(Path(tmp) / f"{name}-{r}.db")
+                found[name] += run(Path(tmp) / f"{name}-{r}.db")[args.warmup :]
     floor = summary(found["raw"])[0]
     for name, samples in found.items():
         median, p99 = summary(samples)

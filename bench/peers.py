@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,11 @@ PEERS = (
 SYSTEMS = ("floor", "hearth", "langgraph", "dbos")
 PEER_NAMES = ("langgraph", "dbos")
 CASES = ("step", "concurrent", "e2e")
-WARMUP = 50
+# Step samples dropped before the measured ones: on SQLite the WAL file grows until the first
+# checkpoint (about 1,000 pages) and each commit that grows it costs about twice a commit that
+# reuses it, so every system is measured after its WAL wrapped at least once.
+WARMUP = 1000
+QUIET_S = 1.0  # after the sync, before each measurement
 TITLES = {
     "step": "one tool stepping alone (ms per durable step)",
     "concurrent": "64 tool calls stepping at once (steps/s, all together)",
@@ -106,6 +111,10 @@ def measure(
 ) -> dict[str, Any]:
     script = ROOT / "bench" / "_peer_cases.py"
     flags = ["--backend", backend, "--n", str(n)]
+    # Every system starts on a quiet disk: the writes of the one before it (and the removal of
+    # its files) are flushed first, so none of them pays for another's write-back.
+    os.sync()
+    time.sleep(QUIET_S)
     with tempfile.TemporaryDirectory(prefix=f"peers-{system}-") as tmp:
         name = None
         where = tmp
@@ -134,13 +143,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(found: list[dict[str, Any]]) -> dict[str, float] | str:
+def summarize(found: list[dict[str, Any]], warmup: int) -> dict[str, float] | str:
     """Median over rounds of each round's figure (median and p99 latency, or a rate)."""
     errors = [f["error"] for f in found if "error" in f]
     if errors:
         return errors[0]
     if "samples_ms" in found[0]:
-        rounds = [f["samples_ms"][WARMUP:] or f["samples_ms"] for f in found]
+        rounds = [f["samples_ms"][warmup:] or f["samples_ms"] for f in found]
         return {
             "median": statistics.median(statistics.median(r) for r in rounds),
             "p99": statistics.median(pct(r, 0.99) for r in rounds),
@@ -201,12 +210,20 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", choices=["sqlite", "pg"], default=["sqlite", "pg"])
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--warmup", type=int, default=WARMUP, help="steps run and dropped before the 'step' samples"
+    )
     parser.add_argument("--quick", action="store_true", help="1 round, small counts")
     _pg.add_argument(parser)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps, args.concurrent_steps, args.submissions = 1, 200, 640, 300
-    counts = {"step": args.steps, "concurrent": args.concurrent_steps, "e2e": args.submissions}
+        args.warmup = min(args.warmup, 200)
+    counts = {
+        "step": args.warmup + args.steps,
+        "concurrent": args.concurrent_steps,
+        "e2e": args.submissions,
+    }
 
     python = peers_python()
     machine = f"{platform.platform()}, {os.cpu_count()} CPUs"
@@ -237,10 +254,16 @@ def main() -> None:
             if server_cm is not None:
                 server_cm.__exit__(None, None, None)
         for case in args.cases:
-            rows = {s: summarize(found[(case, s)]) for s in args.systems if (case, s) in found}
+            rows = {
+                s: summarize(found[(case, s)], args.warmup)
+                for s in args.systems
+                if (case, s) in found
+            }
             report += ["", *table(backend, case, rows)]
     print("\n".join(report))
-    print(f"\n({args.rounds} rounds; medians over rounds; first {WARMUP} step samples dropped)")
+    print(
+        f"\n({args.rounds} rounds; medians over rounds; first {args.warmup} step samples dropped)"
+    )
 
 
 if __name__ == "__main__":
