@@ -67,6 +67,34 @@ async def test_a_heartbeat_renews_every_lease_in_one_statement(store: Store, lea
     assert len(sent) == 1, sent
 
 
+async def test_a_fenced_append_on_sqlite_reads_its_fence_and_the_stream_end_together() -> None:
+    """A step's record on SQLite: one read (the fence and the last offset), the insert and the
+    offset's update; a stale fence is still refused before anything is written."""
+    from hearth.errors import FencedOut
+    from hearth.records import UserMessage
+
+    store = SQLiteStore(":memory:")
+    await store.open()
+    try:
+        conv = "support/c-1"
+        sub = (await store.admit(NewSubmission(conv, "support", "message", {"m": 1}))).submission
+        [running] = await store.claim("owner-1", 30.0, 1)
+
+        async def step(n: int) -> None:
+            record = UserMessage(id=f"m{n}", message_id=f"m{n}", content="x", submission_id=sub.id)
+            assert await store.append(conv, [record], fence=running.fence) == [n]
+
+        sent = await statements(store, lambda: step(1))
+        assert [s.split()[0] for s in sent] == ["SELECT", "INSERT", "UPDATE"], sent
+        await store.expire_owners(["owner-1"])
+        assert len(await store.claim("owner-2", 30.0, 1)) == 1  # the next attempt
+        with pytest.raises(FencedOut):
+            await step(2)
+        assert await store.last_offset(conv) == 1
+    finally:
+        await store.close()
+
+
 async def test_a_fenced_append_after_the_first_is_one_statement_on_postgres(
     pg_cluster: Any,
 ) -> None:

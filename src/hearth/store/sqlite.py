@@ -162,9 +162,7 @@ class SQLiteStore(Store):
         batch = list(records)
 
         def work(conn: sqlite3.Connection, outbox: Outbox) -> list[int]:
-            if fence is not None:
-                ops.check_fence(conn, fence)
-            return ops.append(conn, conversation_id, batch, outbox, self.clock())
+            return ops.append(conn, conversation_id, batch, outbox, self.clock(), fence)
 
         return await self._write(work)
 

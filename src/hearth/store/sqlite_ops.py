@@ -93,18 +93,33 @@ def check_fence(conn: sqlite3.Connection, fence: Fence) -> sqlite3.Row:
     return row
 
 
+# A fenced append's fence and the stream's end in one statement.
+_FENCE_AND_END = (
+    "SELECT s.status, s.attempt, c.last_offset FROM submissions s"
+    " LEFT JOIN conversations c ON c.conversation_id = ? WHERE s.id = ?"
+)
+
+
 def append(
     conn: sqlite3.Connection,
     conversation_id: str,
     records: list[Record],
     outbox: Outbox,
     now: float,
+    fence: Fence | None = None,
 ) -> list[int]:
-    row = conn.execute(
-        "SELECT last_offset FROM conversations WHERE conversation_id = ?", (conversation_id,)
-    ).fetchone()
-    if row is not None:
-        last = int(row[0])
+    """Append ``records`` (``FencedOut`` first, when ``fence`` is given and not current)."""
+    if fence is None:
+        row = conn.execute(
+            "SELECT last_offset FROM conversations WHERE conversation_id = ?", (conversation_id,)
+        ).fetchone()
+        end = None if row is None else row[0]
+    else:
+        row = conn.execute(_FENCE_AND_END, (conversation_id, fence.submission_id)).fetchone()
+        rules.check_fence(fence, None if row is None else row[0], None if row is None else row[1])
+        end = row[2]
+    if end is not None:
+        last = int(end)
     elif (
         records
         and isinstance(records[0], ConversationCreated)
