@@ -54,8 +54,9 @@ STORE_READS = {
     "next_wait_expiry",
     "get_attachment",
 }
-# Called only by ``Store.settle`` inside the store; a runtime call of its own would be unguarded.
-STORE_INTERNAL = {"settle_batch"}
+# Called only inside the store (``settle_batch`` by ``Store.settle``, ``join`` by
+# ``Store.join_many``); a runtime call of its own would be unguarded.
+STORE_INTERNAL = {"settle_batch", "join"}
 # Writes made for an operator, outside any attempt: bracketed by their points in Runtime.resolve
 # and Runtime.fork; ``hearth gc`` deletes only what nothing references, in one transaction.
 STORE_OPERATOR = {"resolve_wait", "fork", "collect_attachments"}

@@ -869,6 +869,52 @@ async def test_join_from_a_stale_host_is_fenced_out(store: Store, clock: ManualC
     assert row is not None and row.status == "queued"
 
 
+async def test_join_many_joins_in_order_and_stops_at_the_first_that_cannot(store: Store) -> None:
+    host = await running(store, CONV)
+    assert await store.append(CONV, [msg(1, host.id)], fence=host.fence) == [1]
+    first, second = await admitted(store, CONV), await admitted(store, CONV)
+    elsewhere, third = await admitted(store, OTHER), await admitted(store, CONV)
+    joins = [
+        (first.id, [msg(2, first.id)]),
+        (second.id, [msg(3, second.id)]),
+        (elsewhere.id, [msg(4, elsewhere.id)]),
+        (third.id, [msg(5, third.id)]),
+    ]
+    assert await store.join_many(host.fence, joins) == 2
+    records = await store.read(CONV)
+    assert [(r.id, r.offset) for r in records[1:]] == [("m1", 1), ("m2", 2), ("m3", 3)]
+    for sub, status in ((first, "joined"), (second, "joined"), (third, "queued")):
+        row = await store.get_submission(sub.id)
+        assert row is not None and row.status == status
+        assert row.joined_to == (host.id if status == "joined" else None)
+    assert await store.join_many(host.fence, [(third.id, [msg(5, third.id)])]) == 1
+    assert await store.join_many(host.fence, []) == 0
+
+
+async def test_join_many_before_the_host_appended_joins_them_all(store: Store) -> None:
+    host = await running(store, CONV)
+    guests = [await admitted(store, CONV) for _ in range(3)]
+    joins = [(g.id, [msg(n, g.id)]) for n, g in enumerate(guests, start=1)]
+    assert await store.join_many(host.fence, joins) == 3
+    assert await ids(store) == [f"{CONV}:created", "m1", "m2", "m3"]
+
+
+async def test_join_many_from_a_stale_host_is_fenced_out_and_joins_none(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    host = await running(store)
+    assert await store.append(CONV, [msg(1, host.id)], fence=host.fence) == [1]
+    guests = [await admitted(store) for _ in range(2)]
+    clock.set(2000.0)
+    await store.claim("owner-2", 30.0, 10)
+    with pytest.raises(FencedOut):
+        await store.join_many(host.fence, [(g.id, [msg(n, g.id)]) for n, g in enumerate(guests)])
+    for guest in guests:
+        row = await store.get_submission(guest.id)
+        assert row is not None and row.status == "queued"
+
+
 # --- events --------------------------------------------------------------------------------
 
 

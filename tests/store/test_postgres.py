@@ -571,6 +571,35 @@ async def test_a_one_statement_join_whose_reply_was_lost_is_read_back_as_joined(
         await proxy.stop()
 
 
+async def test_joins_in_one_query_whose_reply_was_lost_are_read_back_as_joined(
+    pg_cluster: Cluster,
+) -> None:
+    proxy = CommitCutter(pg_cluster.port, marker=b"guest AS")  # the query of several joins
+    await proxy.start()
+    schema = new_schema()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, schema) as store:
+            host = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
+            [running] = await store.claim("owner-1", 30.0, 1)
+            assert await store.append(CONV, [msg(1, host.id)], fence=running.fence) == [1]
+            guests = [
+                (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
+                for _ in range(3)
+            ]
+            proxy.armed = True
+            joins = [(g.id, [msg(n, g.id)]) for n, g in enumerate(guests, start=2)]
+            assert await store.join_many(running.fence, joins) == 3
+            assert proxy.cuts == 1
+            ids = [r.id for r in await store.read(CONV)]
+            assert ids == [f"{CONV}:created", "m1", "m2", "m3", "m4"]
+            for guest in guests:
+                row = await store.get_submission(guest.id)
+                assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
+    finally:
+        await proxy.stop()
+
+
 async def test_admissions_racing_into_an_idle_conversation_make_exactly_one_head(
     pg_cluster: Cluster,
 ) -> None:

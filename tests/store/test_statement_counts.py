@@ -292,6 +292,54 @@ async def test_a_join_after_another_writer_moved_the_offset_lands_the_general_wa
         await other.close()
 
 
+async def test_several_joins_are_one_round_trip_on_postgres_and_keep_their_order(
+    pg_cluster: Any,
+) -> None:
+    """Messages queued behind a running host join it in one query once the host has appended.
+    When another writer moved the offset by exactly one meanwhile, the first join of the query
+    cannot land and neither can any after it (each needs the one before it joined), so none
+    ever joins ahead of an earlier one; the general path then joins them in order."""
+    from pgcluster import new_schema
+
+    from hearth.records import UserMessage
+    from hearth.store.postgres import PostgresStore
+
+    def msg(name: str, submission_id: str) -> UserMessage:
+        return UserMessage(id=name, message_id=name, content="x", submission_id=submission_id)
+
+    schema = new_schema()
+    mine, other = (PostgresStore(pg_cluster.conninfo, schema=schema) for _ in range(2))
+    await mine.open()
+    await other.open()
+    try:
+        conv = "support/c-1"
+        new = NewSubmission(conv, "support", "message", {"message": "hi"})
+        host = (await mine.admit(new)).submission
+        [running] = await mine.claim("owner-1", 30.0, 1)
+        assert await mine.append(conv, [msg("h1", host.id)], fence=running.fence) == [1]
+        guests = [(await mine.admit(new)).submission for _ in range(5)]
+        joins = [(g.id, [msg(f"g{n}", g.id)]) for n, g in enumerate(guests)]
+        joined: list[int] = []
+
+        async def join(part: list[Any]) -> None:
+            joined.append(await mine.join_many(running.fence, part))
+
+        sent = await statements(mine, lambda: join(joins[:3]))
+        assert joined == [3] and len(sent) == 1, sent
+        await other.append(conv, [msg("x", host.id)])  # the tail mine knows is one behind now
+        sent = await statements(mine, lambda: join(joins[3:]))
+        assert joined == [3, 2] and len(sent) > 1, sent
+        records = await other.read(conv)
+        expected = ["h1", "g0", "g1", "g2", "x", "g3", "g4"]
+        assert [(r.offset, r.id) for r in records[1:]] == list(enumerate(expected, start=1))
+        for guest in guests:
+            row = await other.get_submission(guest.id)
+            assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
+    finally:
+        await mine.close()
+        await other.close()
+
+
 async def test_a_turn_view_is_one_round_trip_on_postgres(pg_cluster: Any) -> None:
     from pgcluster import new_schema
 

@@ -49,21 +49,21 @@ class SubmissionPolicy:
         if not views or not views[-1].committed:
             return False
         queued = await scope.store.list_submissions(scope.conversation_id, statuses=("queued",))
-        joined = False
+        joins = []
         for sub in queued:
             # Any message joins, direct or from a channel or a schedule; a signal never does.
             if "message" not in sub.payload or sub.abort_requested_at is not None:
                 break  # order is kept: nothing joins past one that cannot
-            record = _message_input(sub)
-            _faults.reached("before:user_message")
-            _faults.reached("before:store.join")
-            if not await scope.store.join(self.sub.fence, sub.id, scope.journal.stamp([record])):
-                _faults.reached("after:store.join")
-                break
-            _faults.reached("after:store.join")
+            joins.append((sub.id, scope.journal.stamp([_message_input(sub)])))
+        if not joins:
+            return False
+        _faults.reached("before:user_message")
+        _faults.reached("before:store.join_many")
+        joined = await scope.store.join_many(self.sub.fence, joins)  # in order, one write
+        _faults.reached("after:store.join_many")
+        if joined:
             _faults.reached("after:user_message")
-            joined = True
-        return joined
+        return joined > 0
 
     async def finish(self, scope: AttemptScope, settlement: Settlement) -> None:
         """Write the settlement (after its records) exactly once."""

@@ -361,6 +361,18 @@ class Store(ABC):
         False (nothing written) when it is not queued in that conversation."""
         ...
 
+    async def join_many(self, host: Fence, joins: Sequence[tuple[str, Sequence[Record]]]) -> int:
+        """``join`` each of ``joins`` (a submission id and its records) in order, stopping at
+        the first that does not join; how many joined. Fenced by the host as ``join``; a store
+        may write them in one transaction, so a crash leaves a prefix of them joined (none, some
+        or all), never one without those before it."""
+        joined = 0
+        for submission_id, records in joins:
+            if not await self.join(host, submission_id, records):
+                break
+            joined += 1
+        return joined
+
     # --- inputs from outside: channel deliveries and schedule cursors -------------------------
     @abstractmethod
     async def admit_delivery(

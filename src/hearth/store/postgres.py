@@ -576,6 +576,67 @@ class PostgresStore(Store):
         fast = await self._join_fast(host, submission_id, batch)
         if fast is True:
             return True
+        return await self._join_general(host, submission_id, batch, uncertain=fast is None)
+
+    async def join_many(self, host: Fence, joins: Sequence[tuple[str, Sequence[Record]]]) -> int:
+        batches = [(submission_id, list(records)) for submission_id, records in joins]
+        if len(batches) < 2:
+            return await super().join_many(host, batches)
+        fast = await self._join_many_fast(host, batches)
+        joined = fast or 0
+        for submission_id, batch in batches[joined:]:  # the rest one by one, as ``join`` does
+            if fast is None:  # the one query's answer was lost: each may have joined
+                done = await self._join_general(host, submission_id, batch, uncertain=True)
+            else:
+                done = await self.join(host, submission_id, batch)
+            if not done:
+                break
+            joined += 1
+        return joined
+
+    async def _join_many_fast(
+        self, host: Fence, batches: list[tuple[str, list[Record]]]
+    ) -> int | None:
+        """Several joins in one round trip (``ops.fast_join_many``), when each could go as
+        ``_join_fast``: how many joined, in order (0 when the general path must do them all);
+        None when the connection was lost, so that any prefix may have joined."""
+        conversation_id = self._hosts.get(host.submission_id)
+        expect = None if conversation_id is None else self._tails.get(conversation_id)
+        if conversation_id is None or expect is None:
+            return 0
+        if any(len(b) != 1 or not ops.fast_appendable(conversation_id, b) for _, b in batches):
+            return 0
+        now, prev = self._now(), None
+        statements = []
+        for k, (submission_id, batch) in enumerate(batches):
+            statements.append(
+                ops.fast_join(conversation_id, host, submission_id, batch[0], expect + k, now, prev)
+            )
+            prev = submission_id
+        try:
+            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                _faults.reached("store:commit-begin")  # the query is its own transaction
+                dones = await ops.fast_join_many(conn, statements)
+        except psycopg.OperationalError:
+            return None
+        except (psycopg.IntegrityError, PoolTimeout):
+            return 0
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+        joined = 0
+        while joined < len(dones) and dones[joined] == 2:
+            joined += 1
+        if joined:
+            _faults.reached("store:commit-done")
+            self._tx().progressed()
+            self._appended_alone(conversation_id, expect + joined)
+        return joined
+
+    async def _join_general(
+        self, host: Fence, submission_id: str, batch: list[Record], *, uncertain: bool
+    ) -> bool:
+        """``join`` in a transaction of its own; ``uncertain``: an earlier try's answer was lost,
+        so whether it joined is read back first."""
         appended: list[Event] = []  # what the last try appended, for the next fast append
 
         async def work(conn: ops.Conn, outbox: ops.Outbox) -> bool:
@@ -587,7 +648,7 @@ class PostgresStore(Store):
             work,
             budget_s=self.write_retry_s,
             resolve=lambda conn: readback.joined(conn, submission_id, host),
-            uncertain=fast is None,  # the one statement's answer was lost: it may have joined
+            uncertain=uncertain,
         )
         for event in appended if joined else ():
             self._remember_tail(event.conversation_id, event.offset)

@@ -1073,6 +1073,17 @@ SELECT (SELECT count(*) FROM added) + (SELECT count(*) FROM joined) AS done
 """
 
 
+# The same join, for one of several sent together in one transaction: it also needs the one
+# before it (``prev``) to have joined this host, so that none ever joins ahead of an earlier one
+# (even when another writer moved the offset by exactly one in between).
+FAST_JOIN_NEXT = FAST_JOIN.replace(
+    "AND EXISTS (SELECT 1 FROM guest)",
+    "AND EXISTS (SELECT 1 FROM guest) AND EXISTS (SELECT 1 FROM submissions"
+    " WHERE id = %(prev)s AND status = %(j)s AND joined_to = %(sid)s)",
+)
+assert FAST_JOIN_NEXT != FAST_JOIN
+
+
 def fast_join(
     conversation_id: str,
     host: Fence,
@@ -1080,8 +1091,28 @@ def fast_join(
     record: Record,
     expect: int,
     now: float | None,
+    prev: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The statement and parameters that join ``submission_id`` with its input ``record`` (one
-    that ``fast_appendable`` accepted) after offset ``expect``; it did when ``done`` is 2."""
+    that ``fast_appendable`` accepted) after offset ``expect`` (and after ``prev`` joined, when
+    given); it did when ``done`` is 2."""
     _, params = fast_append(conversation_id, [record], expect, host, now)
-    return FAST_JOIN, {**params, "guest": submission_id, "q": QUEUED, "j": JOINED}
+    params |= {"guest": submission_id, "q": QUEUED, "j": JOINED}
+    if prev is None:
+        return FAST_JOIN, params
+    return FAST_JOIN_NEXT, {**params, "prev": prev}
+
+
+async def fast_join_many(conn: Conn, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    """Run ``fast_join`` statements in one simple query (one round trip, one implicit
+    transaction); each one's ``done``."""
+    cursor = psycopg.AsyncClientCursor(conn)
+    query = ";\n".join(cursor.mogrify(sql, params) for sql, params in statements)
+    await cursor.execute(query.encode())
+    dones = []
+    for i in range(len(statements)):
+        if i:
+            cursor.nextset()
+        row = await cursor.fetchone()
+        dones.append(0 if row is None else int(row["done"]))
+    return dones

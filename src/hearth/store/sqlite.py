@@ -371,6 +371,19 @@ class SQLiteStore(Store):
             lambda conn, outbox: ops.join(conn, host, submission_id, batch, outbox, self.clock())
         )
 
+    async def join_many(self, host: Fence, joins: Sequence[tuple[str, Sequence[Record]]]) -> int:
+        batches = [(submission_id, list(records)) for submission_id, records in joins]
+
+        def work(conn: sqlite3.Connection, outbox: Outbox) -> int:  # one transaction, one commit
+            joined = 0
+            for submission_id, batch in batches:
+                if not ops.join(conn, host, submission_id, batch, outbox, self.clock()):
+                    break
+                joined += 1
+            return joined
+
+        return await self._write(work)
+
     # --- channel deliveries and schedule cursors ------------------------------------------------
     async def admit_delivery(
         self, delivery: NewDelivery, submissions: Sequence[NewSubmission]

@@ -8,8 +8,9 @@ The scheme:
 - ``before:<record type>`` / ``after:<record type>`` — around the append (or settlement) of a
   batch holding a record of that type, outside the ``store.append`` points. So a state write, a
   step record, a hook seam, a child link or a compaction each has its own pair.
-- ``store:commit-begin`` / ``store:commit-done`` — inside the SQLite writer thread: the group's
-  statements ran but COMMIT has not; COMMIT returned but no caller has heard of it.
+- ``store:commit-begin`` / ``store:commit-done`` — where the SQLite store runs a group (on its
+  writer thread, or on the event loop for a lone operation): the group's statements ran but
+  COMMIT has not; COMMIT returned but no caller has heard of it.
 - runner seams (``RUNNER_SEAMS``): ``model:start|chunk|end``, ``render``, ``batch:start|commit``,
   ``child:start|resume|end``, ``delta:flush``, ``compaction:start|chunk|end``, and per hook
   ``hook:<hook>`` (before each callback) and ``hook-done:<hook>`` (its callbacks ran, its seam
@@ -45,7 +46,7 @@ STORE_WRITES: tuple[str, ...] = (
     "expire_owners",
     "request_abort",
     "settle",
-    "join",
+    "join_many",
     "begin_wait",
     "expire_waits",
 )
@@ -65,8 +66,8 @@ RUNNER_SEAMS: Mapping[str, str] = MappingProxyType(
         "compaction:start": "a compaction's summary is about to be asked for",
         "compaction:chunk": "an event of the summary call's stream arrived, before it is handled",
         "compaction:end": "the summary arrived; the compaction record is not written",
-        "store:commit-begin": "the store's transaction ran, COMMIT has not (SQLite writer thread,"
-        " or a PostgreSQL transaction)",
+        "store:commit-begin": "the store's transaction ran, COMMIT has not (a SQLite group, or a"
+        " PostgreSQL transaction)",
         "store:commit-done": "COMMIT returned, no caller has heard of it",
         "tool-done:task": "a task's child ended; its tool outcome is not appended",
     }
