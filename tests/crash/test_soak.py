@@ -69,11 +69,6 @@ def test_the_soak_fails_on_a_database_that_breaks_an_invariant(tmp_path: Path) -
     assert any("row_matches_settlement" in line for line in lines), lines[-20:]
 
 
-@pytest.mark.xfail(
-    reason="a server process sometimes exits 1 around the mid-soak database restart (0"
-    " violations); the cause is not found yet",
-    strict=False,
-)
 @pytest.mark.timeout(SOAK_S + 60)
 def test_a_bounded_soak_on_postgresql(pg_cluster: Cluster, tmp_path: Path) -> None:
     url = pg_cluster.url(new_schema())

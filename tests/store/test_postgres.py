@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -526,78 +527,101 @@ async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster:
         await proxy.stop()
 
 
+@contextlib.asynccontextmanager
+async def behind_a_cutter(
+    pg_cluster: Cluster, marker: bytes
+) -> AsyncIterator[tuple[CommitCutter, PostgresStore]]:
+    """A store whose connections pass through a ``CommitCutter`` (armed by the test)."""
+    proxy = CommitCutter(pg_cluster.port, marker=marker)
+    await proxy.start()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+    try:
+        async with opened(conninfo, new_schema()) as store:
+            yield proxy, store
+    finally:
+        await proxy.stop()
+
+
+async def running_host_and_guests(store: PostgresStore, guests: int) -> tuple[Any, list[Any]]:
+    """A claimed host that appended once (so joins may go in one statement), and queued
+    guests behind it."""
+    host = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
+    [running] = await store.claim("owner-1", 30.0, 1)
+    assert await store.append(CONV, [msg(1, host.id)], fence=running.fence) == [1]
+    queued = [
+        (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
+        for _ in range(guests)
+    ]
+    return running, queued
+
+
+async def test_a_connection_lost_while_opening_is_the_clear_cannot_connect_error(
+    pg_cluster: Cluster,
+) -> None:
+    """A server that goes away between the connection and the migration (a restart, a
+    failover) is the same "cannot connect" as one that refuses the connection: nothing failed
+    in the schema, and a supervisor restarting hearth shortly is the cure."""
+    proxy = CommitCutter(pg_cluster.port, marker=b"search_path")  # the first query after connect
+    await proxy.start()
+    proxy.armed = True
+    store = PostgresStore(
+        f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres", schema=new_schema()
+    )
+    try:
+        with pytest.raises(
+            StoreUnavailable, match=r"^cannot connect to PostgreSQL at 127\.0\.0\.1"
+        ):
+            await store.open()
+        assert proxy.cuts == 1
+        await store.open()  # the server answers again: it opens
+        await store.admit(NewSubmission(CONV, "support", "message", {}))
+    finally:
+        await store.close()
+        await proxy.stop()
+
+
 async def test_a_one_round_trip_admission_whose_reply_was_lost_is_read_back(
     pg_cluster: Cluster,
 ) -> None:
-    proxy = CommitCutter(pg_cluster.port, marker=b"FOR UPDATE;")  # the lock and the insert
-    await proxy.start()
-    schema = new_schema()
-    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
-    try:
-        async with opened(conninfo, schema) as store:
-            first = await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
-            proxy.armed = True
-            second = await store.admit(NewSubmission(CONV, "support", "message", {"t": 2}))
-            assert proxy.cuts == 1
-            assert not second.deduplicated
-            listed = await store.list_submissions(CONV)
-            assert [s.id for s in listed] == [first.submission.id, second.submission.id]
-            assert [s.payload for s in listed] == [{"t": 1}, {"t": 2}]
-    finally:
-        await proxy.stop()
+    async with behind_a_cutter(pg_cluster, b"FOR UPDATE;") as (proxy, store):  # lock + insert
+        first = await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        proxy.armed = True
+        second = await store.admit(NewSubmission(CONV, "support", "message", {"t": 2}))
+        assert proxy.cuts == 1
+        assert not second.deduplicated
+        listed = await store.list_submissions(CONV)
+        assert [s.id for s in listed] == [first.submission.id, second.submission.id]
+        assert [s.payload for s in listed] == [{"t": 1}, {"t": 2}]
 
 
 async def test_a_one_statement_join_whose_reply_was_lost_is_read_back_as_joined(
     pg_cluster: Cluster,
 ) -> None:
-    proxy = CommitCutter(pg_cluster.port, marker=b"guest AS")  # the one-statement join
-    await proxy.start()
-    schema = new_schema()
-    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
-    try:
-        async with opened(conninfo, schema) as store:
-            host = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
-            [running] = await store.claim("owner-1", 30.0, 1)
-            assert await store.append(CONV, [msg(1, host.id)], fence=running.fence) == [1]
-            guest = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
-            proxy.armed = True
-            assert await store.join(running.fence, guest.id, [msg(2, guest.id)])
-            assert proxy.cuts == 1
-            ids = [r.id for r in await store.read(CONV)]
-            assert ids == [f"{CONV}:created", "m1", "m2"]
-            row = await store.get_submission(guest.id)
-            assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
-    finally:
-        await proxy.stop()
+    async with behind_a_cutter(pg_cluster, b"guest AS") as (proxy, store):  # the join
+        running, [guest] = await running_host_and_guests(store, 1)
+        proxy.armed = True
+        assert await store.join(running.fence, guest.id, [msg(2, guest.id)])
+        assert proxy.cuts == 1
+        ids = [r.id for r in await store.read(CONV)]
+        assert ids == [f"{CONV}:created", "m1", "m2"]
+        row = await store.get_submission(guest.id)
+        assert row is not None and (row.status, row.joined_to) == ("joined", running.id)
 
 
 async def test_joins_in_one_query_whose_reply_was_lost_are_read_back_as_joined(
     pg_cluster: Cluster,
 ) -> None:
-    proxy = CommitCutter(pg_cluster.port, marker=b"guest AS")  # the query of several joins
-    await proxy.start()
-    schema = new_schema()
-    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
-    try:
-        async with opened(conninfo, schema) as store:
-            host = (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
-            [running] = await store.claim("owner-1", 30.0, 1)
-            assert await store.append(CONV, [msg(1, host.id)], fence=running.fence) == [1]
-            guests = [
-                (await store.admit(NewSubmission(CONV, "support", "message", {}))).submission
-                for _ in range(3)
-            ]
-            proxy.armed = True
-            joins = [(g.id, [msg(n, g.id)]) for n, g in enumerate(guests, start=2)]
-            assert await store.join_many(running.fence, joins) == 3
-            assert proxy.cuts == 1
-            ids = [r.id for r in await store.read(CONV)]
-            assert ids == [f"{CONV}:created", "m1", "m2", "m3", "m4"]
-            for guest in guests:
-                row = await store.get_submission(guest.id)
-                assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
-    finally:
-        await proxy.stop()
+    async with behind_a_cutter(pg_cluster, b"guest AS") as (proxy, store):  # the joins' query
+        running, guests = await running_host_and_guests(store, 3)
+        proxy.armed = True
+        joins = [(g.id, [msg(n, g.id)]) for n, g in enumerate(guests, start=2)]
+        assert await store.join_many(running.fence, joins) == 3
+        assert proxy.cuts == 1
+        ids = [r.id for r in await store.read(CONV)]
+        assert ids == [f"{CONV}:created", "m1", "m2", "m3", "m4"]
+        for guest in guests:
+            row = await store.get_submission(guest.id)
+            assert row is not None and (row.status, row.joined_to) == ("joined", running.id)
 
 
 async def test_admissions_racing_into_an_idle_conversation_make_exactly_one_head(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -252,44 +252,55 @@ async def test_postgres_admission_join_and_settlement_take_a_fixed_number_of_sta
         await store.close()
 
 
-async def test_a_join_after_another_writer_moved_the_offset_lands_the_general_way(
-    pg_cluster: Any,
-) -> None:
+def named(name: str, submission_id: str) -> Any:
+    from hearth.records import UserMessage
+
+    return UserMessage(id=name, message_id=name, content="x", submission_id=submission_id)
+
+
+@asynccontextmanager
+async def two_processes_and_a_host(pg_cluster: Any) -> AsyncIterator[tuple[Any, Any, Any, Any]]:
+    """Two stores on one schema (two processes); the first claimed a host in ``support/c-1``
+    that appended once (``h1``), so it knows the conversation's tail. Yields both stores, the
+    host's row as claimed, and a ``NewSubmission`` to queue behind it."""
     from pgcluster import new_schema
 
-    from hearth.records import UserMessage
     from hearth.store.postgres import PostgresStore
-
-    def msg(name: str, submission_id: str) -> UserMessage:
-        return UserMessage(id=name, message_id=name, content="x", submission_id=submission_id)
 
     schema = new_schema()
     mine, other = (PostgresStore(pg_cluster.conninfo, schema=schema) for _ in range(2))
     await mine.open()
     await other.open()
     try:
-        conv = "support/c-1"
-        new = NewSubmission(conv, "support", "message", {"message": "hi"})
+        new = NewSubmission("support/c-1", "support", "message", {"message": "hi"})
         host = (await mine.admit(new)).submission
         [running] = await mine.claim("owner-1", 30.0, 1)
-        assert await mine.append(conv, [msg("h1", host.id)], fence=running.fence) == [1]
+        assert await mine.append(new.conversation_id, [named("h1", host.id)], fence=running.fence)
+        yield mine, other, running, new
+    finally:
+        await mine.close()
+        await other.close()
+
+
+async def test_a_join_after_another_writer_moved_the_offset_lands_the_general_way(
+    pg_cluster: Any,
+) -> None:
+    async with two_processes_and_a_host(pg_cluster) as (mine, other, running, new):
+        conv = new.conversation_id
         guest = (await mine.admit(new)).submission
-        await other.append(conv, [msg("x", host.id)])  # the offset mine knows is stale now
+        await other.append(conv, [named("x", running.id)])  # the offset mine knows is stale now
         sent = await statements(
-            mine, lambda: mine.join(running.fence, guest.id, [msg("g", guest.id)])
+            mine, lambda: mine.join(running.fence, guest.id, [named("g", guest.id)])
         )
         assert len(sent) > 2, sent  # the fast append found the offset moved
         step = await statements(
-            mine, lambda: mine.append(conv, [msg("h2", host.id)], fence=running.fence)
+            mine, lambda: mine.append(conv, [named("h2", running.id)], fence=running.fence)
         )
         assert len(step) == 1, step  # the join left the tail it wrote
         records = await other.read(conv)
         assert [(r.offset, r.id) for r in records[1:]] == [(1, "h1"), (2, "x"), (3, "g"), (4, "h2")]
         row = await other.get_submission(guest.id)
-        assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
-    finally:
-        await mine.close()
-        await other.close()
+        assert row is not None and (row.status, row.joined_to) == ("joined", running.id)
 
 
 async def test_several_joins_are_one_round_trip_on_postgres_and_keep_their_order(
@@ -299,26 +310,10 @@ async def test_several_joins_are_one_round_trip_on_postgres_and_keep_their_order
     When another writer moved the offset by exactly one meanwhile, the first join of the query
     cannot land and neither can any after it (each needs the one before it joined), so none
     ever joins ahead of an earlier one; the general path then joins them in order."""
-    from pgcluster import new_schema
-
-    from hearth.records import UserMessage
-    from hearth.store.postgres import PostgresStore
-
-    def msg(name: str, submission_id: str) -> UserMessage:
-        return UserMessage(id=name, message_id=name, content="x", submission_id=submission_id)
-
-    schema = new_schema()
-    mine, other = (PostgresStore(pg_cluster.conninfo, schema=schema) for _ in range(2))
-    await mine.open()
-    await other.open()
-    try:
-        conv = "support/c-1"
-        new = NewSubmission(conv, "support", "message", {"message": "hi"})
-        host = (await mine.admit(new)).submission
-        [running] = await mine.claim("owner-1", 30.0, 1)
-        assert await mine.append(conv, [msg("h1", host.id)], fence=running.fence) == [1]
+    async with two_processes_and_a_host(pg_cluster) as (mine, other, running, new):
+        conv = new.conversation_id
         guests = [(await mine.admit(new)).submission for _ in range(5)]
-        joins = [(g.id, [msg(f"g{n}", g.id)]) for n, g in enumerate(guests)]
+        joins = [(g.id, [named(f"g{n}", g.id)]) for n, g in enumerate(guests)]
         joined: list[int] = []
 
         async def join(part: list[Any]) -> None:
@@ -326,7 +321,7 @@ async def test_several_joins_are_one_round_trip_on_postgres_and_keep_their_order
 
         sent = await statements(mine, lambda: join(joins[:3]))
         assert joined == [3] and len(sent) == 1, sent
-        await other.append(conv, [msg("x", host.id)])  # the tail mine knows is one behind now
+        await other.append(conv, [named("x", running.id)])  # mine's tail is one behind now
         sent = await statements(mine, lambda: join(joins[3:]))
         assert joined == [3, 2] and len(sent) > 1, sent
         records = await other.read(conv)
@@ -334,10 +329,7 @@ async def test_several_joins_are_one_round_trip_on_postgres_and_keep_their_order
         assert [(r.offset, r.id) for r in records[1:]] == list(enumerate(expected, start=1))
         for guest in guests:
             row = await other.get_submission(guest.id)
-            assert row is not None and (row.status, row.joined_to) == ("joined", host.id)
-    finally:
-        await mine.close()
-        await other.close()
+            assert row is not None and (row.status, row.joined_to) == ("joined", running.id)
 
 
 async def test_a_turn_view_is_one_round_trip_on_postgres(pg_cluster: Any) -> None:

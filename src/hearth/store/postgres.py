@@ -85,6 +85,11 @@ _SKEW_TTL_S = 30.0
 _TAILS_KEPT = 4096
 
 
+# SQLSTATEs of a server shutting down or starting up (admin_shutdown, crash_shutdown,
+# cannot_connect_now): its connections end, and nothing is wrong with what was asked.
+_SERVER_GOING = frozenset({"57P01", "57P02", "57P03"})
+
+
 class PostgresStore(Store):
     """The ``Store`` on one PostgreSQL database, all tables in ``schema``."""
 
@@ -160,6 +165,13 @@ class PostgresStore(Store):
                 f" create the schema {self.schema!r} owned by it"
             ) from None
         except psycopg.Error as exc:
+            if conn.broken or exc.sqlstate in _SERVER_GOING:
+                # The server went away after the connection (a restart, a failover): the same
+                # clear error as a refused connection, not a failed migration.
+                raise StoreUnavailable(
+                    f"cannot connect to {self.where}: the connection was lost while opening:"
+                    f" {first_line(exc)}"
+                ) from None
             raise StoreError(f"{self.where}: the migration failed: {first_line(exc)}") from None
         finally:
             await conn.close()

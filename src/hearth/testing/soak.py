@@ -89,7 +89,11 @@ class Soak:
                 with self.lock:  # started while the database restarted: its one clear error
                     self.refused += 1
             elif death.returncode != -9:
-                self._fail(f"server {slot.index} run {death.run} exited with {death.returncode}")
+                said = self._last_run_log(slot).strip().splitlines()[-3:]
+                self._fail(
+                    f"server {slot.index} run {death.run} exited with {death.returncode};"
+                    f" its log ends: {' | '.join(said)}"
+                )
             else:
                 with self.lock:
                     self.kills["outside" if death.outside else "point"] += 1
@@ -110,12 +114,17 @@ class Soak:
             slot.start(crash_at)
 
     @staticmethod
-    def _refused(slot: Slot) -> bool:
-        """Whether the last run ended by refusing to start without its database."""
+    def _last_run_log(slot: Slot) -> str:
+        """The end of what the last run wrote to its log."""
         with slot.log.open("rb") as f:
             f.seek(max(f.seek(0, os.SEEK_END) - 2000, 0))
             tail = f.read().decode(errors="replace")
-        return "cannot connect to PostgreSQL" in tail.rpartition("--- run ")[2]
+        return tail.rpartition("--- run ")[2]
+
+    @classmethod
+    def _refused(cls, slot: Slot) -> bool:
+        """Whether the last run ended by refusing to start without its database."""
+        return "cannot connect to PostgreSQL" in cls._last_run_log(slot)
 
     def _one_death(self, slot: Slot, delay: float) -> Any:
         """Wait for the current process to die at its point, or kill it from outside; None when
