@@ -175,7 +175,7 @@ class SQLiteStore(Store):
         *,
         ids: Sequence[str],
     ) -> list[Record]:
-        # One process owns the file through one writer thread: no application connection can
+        # One process owns the file through one connection: no application connection can
         # share hearth's transaction here.
         raise ConfigurationError(
             "step.transaction needs hearth's store on PostgreSQL (db='postgresql://...'), where"
