@@ -22,6 +22,11 @@ from typing import Any, ClassVar, TypeVar
 
 JSON = Any  # a value that json.dumps accepts
 
+# ``json.dumps`` with these options builds a new encoder on every call; one of each, kept:
+# compact JSON with UTF-8 kept as is, and the same with sorted keys (canonical, for digests).
+compact_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
 _ENVELOPE = ("offset", "id", "type", "submission_id", "attempt", "at")
 # Fields that may differ when recovery writes the same fact again.
 _NOT_CONTENT = frozenset({"offset", "attempt", "at"})
@@ -92,7 +97,7 @@ class Record:
         data = self.to_json()
         digest = _digest(data)
         data["offset"] = offset
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False), digest
+        return compact_json(data), digest
 
     def with_offset(self: _R, offset: int) -> _R:
         return self._evolve({"offset": offset})
@@ -123,8 +128,7 @@ def _type_fields(cls: type[Record]) -> tuple[str, ...]:
 
 def _digest(data: dict[str, JSON]) -> str:
     body = {k: v for k, v in data.items() if k not in _NOT_CONTENT}
-    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(raw.encode()).hexdigest()
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 RECORD_TYPES: dict[str, type[Record]] = {}
@@ -325,7 +329,7 @@ def record_from_json(data: dict[str, JSON]) -> Record:
 
 
 def dumps(record: Record) -> str:
-    return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False)
+    return compact_json(record.to_json())
 
 
 def loads(raw: str | bytes) -> Record:

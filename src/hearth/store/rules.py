@@ -34,6 +34,8 @@ from hearth.records import (
     UserMessage,
     WaitResolved,
     WaitStarted,
+    canonical_json,
+    compact_json,
     unix_from_iso,
 )
 from hearth.store.rows import (
@@ -173,7 +175,7 @@ def delivery_values(
 
 def to_json(value: Any) -> str:
     """The stored JSON form of a value (compact, UTF-8 kept as is)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return compact_json(value)
 
 
 def to_json_or_none(value: Any) -> str | None:
@@ -245,7 +247,7 @@ def wait_resolved(
 
 def canonical(value: Any) -> str:
     """What "the same value" means for a repeated resolve: canonical JSON."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical_json(value)
 
 
 def judge_resolve(
