@@ -355,6 +355,76 @@ async def test_reading_from_an_offset_is_a_primary_key_range_scan() -> None:
     assert "TEMP B-TREE" not in detail
 
 
+async def test_the_lookups_by_type_use_the_partial_type_index() -> None:
+    """Only compactions and settlements are indexed by type, each in a partial index of its own
+    (a step's record writes one index fewer); the queries that look them up use those."""
+    from hearth.store import sqlite_ops
+
+    store = await opened(":memory:")
+
+    def plans(conn: sqlite3.Connection, _: Any) -> list[str]:
+        queries = [
+            (
+                "SELECT body FROM records WHERE conversation_id = ? AND type = 'compaction'"
+                ' ORDER BY "offset" DESC LIMIT 1',
+                ("c",),
+            ),
+            (sqlite_ops._SETTLEMENTS, {"c": "c"}),
+            (sqlite_ops._SUBMISSION_SPANS, {"c": "c"}),
+        ]
+        return [
+            " | ".join(str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {q}", p))
+            for q, p in queries
+        ]
+
+    def index_sql(conn: sqlite3.Connection, _: Any) -> str:
+        row = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'records_by_type'"
+        ).fetchone()
+        return str(None if row is None else row[0])
+
+    try:
+        found = await store._writer.call(plans, write=False)
+        sql = await store._writer.call(index_sql, write=False)
+    finally:
+        await store.close()
+    assert "INDEX records_compactions" in found[0], found
+    assert all("INDEX records_settlements" in plan for plan in found[1:]), found
+    assert sql == "None"  # the index over every record's type is gone
+
+
+async def test_a_schema_7_file_gets_the_partial_type_indexes(tmp_path: Path) -> None:
+    from hearth.records import Compaction
+
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        await store.admit(new("support/c-1"))
+        await store.append("support/c-1", [msg(1)])
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:  # as schema 7 left it: every record in one type index
+        conn.execute("DROP INDEX records_compactions")
+        conn.execute("DROP INDEX records_settlements")
+        conn.execute('CREATE INDEX records_by_type ON records (conversation_id, type, "offset")')
+        conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    conn.close()
+    store = await opened(path)
+    try:
+        found = await store.last_of_type("support/c-1", "user_message")
+        assert found is not None and (found.id, found.offset) == ("m1", 1)
+        assert await store.last_of_type("support/c-1", Compaction.type) is None
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert "records_by_type" not in names
+    assert {"records_compactions", "records_settlements"} <= names
+    assert version == ("8",)
+
+
 # --- lifecycle -------------------------------------------------------------------------------
 
 
@@ -732,4 +802,4 @@ async def test_a_schema_6_file_gains_the_attachment_store(tmp_path: Path) -> Non
     with sqlite3.connect(path) as conn:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == (str(SCHEMA_VERSION),) == ("7",)
+    assert version == (str(SCHEMA_VERSION),) == ("8",)

@@ -52,7 +52,7 @@ from hearth.store.rows import (
     summary_from_row,
     wait_from_row,
 )
-from hearth.store.sqlite_schema import connect
+from hearth.store.sqlite_schema import TYPES_BY_INDEX, connect
 from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
 
 T = TypeVar("T")
@@ -192,12 +192,17 @@ class SQLiteStore(Store):
         return await self._read(lambda conn: ops.last_offset(conn, conversation_id))
 
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
+        # A type with a partial index of its own is named literally, so that the index serves
+        # the query; other types are found by walking the conversation's records from its end.
+        if record_type in TYPES_BY_INDEX:
+            query = f"SELECT body FROM records WHERE conversation_id = ? AND type = '{record_type}'"
+            params: tuple[str, ...] = (conversation_id,)
+        else:
+            query = "SELECT body FROM records WHERE conversation_id = ? AND type = ?"
+            params = (conversation_id, record_type)
+
         def work(conn: sqlite3.Connection) -> Record | None:
-            row = conn.execute(
-                "SELECT body FROM records WHERE conversation_id = ? AND type = ?"
-                ' ORDER BY "offset" DESC LIMIT 1',
-                (conversation_id, record_type),
-            ).fetchone()
+            row = conn.execute(f'{query} ORDER BY "offset" DESC LIMIT 1', params).fetchone()
             return None if row is None else loads(row[0])
 
         return await self._read(work)

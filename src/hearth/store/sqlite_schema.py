@@ -8,14 +8,20 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
 # 5: submissions.traceparent keeps the W3C trace context of the admission
 # 6: durable waits: the waits table, submissions.waits and submissions.waiting_since
 # 7: attachments: the attachments table (bytes by SHA-256) and attachment_refs (what holds them)
+# 8: records_by_type (every record's type) gives way to two partial indexes, of compactions and
+#    of settlements, the only types looked up by type: a step's record writes one index fewer
 LOCK_TIMEOUT_S = 0.5
+
+# The record types looked up by type (``last_of_type``, a fork's evidence), each with a partial
+# index of its own; a query uses one when it names the type literally (``type = 'compaction'``).
+TYPES_BY_INDEX = ("compaction", "submission_settled")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -42,7 +48,10 @@ CREATE TABLE IF NOT EXISTS records (
     PRIMARY KEY (conversation_id, "offset"),
     UNIQUE (conversation_id, id)
 );
-CREATE INDEX IF NOT EXISTS records_by_type ON records (conversation_id, type, "offset");
+CREATE INDEX IF NOT EXISTS records_compactions ON records (conversation_id, "offset")
+    WHERE type = 'compaction';
+CREATE INDEX IF NOT EXISTS records_settlements ON records (conversation_id, submission_id)
+    WHERE type = 'submission_settled';
 CREATE TABLE IF NOT EXISTS state (
     conversation_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -264,6 +273,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 _add_waits(conn)
             if found < 7:
                 _add_attachments(conn)
+            if found < 8:  # the partial indexes that replace it come with _SCHEMA
+                conn.execute("DROP INDEX IF EXISTS records_by_type")
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
