@@ -166,10 +166,12 @@ def test_migrate_creates_the_schema_and_names_it(pg_cluster: Cluster) -> None:
 def test_migrate_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster) -> None:
     schema = new_schema()
     assert hearth("migrate", "--db", pg_cluster.url(schema)).returncode == 0
-    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
+    newer = SCHEMA_VERSION + 1
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '{newer}' WHERE key = 'schema_version'")
     done = hearth("migrate", "--db", pg_cluster.url(schema))
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "schema version 7" in done.stderr and f"knows version {SCHEMA_VERSION}" in done.stderr
+    assert f"schema version {newer}" in done.stderr
+    assert f"knows version {SCHEMA_VERSION}" in done.stderr
 
 
 # --- start-up faults: one line and a non-zero exit ------------------------------------------
@@ -222,9 +224,11 @@ def test_migrate_reports_a_malformed_url_as_one_line() -> None:
 def test_serve_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster) -> None:
     schema = new_schema()
     assert hearth("migrate", "--db", pg_cluster.url(schema)).returncode == 0
-    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
+    newer = SCHEMA_VERSION + 1
+    pg_cluster.sql(f"UPDATE {schema}.meta SET value = '{newer}' WHERE key = 'schema_version'")
     line = serve_fails(pg_cluster.url(schema))
-    assert "schema version 7" in line and f"this hearth knows version {SCHEMA_VERSION}" in line
+    assert f"schema version {newer}" in line
+    assert f"this hearth knows version {SCHEMA_VERSION}" in line
 
 
 def require_password(cluster: Cluster, role: str) -> None:

@@ -307,6 +307,49 @@ async def test_a_version_4_schema_is_upgraded_with_the_columns_of_durable_waits(
     assert version == str(SCHEMA_VERSION)
 
 
+async def test_a_version_6_schema_gets_the_partial_type_indexes(pg_cluster: Cluster) -> None:
+    """Compactions and settlements are looked up through partial indexes of their own (a
+    step's record writes one index fewer); a version 6 schema's index over every type goes."""
+    from hearth.records import Compaction
+    from hearth.store import postgres_ops
+
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        await store.append(CONV, [msg(1)])
+    pg_cluster.sql(  # as version 6 left it: every record in one type index
+        f"DROP INDEX {schema}.records_compactions; DROP INDEX {schema}.records_settlements;"
+        f' CREATE INDEX records_by_type ON {schema}.records (conversation_id, type, "offset");'
+        f" UPDATE {schema}.meta SET value = '6' WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        found = await store.last_of_type(CONV, "user_message")  # a type without an index
+        assert found is not None and (found.id, found.offset) == ("m1", 1)
+        assert await store.last_of_type(CONV, Compaction.type) is None
+    version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert version == str(SCHEMA_VERSION) == "7"
+    names = pg_cluster.sql(
+        f"SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
+        f" WHERE schemaname = '{schema}' AND tablename = 'records'"
+    )
+    assert "records_by_type" not in names
+    assert "records_compactions" in names and "records_settlements" in names
+    async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as conn:
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute("SET enable_seqscan = off")  # tiny tables: ask whether it can
+        plans = []
+        for query in (
+            "SELECT body FROM records WHERE conversation_id = %(c)s AND type = 'compaction'"
+            ' ORDER BY "offset" DESC LIMIT 1',
+            postgres_ops._SETTLEMENTS,
+            postgres_ops._SUBMISSION_SPANS,
+        ):
+            cursor = await conn.execute(f"EXPLAIN {query}".encode(), {"c": CONV})
+            plans.append(" ".join(row[0] for row in await cursor.fetchall()))
+    assert "records_compactions" in plans[0], plans
+    assert all("records_settlements" in plan for plan in plans[1:]), plans
+
+
 # --- offsets under concurrent writers --------------------------------------------------------
 
 APPENDER = """
@@ -693,4 +736,4 @@ async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster
         got = await store.get_attachment(b.sha256)
         assert got is not None and got.data == data
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "6"
+    assert found == str(SCHEMA_VERSION) == "7"

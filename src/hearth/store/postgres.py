@@ -391,13 +391,18 @@ class PostgresStore(Store):
         return found
 
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
+        # A type with a partial index of its own is named literally, so that the index serves
+        # the query; other types are found by walking the conversation's records from its end.
+        if record_type in rules.TYPES_BY_INDEX:
+            where = f"type = '{record_type}'"
+        else:
+            where = "type = %(t)s"
+        query = (
+            f"SELECT body FROM records WHERE conversation_id = %(c)s AND {where}"
+            ' ORDER BY "offset" DESC LIMIT 1'
+        )
         row = await self._read(
-            lambda conn: ops.fetchone(
-                conn,
-                "SELECT body FROM records WHERE conversation_id = %(c)s AND type = %(t)s"
-                ' ORDER BY "offset" DESC LIMIT 1',
-                {"c": conversation_id, "t": record_type},
-            )
+            lambda conn: ops.fetchone(conn, query, {"c": conversation_id, "t": record_type})
         )
         return None if row is None else loads(row["body"])
 

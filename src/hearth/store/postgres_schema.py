@@ -13,8 +13,10 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 6  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+SCHEMA_VERSION = 7  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 # 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
+# 7: records_by_type (every record's type) gives way to partial indexes of compactions and of
+#    settlements, the only types looked up by type: a step's record writes one index fewer
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -42,7 +44,10 @@ CREATE TABLE IF NOT EXISTS records (
     PRIMARY KEY (conversation_id, "offset"),
     UNIQUE (conversation_id, id)
 );
-CREATE INDEX IF NOT EXISTS records_by_type ON records (conversation_id, type, "offset");
+CREATE INDEX IF NOT EXISTS records_compactions ON records (conversation_id, "offset")
+    WHERE type = 'compaction';
+CREATE INDEX IF NOT EXISTS records_settlements ON records (conversation_id, submission_id)
+    WHERE type = 'submission_settled';
 CREATE TABLE IF NOT EXISTS state (
     conversation_id text NOT NULL,
     name text NOT NULL,
@@ -175,6 +180,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             await _add_activity(conn)
         if found is not None and found < 5:
             await _run(conn, _ADD_WAITS)
+        if found is not None and found < 7:  # its partial replacements come with _TABLES
+            await conn.execute("DROP INDEX IF EXISTS records_by_type")
         await _run(conn, _TABLES)
         if found is not None and found < 3:
             await _add_sources(conn)

@@ -341,6 +341,12 @@ def fork_records(
     return [created, *copies]
 
 
+# The record types looked up by type (``last_of_type``, a fork's evidence), each with a partial
+# index of its own in both stores; a query uses it when it names the type literally
+# (``type = 'compaction'``), not as a parameter.
+TYPES_BY_INDEX = frozenset({"compaction", "submission_settled"})
+
+
 def fork_evidence_sql(param: Callable[[str], str]) -> tuple[str, str]:
     """The two reads a fork judges its offset by, shared by the stores: the offsets of the
     source's settlement records, and each submission's admission offset with the offset of its

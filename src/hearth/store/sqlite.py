@@ -52,7 +52,7 @@ from hearth.store.rows import (
     summary_from_row,
     wait_from_row,
 )
-from hearth.store.sqlite_schema import TYPES_BY_INDEX, connect
+from hearth.store.sqlite_schema import connect
 from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
 
 T = TypeVar("T")
@@ -194,7 +194,7 @@ class SQLiteStore(Store):
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
         # A type with a partial index of its own is named literally, so that the index serves
         # the query; other types are found by walking the conversation's records from its end.
-        if record_type in TYPES_BY_INDEX:
+        if record_type in rules.TYPES_BY_INDEX:
             query = f"SELECT body FROM records WHERE conversation_id = ? AND type = '{record_type}'"
             params: tuple[str, ...] = (conversation_id,)
         else:

@@ -19,10 +19,6 @@ SCHEMA_VERSION = 8
 #    of settlements, the only types looked up by type: a step's record writes one index fewer
 LOCK_TIMEOUT_S = 0.5
 
-# The record types looked up by type (``last_of_type``, a fork's evidence), each with a partial
-# index of its own; a query uses one when it names the type literally (``type = 'compaction'``).
-TYPES_BY_INDEX = ("compaction", "submission_settled")
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS conversations (
