@@ -148,20 +148,21 @@ class GroupCommitWriter:
                     ran = self._run_here()
                 finally:
                     self._running.release()
-                if ran:
+                if ran is not None:
+                    self._deliver(ran)  # outside the lock: the thread may take its next group
                     return
         self._hand_over()
 
-    def _run_here(self) -> bool:
+    def _run_here(self) -> list[_Op] | None:
+        """Run what was collected on this thread (the lock held); None when the store closed."""
         conn = self._conn
         if conn is None or self._closing:
-            return False
+            return None
         group, self._collected = self._collected, []
         self._run_group(conn, group)
         self.inline += 1
         self.ops += len(group)
-        self._deliver(group)
-        return True
+        return group
 
     def _hand_over(self) -> None:
         group, self._collected = self._collected, []
