@@ -58,6 +58,24 @@ async def until(condition: Any, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
+class Calls:
+    """How many times a counted method was called."""
+
+    n = 0
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> Calls:
+    """Count the calls of the async method ``owner.name`` from now on."""
+    calls, method = Calls(), getattr(owner, name)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.n += 1
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 async def admit(rt: Runtime, conversation_id: str) -> Submission:
     new = NewSubmission(conversation_id, "w", "message", {"message": "hi"})
     return (await rt.store.admit(new)).submission
@@ -70,24 +88,16 @@ async def test_a_settlement_wakes_only_the_waiters_of_its_own_submission(
     async with app().run() as rt:
         await rt.coordinator.stop()  # settle by hand
         subs = [await admit(rt, f"w/c{i}") for i in range(WAITERS)]
-        rows = 0
-        get_submission = rt.store.get_submission
-
-        async def counted(submission_id: str) -> Submission | None:
-            nonlocal rows
-            rows += 1
-            return await get_submission(submission_id)
-
-        monkeypatch.setattr(rt.store, "get_submission", counted)
+        rows = count_calls(monkeypatch, rt.store, "get_submission")
         waiters = [asyncio.create_task(rt.wait_settled(s.id)) for s in subs]
-        await until(lambda: rows == WAITERS, "every waiter read its row once")
+        await until(lambda: rows.n == WAITERS, "every waiter read its row once")
         (claimed,) = await rt.store.claim("me", 30.0, 1)
         record = settlement(claimed.id, "completed", None, "ok")
         await rt.store.settle(claimed.fence, record, outcome="completed", error=None, reply="ok")
         done = await asyncio.wait_for(waiters[0], timeout=10)
         await asyncio.sleep(0.05)  # let any other woken waiter run
         assert done.outcome == "completed"
-        assert rows == WAITERS  # one wake-up, no re-read (the event carries the row)
+        assert rows.n == WAITERS  # one wake-up, no re-read (the event carries the row)
         assert sum(w.done() for w in waiters) == 1
         for w in waiters:
             w.cancel()
@@ -102,28 +112,15 @@ async def test_waits_whose_settlement_events_were_lost_share_one_look_per_second
     async with app().run() as rt:
         await rt.coordinator.stop()  # settle by hand
         subs = [await admit(rt, f"w/c{i}") for i in range(WAITERS)]
-        reads = looks = 0
-        get_submission, get_submissions = rt.store.get_submission, rt.store.get_submissions
-
-        async def read_one(submission_id: str) -> Submission | None:
-            nonlocal reads
-            reads += 1
-            return await get_submission(submission_id)
-
-        async def read_many(submission_ids: Any) -> list[Submission]:
-            nonlocal looks
-            looks += 1
-            return await get_submissions(submission_ids)
-
-        monkeypatch.setattr(rt.store, "get_submission", read_one)
-        monkeypatch.setattr(rt.store, "get_submissions", read_many)
+        reads = count_calls(monkeypatch, rt.store, "get_submission")
+        looks = count_calls(monkeypatch, rt.store, "get_submissions")
         events = rt.store.events
         publish = events.publish
         monkeypatch.setattr(
             events, "publish", lambda e: None if e.kind == "settled" else publish(e)
         )  # every settlement's event is lost
         waiters = [asyncio.create_task(rt.wait_settled(s.id, timeout=30)) for s in subs]
-        await until(lambda: reads == WAITERS, "every waiter read its row once")
+        await until(lambda: reads.n == WAITERS, "every waiter read its row once")
         claimed = await rt.store.claim("me", 30.0, WAITERS)
         assert len(claimed) == WAITERS
         for sub in claimed:
@@ -131,35 +128,27 @@ async def test_waits_whose_settlement_events_were_lost_share_one_look_per_second
             await rt.store.settle(sub.fence, record, outcome="completed", error=None, reply="ok")
         done = await asyncio.wait_for(asyncio.gather(*waiters), timeout=10)
         assert [d.outcome for d in done] == ["completed"] * WAITERS
-        assert reads == WAITERS  # no wait read its own row again
-        assert 1 <= looks <= 10  # a few looks of 0.2 s, each one read of every waited row
-        assert rt.settled_looks.looks == looks
+        assert reads.n == WAITERS  # no wait read its own row again
+        assert 1 <= looks.n <= 10  # a few looks of 0.2 s, each one read of every waited row
+        assert rt.settled_looks.looks == looks.n
 
 
 async def test_a_read_right_after_dispatch_reads_no_row_when_this_process_settles_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with app().run() as rt:
-        reads = 0
-        get_submission = rt.store.get_submission
-
-        async def counted(submission_id: str) -> Submission | None:
-            nonlocal reads
-            reads += 1
-            return await get_submission(submission_id)
-
-        monkeypatch.setattr(rt.store, "get_submission", counted)
+        reads = count_calls(monkeypatch, rt.store, "get_submission")
         receipts = [await rt.dispatch("w", f"c{i}", "hi") for i in range(20)]
         answers = await asyncio.gather(*(rt.read(r, timeout=30) for r in receipts))
         assert [a.text for a in answers] == ["ok"] * 20
-        assert reads == 0  # the settlements' events carried the rows
+        assert reads.n == 0  # the settlements' events carried the rows
         # Read again later, each answer is known without a read as well; a submission this
         # process did not admit is read.
         assert (await rt.read(receipts[0], timeout=30)).text == "ok"
-        assert reads == 0
+        assert reads.n == 0
         other = await admit(rt, "w/elsewhere")
         assert (await rt.wait_settled(other.id, timeout=30)).outcome == "completed"
-        assert reads >= 1
+        assert reads.n >= 1
 
 
 async def test_a_tool_schema_is_built_once_however_many_model_requests_carry_it(

@@ -589,24 +589,17 @@ class PostgresStore(Store):
         )
 
     async def join(self, host: Fence, submission_id: str, records: Sequence[Record]) -> bool:
-        batch = list(records)
-        fast = await self._join_fast(host, submission_id, batch)
-        if fast is True:
-            return True
-        return await self._join_general(host, submission_id, batch, uncertain=fast is None)
+        return await self.join_many(host, [(submission_id, records)]) == 1
 
     async def join_many(self, host: Fence, joins: Sequence[tuple[str, Sequence[Record]]]) -> int:
         batches = [(submission_id, list(records)) for submission_id, records in joins]
-        if len(batches) < 2:
-            return await super().join_many(host, batches)
+        if not batches:
+            return 0
         fast = await self._join_many_fast(host, batches)
         joined = fast or 0
-        for submission_id, batch in batches[joined:]:  # the rest one by one, as ``join`` does
-            if fast is None:  # the one query's answer was lost: each may have joined
-                done = await self._join_general(host, submission_id, batch, uncertain=True)
-            else:
-                done = await self.join(host, submission_id, batch)
-            if not done:
+        for submission_id, batch in batches[joined:]:  # the rest one by one, the general way
+            # a lost answer of the one query (None): each may have joined, so it is read back
+            if not await self._join_general(host, submission_id, batch, uncertain=fast is None):
                 break
             joined += 1
         return joined
@@ -614,9 +607,11 @@ class PostgresStore(Store):
     async def _join_many_fast(
         self, host: Fence, batches: list[tuple[str, list[Record]]]
     ) -> int | None:
-        """Several joins in one round trip (``ops.fast_join_many``), when each could go as
-        ``_join_fast``: how many joined, in order (0 when the general path must do them all);
-        None when the connection was lost, so that any prefix may have joined."""
+        """Joins in one round trip (``ops.fast_join_many``), when this process appended for
+        ``host`` and knows its conversation's last offset, and each input is one plain record:
+        how many joined, in order. 0 when the general path must do them (the offset moved, a
+        submission is not queued there, the claim is gone: that path tells these apart); None
+        when the connection was lost, so that any prefix may have joined."""
         conversation_id = self._hosts.get(host.submission_id)
         expect = None if conversation_id is None else self._tails.get(conversation_id)
         if conversation_id is None or expect is None:
@@ -631,15 +626,11 @@ class PostgresStore(Store):
             )
             prev = submission_id
         try:
-            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                _faults.reached("store:commit-begin")  # the query is its own transaction
-                dones = await ops.fast_join_many(conn, statements)
+            dones = await self._alone_run(lambda conn: ops.fast_join_many(conn, statements))
         except psycopg.OperationalError:
             return None
         except (psycopg.IntegrityError, PoolTimeout):
             return 0
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
         joined = 0
         while joined < len(dones) and dones[joined] == 2:
             joined += 1
@@ -671,45 +662,18 @@ class PostgresStore(Store):
             self._remember_tail(event.conversation_id, event.offset)
         return joined
 
-    async def _join_fast(self, host: Fence, submission_id: str, batch: list[Record]) -> bool | None:
-        """A join as one statement, when this process appended for ``host`` and knows its
-        conversation's last offset. False when the general path must do it (the offset moved,
-        the submission is not queued there, the claim is gone: that path tells these apart);
-        None when the connection was lost, so that it may have joined (the general path reads
-        that back first)."""
-        conversation_id = self._hosts.get(host.submission_id)
-        expect = None if conversation_id is None else self._tails.get(conversation_id)
-        if (
-            conversation_id is None
-            or expect is None
-            or len(batch) != 1
-            or not ops.fast_appendable(conversation_id, batch)
-        ):
-            return False
-        query, params = ops.fast_join(
-            conversation_id, host, submission_id, batch[0], expect, self._now()
-        )
-        try:
-            rows = await self._alone(query, params)
-        except psycopg.OperationalError:
-            return None
-        except (psycopg.IntegrityError, PoolTimeout):
-            return False
-        if not rows or rows[0]["done"] != 2:
-            return False
-        _faults.reached("store:commit-done")
-        self._tx().progressed()
-        self._appended_alone(conversation_id, expect + 1)
-        return True
-
     async def _alone(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """Run one statement as its own transaction on a connection of the pool. A refused
+        """Run one statement as its own transaction (``_alone_run``)."""
+        return await self._alone_run(lambda conn: ops.fetchall(conn, query, params))
+
+    async def _alone_run(self, run: Callable[[ops.Conn], Awaitable[T]]) -> T:
+        """Run one query as its own transaction on a connection of the pool. A refused
         statement is a ``StoreError``; a lost connection, an existing row or a busy pool is
         raised as psycopg says it, for the caller's general path to settle."""
         try:
             async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                _faults.reached("store:commit-begin")  # the statement is its own transaction
-                return await ops.fetchall(conn, query, params)
+                _faults.reached("store:commit-begin")  # the query is its own transaction
+                return await run(conn)
         except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
             raise
         except psycopg.Error as exc:
