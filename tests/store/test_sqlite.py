@@ -19,7 +19,7 @@ import pytest
 import hearth.store
 from hearth.errors import ConfigurationError, IntegrityError, SchemaTooNew, StoreError
 from hearth.records import UserMessage
-from hearth.store import NewSubmission, SQLiteStore, Store, open_store, rules
+from hearth.store import NewSubmission, SQLiteStore, Store, open_store, rules, sqlite_writer
 from hearth.store.rules import settlement
 from hearth.store.sqlite_schema import SCHEMA_VERSION
 from hearth.testing.clock import ManualClock
@@ -543,8 +543,8 @@ async def test_a_lone_operation_runs_on_the_event_loop_and_commits_before_it_ans
         await reopened.close()
 
 
-async def test_operations_asked_for_in_one_loop_iteration_share_one_commit() -> None:
-    """Without pausing the writer: the first of them does not run alone on the loop."""
+async def test_operations_asked_for_in_one_loop_iteration_share_one_commit_on_the_loop() -> None:
+    """Without pausing the writer: the first of them does not run (and commit) alone."""
     store = await opened(":memory:")
     try:
         conversations = [f"support/c-{n}" for n in range(10)]
@@ -554,9 +554,31 @@ async def test_operations_asked_for_in_one_loop_iteration_share_one_commit() -> 
         threads = await asyncio.gather(
             *(store._writer.call(on_thread, write=True) for _ in conversations)
         )
-        assert set(threads) == {store._writer._thread.ident}  # type: ignore[union-attr]
+        assert set(threads) == {threading.get_ident()}
         assert store.commits - commits == 1
-        assert store._writer.inline == inline
+        assert store._writer.inline - inline == 1
+    finally:
+        await store.close()
+
+
+async def test_after_a_slow_commit_the_thread_takes_the_groups_until_a_commit_is_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that syncs slowly must not hold the event loop: the commit after a slow one runs
+    on the writer thread; once commits are fast again, groups come back to the loop."""
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        await store.admit(new("support/c-1"))
+        writer_thread = store._writer._thread.ident  # type: ignore[union-attr]
+        monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", -1.0)  # every commit is slow now
+        assert await store._writer.call(on_thread, write=True) == threading.get_ident()
+        together = [store._writer.call(on_thread, write=True) for _ in range(3)]
+        assert set(await asyncio.gather(*together)) == {writer_thread}
+        assert await store._writer.call(on_thread, write=True) == writer_thread
+        monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)
+        assert await store._writer.call(on_thread, write=True) == writer_thread  # fast, on it
+        assert await store._writer.call(on_thread, write=True) == threading.get_ident()
+        assert await store.append("support/c-1", [msg(1)]) == [1]
     finally:
         await store.close()
 
@@ -596,8 +618,10 @@ async def test_a_lone_operation_waits_its_turn_behind_work_handed_to_the_thread(
 
         held.go.clear()
         held.taken.clear()
+        store._writer._slow = True  # as after a slow commit: the two go to the thread
         early = asyncio.gather(*(store._writer.call(first, write=True) for _ in range(2)))
         await asyncio.to_thread(held.taken.wait, 5)  # the thread holds the first of the two
+        store._writer._slow = False  # commits are fast again: only the queue holds `late` back
         late = asyncio.create_task(store._writer.call(second, write=True))
         for _ in range(5):
             await asyncio.sleep(0)

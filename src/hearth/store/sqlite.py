@@ -2,8 +2,9 @@
 
 ``SQLiteStore`` turns each ``Store`` method into a closure over the operations in
 ``sqlite_ops`` and hands it to the ``GroupCommitWriter`` (``sqlite_writer``), which runs it on
-the only connection and commits concurrent operations together (on its thread; a lone one on the
-event loop); ``sqlite_schema`` opens the file and keeps its schema.
+the only connection and commits concurrent operations together (on the event loop while commits
+are fast, on its thread while they are slow); ``sqlite_schema`` opens the file and keeps its
+schema.
 
 Example::
 

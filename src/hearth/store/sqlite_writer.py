@@ -1,14 +1,19 @@
-"""One connection, group commit, and a thread that runs the groups.
+"""One connection, group commit, and a thread that runs the groups when the disk is slow.
 
 Every operation — reads included — is a closure run on the only connection. The operations that
-the event loop asks for in one of its iterations are collected and handed over together at the
-end of it. Several go to the writer thread, which runs what is queued in one transaction (each
-write in its own savepoint when one of them fails, so a failing operation undoes only itself) and
-commits once: concurrent appends share one fsync. One operation alone, with the thread idle and
-nothing of this loop's in its queue, runs on the loop itself: a lone step then costs one commit,
-without the two thread switches of a hand-off (``bench/handoff.py``). Either way a future
-resolves only after the commit, so a caller never sees data that could still be lost. (The price:
-while a lone write commits, the loop waits for its fsync; a disk that stalls stalls the loop.)
+the event loop asks for in one of its iterations are collected and run together at the end of
+it, in one transaction (each write in its own savepoint when one of them fails, so a failing
+operation undoes only itself) with one commit: concurrent appends share one fsync.
+
+Where they run: on the event loop itself, when the thread is idle, nothing of this loop's is in
+its queue and the last commit was fast (under ``SLOW_COMMIT_S``). That spares each operation
+two thread switches and each group the contention of two threads for the GIL: a lone step then
+costs one commit (``bench/handoff.py``), and 64 stepping at once are bound by their CPU, not by
+the hand-off. When a commit is slow, the next groups go to the writer thread, so that the loop
+keeps working while the disk syncs; the first fast commit brings them back. Either way a future
+resolves only after the commit, so a caller never sees data that could still be lost. (The
+price: while a group commits on the loop, the loop waits for its fsync, so a disk that stalls
+stalls the loop for one commit before the thread takes over.)
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,6 +33,9 @@ from hearth.errors import StoreError, StoreUnavailable
 from hearth.store.events import Event, StoreEvents
 
 MAX_GROUP = 1024  # bounds how long one group holds the futures it has already run
+# A commit slower than this sends the next groups to the thread (a disk that syncs slowly, or a
+# WAL checkpoint): while the thread waits for the disk, the loop goes on.
+SLOW_COMMIT_S = 0.001
 
 T = TypeVar("T")
 Outbox = list[Event]  # what an operation changed, published only after its commit
@@ -51,12 +60,12 @@ class _Stop:
 
 
 class GroupCommitWriter:
-    """Runs closures on one connection, committing each group of them once: a group on the
-    writer thread, a lone closure on the event loop that asked for it when the thread is idle.
+    """Runs closures on one connection, committing each group of them once: on the event loop
+    that asked for them when the thread is idle and commits are fast, else on the writer thread.
 
     ``commits``, ``ops`` and ``submitted`` count committed transactions, executed operations and
-    queued ones, and ``inline`` the lone ones run on the loop, so the effect of group commit can
-    be observed.
+    queued ones, and ``inline`` the groups run on the loop, so the effect of group commit can be
+    observed.
     """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], events: StoreEvents) -> None:
@@ -65,7 +74,8 @@ class GroupCommitWriter:
         self.commits = 0
         self.ops = 0
         self.submitted = 0
-        self.inline = 0  # groups of one run on the event loop instead of the thread
+        self.inline = 0  # groups run on the event loop instead of the thread
+        self._slow = False  # the last commit took longer than SLOW_COMMIT_S
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
@@ -140,9 +150,14 @@ class GroupCommitWriter:
         return await future
 
     def _dispatch(self) -> None:
-        """At the end of a loop iteration: run a lone operation here when nothing else is
-        running or queued; hand anything else to the thread."""
-        if len(self._collected) == 1 and self._handed == 0 and self._gate.is_set():
+        """At the end of a loop iteration: run what it collected here when the thread is idle,
+        nothing of this loop's is queued and the disk is fast; else hand it to the thread."""
+        if (
+            not self._slow
+            and self._handed == 0
+            and len(self._collected) <= MAX_GROUP
+            and self._gate.is_set()
+        ):
             if self._running.acquire(blocking=False):
                 try:
                     ran = self._run_here()
@@ -271,7 +286,9 @@ class GroupCommitWriter:
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         _faults.reached("store:commit-begin")  # the group ran; nothing is committed yet
+        t0 = time.perf_counter()
         conn.execute("COMMIT")
+        self._slow = time.perf_counter() - t0 > SLOW_COMMIT_S
         self.commits += 1
         _faults.reached("store:commit-done")  # committed; no caller has heard of it
 
