@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -232,6 +233,48 @@ async def test_step_names_must_be_unique_non_empty_and_values_json() -> None:
     async with app.run() as rt:
         text = (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text
     assert "already used" in text and "non-empty" in text and "not JSON" in text
+
+
+async def test_a_step_returns_the_json_form_of_its_value() -> None:
+    """What a step returns is its JSON form, the same on the first run as on a replay: plain
+    values as they are, anything else through a JSON round trip (an IntEnum becomes an int)."""
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    seen: list[list[Any]] = []
+
+    @hearth.tool(durable=True)
+    async def values(ctx: hearth.ToolContext) -> str:
+        """Return values of several kinds from steps."""
+        assert ctx.step is not None
+        got = [
+            await ctx.step.do("int", lambda: 7),
+            await ctx.step.do("text", lambda: "é"),
+            await ctx.step.do("flag", lambda: True),
+            await ctx.step.do("none", lambda: None),
+            await ctx.step.do("enum", lambda: Level.HIGH),
+            await ctx.step.do("tuple", lambda: (1, "a")),
+            await ctx.step.do("float", lambda: 0.5),
+        ]
+        seen.append([(type(v).__name__, v) for v in got])
+        return "ok"
+
+    model = ScriptedModel("a", [calls(call("values")), reply("done")])
+    app = app_with(simple_agent("a", values), models=[model])
+    async with app.run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "done"
+    assert seen == [
+        [
+            ("int", 7),
+            ("str", "é"),
+            ("bool", True),
+            ("NoneType", None),
+            ("int", 3),
+            ("list", [1, "a"]),
+            ("float", 0.5),
+        ]
+    ]
 
 
 def test_a_durable_tool_needs_a_tool_context_parameter() -> None:

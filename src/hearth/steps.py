@@ -20,6 +20,11 @@ from hearth.errors import ConfigurationError, StepError, WaitTimedOut
 Transact = Callable[[str, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
+# Values that come back from a JSON round trip as they went in (exact types: a subclass, such as
+# an ``IntEnum``, comes back as its base type, so it takes the round trip).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
     """The deterministic id of the wait ``name`` of one tool call (safe in a URL path)."""
     digest = hashlib.sha256(f"{message_id}\n{tool_call_id}\n{name}".encode()).hexdigest()
@@ -108,10 +113,13 @@ class Steps:
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
-            try:
-                value = json.loads(json.dumps(value))
-            except (TypeError, ValueError) as exc:
-                raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
+            if type(value) not in _PLAIN:  # a plain value is its own JSON round trip
+                try:
+                    value = json.loads(json.dumps(value))
+                except (TypeError, ValueError) as exc:
+                    raise StepError(
+                        f"step {name!r} returned a value that is not JSON: {exc}"
+                    ) from None
             _faults.reached(f"step-done:{name}")
             await self._record(name, value)
         self._recorded[name] = value

@@ -14,7 +14,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pydantic
@@ -56,6 +56,31 @@ from hearth.store.base import Fence
 from hearth.tools import Tool, ToolContext
 
 log = logging.getLogger("hearth.tools")
+
+
+class _StepTimer:
+    """Around a step that runs (not one replayed from its record): its latency, and its span
+    when tracing records. A plain class: a generator context manager per step cost more than
+    the step's own bookkeeping."""
+
+    __slots__ = ("_name", "_observe", "_span", "_t0", "_traced")
+
+    def __init__(self, name: str, traced: bool, observe: Callable[[float], None]) -> None:
+        self._name, self._traced, self._observe = name, traced, observe
+        self._span: contextlib.AbstractContextManager[Any] | None = None
+        self._t0 = 0.0
+
+    def __enter__(self) -> None:
+        self._t0 = time.perf_counter()
+        if self._traced:
+            self._span = telemetry.span("hearth.step", attributes={"hearth.step": self._name})
+            self._span.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        try:
+            return None if self._span is None else self._span.__exit__(*exc)
+        finally:
+            self._observe(time.perf_counter() - self._t0)
 
 
 class ToolBatch:
@@ -277,18 +302,8 @@ class ToolBatch:
             assert isinstance(stored, ToolStepSettled)
             return stored.value
 
-        @contextlib.contextmanager
-        def around(name: str) -> Iterator[None]:
-            # A step that runs (not one replayed from its record): its span and its latency.
-            t0 = time.perf_counter()
-            try:
-                if traced:
-                    with telemetry.span("hearth.step", attributes={"hearth.step": name}):
-                        yield
-                else:  # a no-op span per step costs more than the step's own bookkeeping
-                    yield
-            finally:
-                metrics.observe_step(time.perf_counter() - t0)
+        def around(name: str) -> _StepTimer:
+            return _StepTimer(name, traced, metrics.observe_step)
 
         started, ended = recorded_waits(self.journal.records, call.message_id, call.tool_call_id)
         return Steps(

@@ -56,20 +56,19 @@ class Journal:
 
     async def append(self, *records: Record) -> list[int]:
         stamped = self.stamp(records)
-        types = [r.type for r in stamped]
-        for t in types:
-            _faults.reached(f"before:{t}")
+        for r in stamped:
+            _faults.reached(f"before:{r.type}")
         _faults.reached("before:store.append")
         t0 = time.perf_counter()
         offsets = await self.store.append(self.conversation_id, stamped, fence=self.fence)
         self.observe(time.perf_counter() - t0)
         _faults.reached("after:store.append")
-        for t in types:
-            _faults.reached(f"after:{t}")
+        for r in stamped:
+            _faults.reached(f"after:{r.type}")
         first = self.last_offset + 1
         if list(offsets) == list(range(first, first + len(offsets))):
             # Nothing else was appended in between: keep the local copy current without a read.
-            self.records.extend(r.with_offset(o) for r, o in zip(stamped, offsets, strict=True))
+            self.records += [r.with_offset(o) for r, o in zip(stamped, offsets, strict=True)]
         else:
             await self.refresh()
         return offsets
