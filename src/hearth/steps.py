@@ -25,6 +25,16 @@ Transact = Callable[[str, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 _PLAIN = frozenset({int, str, bool, type(None)})
 
 
+def json_value(name: str, value: Any) -> Any:
+    """What step ``name`` returned, as JSON gives it back (what a replay returns too)."""
+    if type(value) in _PLAIN:  # a plain value is its own JSON round trip
+        return value
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
+
+
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
     """The deterministic id of the wait ``name`` of one tool call (safe in a URL path)."""
     digest = hashlib.sha256(f"{message_id}\n{tool_call_id}\n{name}".encode()).hexdigest()
@@ -113,13 +123,7 @@ class Steps:
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
-            if type(value) not in _PLAIN:  # a plain value is its own JSON round trip
-                try:
-                    value = json.loads(json.dumps(value))
-                except (TypeError, ValueError) as exc:
-                    raise StepError(
-                        f"step {name!r} returned a value that is not JSON: {exc}"
-                    ) from None
+            value = json_value(name, value)
             _faults.reached(f"step-done:{name}")
             await self._record(name, value)
         self._recorded[name] = value

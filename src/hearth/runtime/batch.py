@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -51,7 +50,7 @@ from hearth.runtime.recovery import (
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import run_child_task
 from hearth.runtime.waits import PauseForWait, carried_state, recorded_waits, wait_started
-from hearth.steps import Steps, WaitPending
+from hearth.steps import Steps, WaitPending, json_value
 from hearth.store.base import Fence
 from hearth.tools import Tool, ToolContext
 
@@ -281,13 +280,7 @@ class ToolBatch:
                     raise StepError(
                         f"step.transaction {name!r} needs an async function: async def fn(conn)"
                     )
-                value = await value
-                try:
-                    value = json.loads(json.dumps(value))
-                except (TypeError, ValueError) as exc:
-                    raise StepError(
-                        f"step {name!r} returned a value that is not JSON: {exc}"
-                    ) from None
+                value = json_value(name, await value)
                 # Inside the transaction: the function's writes are made, not committed.
                 _faults.reached(f"step-done:{name}")
                 return value
