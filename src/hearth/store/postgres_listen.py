@@ -28,12 +28,18 @@ _BACKOFF_MIN_S = 0.1
 _BACKOFF_MAX_S = 2.0
 
 
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
+
+
 def encode(event: Event, sender: str) -> str:
     """The notification payload of one event (well under PostgreSQL's 8000-byte limit)."""
-    return json.dumps(
-        [sender, event.kind, event.conversation_id, event.offset, event.submission_id],
-        separators=(",", ":"),
-    )
+    return _compact([sender, event.kind, event.conversation_id, event.offset, event.submission_id])
+
+
+def own_prefix(sender: str) -> str:
+    """How every payload that ``sender`` encodes starts: a store's listener hears its own
+    notifications too, and drops them by this prefix without decoding them."""
+    return _compact([sender])[:-1] + ","
 
 
 def decode(payload: str) -> tuple[str, Event] | None:
@@ -66,6 +72,7 @@ class Listener:
         self._kwargs = connect_kwargs
         self._channel = channel
         self._sender = sender
+        self._own = own_prefix(sender)
         self._events = events
         self._on_reconnect = on_reconnect
         self._task: asyncio.Task[None] | None = None
@@ -110,6 +117,8 @@ class Listener:
             await asyncio.sleep(delay)
 
     def _deliver(self, payload: str) -> None:
+        if payload.startswith(self._own):
+            return  # this store published its own events after its commits
         decoded = decode(payload)
         if decoded is None:
             log.warning("ignoring a malformed notification: %.200s", payload)
