@@ -6,6 +6,9 @@ so nothing here depends on the workspace being a local directory."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -160,6 +163,32 @@ async def test_the_ephemeral_workspace_is_fresh_for_every_attempt_and_removed_af
     second = await declared.open("coder/c-1", submission_id="s_1", attempt=2)
     assert await second.list_files() == []
     await second.close()
+
+
+async def test_an_ephemeral_workspace_closed_by_a_shutdown_is_still_removed(
+    tmp_path: Path,
+) -> None:
+    """A shutdown cancels an attempt while it closes its workspace. With every executor thread
+    busy, the removal has not started when the cancellation comes; it must happen anyway (the
+    process may exit before a thread would have taken it)."""
+    declared = hearth.EphemeralWorkspace(tmp_path / "root")
+    opened = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    await opened.write_file("notes.txt", "x")
+    assert opened.path is not None
+    loop = asyncio.get_running_loop()
+    busy, release = concurrent.futures.ThreadPoolExecutor(max_workers=1), threading.Event()
+    loop.set_default_executor(busy)
+    blocker = loop.run_in_executor(None, release.wait, 10)
+    try:
+        closing = asyncio.create_task(opened.close())
+        await asyncio.sleep(0)  # the removal is queued behind the blocker
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert not opened.path.exists()
+    finally:
+        release.set()
+        await blocker
 
 
 async def test_an_ephemeral_attempt_clears_what_a_killed_attempt_left(tmp_path: Path) -> None:

@@ -55,8 +55,15 @@ class LocalFiles(OpenWorkspace):
         return await run_command(self._top, command, timeout, self._limits, sandbox=self._sandbox)
 
     async def close(self) -> None:
-        if self._remove:
+        if not self._remove:
+            return
+        try:
             await asyncio.to_thread(shutil.rmtree, self._top, True)
+        except asyncio.CancelledError:
+            # Cancelled (a shutdown) before a thread took the removal, it would never run: the
+            # process may exit first. Remove the directory here, then let the cancellation on.
+            shutil.rmtree(self._top, True)
+            raise
 
 
 class LocalWorkspace(Workspace):
