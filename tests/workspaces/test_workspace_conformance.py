@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import hearth
+from hearth.workspaces.base import close_all
 
 pytestmark = pytest.mark.anyio
 
@@ -208,3 +210,28 @@ async def test_run_ends_with_its_command_even_when_a_background_child_holds_the_
     result = await ws.run("sleep 60 & echo done", timeout=30)
     assert result.exit_code == 0 and not result.timed_out
     assert result.output == "done\n"
+
+
+async def test_a_shutdown_that_cancels_one_close_still_closes_the_rest(tmp_path: Path) -> None:
+    """An attempt that opened several workspaces closes them all when a shutdown cancels it in
+    the first close; the cancellation still reaches the attempt afterwards."""
+    declared = hearth.EphemeralWorkspace(tmp_path / "root")
+    first = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    second = await declared.open("coder/c-2", submission_id="s_2", attempt=1)
+    assert first.path is not None and second.path is not None
+    loop = asyncio.get_running_loop()
+    busy, release = concurrent.futures.ThreadPoolExecutor(max_workers=1), threading.Event()
+    loop.set_default_executor(busy)
+    blocker = loop.run_in_executor(None, release.wait, 10)
+    try:
+        closing = asyncio.create_task(close_all([first, second], logging.getLogger("test")))
+        await asyncio.sleep(0)  # the first removal is queued behind the blocker
+        closing.cancel()
+        release.set()  # the second close's removal can run on the thread
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert not first.path.exists()
+        assert not second.path.exists()
+    finally:
+        release.set()
+        await blocker

@@ -39,7 +39,7 @@ from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
 from hearth.runtime.waits import PauseForWait
 from hearth.store.base import Submission
-from hearth.workspaces.base import OpenWorkspace, Workspace
+from hearth.workspaces.base import OpenWorkspace, Workspace, close_all
 
 
 class Attempt:
@@ -107,11 +107,7 @@ class Attempt:
 
     async def _close_workspaces(self) -> None:
         opened, self._workspaces = list(self._workspaces.values()), {}
-        for handle in opened:
-            try:
-                await handle.close()
-            except Exception:
-                self.log.exception("closing a workspace failed")
+        await close_all(opened, self.log)
 
     def _turn(self, *, begin: bool) -> telemetry.Span:
         """The span of the current turn: a model call and the tool calls of its answer. A

@@ -13,6 +13,9 @@ A remote sandbox (a container service, say) plugs in by implementing both classe
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,3 +110,21 @@ class Workspace(abc.ABC):
     ) -> OpenWorkspace:
         """The workspace of ``conversation_id`` (``"agent/id"``) for this attempt of that
         submission."""
+
+
+async def close_all(
+    opened: Iterable[OpenWorkspace], log: logging.Logger | logging.LoggerAdapter[logging.Logger]
+) -> None:
+    """Close every workspace in ``opened``. A close that fails is logged and the rest still
+    close; a cancelled one (a shutdown) does not stop the rest either: the cancellation goes on
+    once all have been closed, so no ephemeral directory outlives its attempt."""
+    cancelled: asyncio.CancelledError | None = None
+    for handle in opened:
+        try:
+            await handle.close()
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+        except Exception:
+            log.exception("closing a workspace failed")
+    if cancelled is not None:
+        raise cancelled
