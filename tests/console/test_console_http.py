@@ -103,6 +103,19 @@ def test_bad_list_parameters_are_400_with_the_error_envelope(
         assert error_field(r) == field
 
 
+@pytest.mark.parametrize("after", ["9e90~echo/x", "-9e90~echo/x", "1e17~echo/x", "0~echo/x"])
+def test_a_cursor_at_any_time_its_shape_allows_pages_without_an_error(
+    server: ThreadServer, after: str
+) -> None:
+    """The list's index holds activity to the 10 seconds as a 64-bit integer; a cursor's time
+    of any size the cursor's shape allows still reads a page (found by the fuzzer: 9e90)."""
+    with server.client() as http:
+        http.post("/agents/echo/c-1", json={"message": "hi"})
+        page = conversations(http, after=after)
+    ids = [c["conversation_id"] for c in page["conversations"]]  # type: ignore[union-attr]
+    assert ids == (["echo/c-1"] if after[0] in "91" else [])
+
+
 def test_the_sdk_pages_through_the_list(server: ThreadServer) -> None:
     with hearth.Client(server.url) as client:
         for n in range(3):

@@ -514,6 +514,36 @@ async def test_the_conversation_list_pages_with_a_cursor_through_equal_times(
     assert await store.list_conversations(limit=0) == []
 
 
+async def test_the_conversation_list_keeps_exact_order_across_activity_buckets(
+    store: Store, clock: ManualClock
+) -> None:
+    """The list's index holds activity to the 10 seconds; the order and the pages are still
+    exact to the last digit, across bucket edges and after an append moves a conversation."""
+    times = {"c-0": 9.999, "c-1": 19.5, "c-2": 10.0, "c-3": 10.0, "c-4": 20.0, "c-5": 5.0}
+    for name, at in times.items():
+        clock.set(at)
+        await admitted(store, f"support/{name}")
+    clock.set(20.0)
+    await store.append("support/c-5", [msg(1)])  # from the first bucket to the third
+    clock.set(1e9 + 0.25)
+    await admitted(store, "support/c-6")
+    times |= {"c-5": 20.0, "c-6": 1e9 + 0.25}
+    expected = [
+        f"support/{name}" for name, _ in sorted(times.items(), key=lambda t: (t[1], t[0]))[::-1]
+    ]
+    for agent in (None, "support"):
+        listed = await store.list_conversations(agent)
+        assert [(c.conversation_id, c.last_activity) for c in listed] == [
+            (c, times[c.removeprefix("support/")]) for c in expected
+        ]
+        seen: list[str] = []
+        before = None
+        while page := await store.list_conversations(agent, before=before, limit=2):
+            seen += [c.conversation_id for c in page]
+            before = page[-1].cursor
+        assert seen == expected
+
+
 # --- claims and leases -----------------------------------------------------------------------
 
 

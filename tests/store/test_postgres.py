@@ -22,6 +22,7 @@ from hearth.store import NewSubmission, open_store, rules
 from hearth.store.postgres import PostgresStore
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
+from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -183,6 +184,46 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     assert version == str(SCHEMA_VERSION)
 
 
+def _as_version_7(pg_cluster: Cluster, schema: str) -> None:
+    """The conversations table as version 7 left it: the list's indexes on last_activity."""
+    pg_cluster.sql(
+        f"ALTER TABLE {schema}.conversations DROP COLUMN activity_bucket;"
+        f" CREATE INDEX conversations_by_activity ON {schema}.conversations"
+        " (last_activity, conversation_id);"
+        f" CREATE INDEX conversations_by_agent ON {schema}.conversations"
+        " (agent, last_activity, conversation_id);"
+        f" UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'"
+    )
+
+
+async def test_a_version_7_schema_lists_through_activity_buckets_after_its_migration(
+    pg_cluster: Cluster, clock: ManualClock
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema, clock=clock) as store:
+        for n, at in enumerate([1000.0, 1009.5, 1010.0, 2000.25]):
+            clock.set(at)
+            await store.admit(NewSubmission(f"support/c-{n}", "support", "message", {"n": n}))
+    _as_version_7(pg_cluster, schema)
+    async with opened(pg_cluster.conninfo, schema, clock=clock) as store:
+        page = await store.list_conversations(before=(2000.25, "support/c-3"), limit=2)
+        assert [c.conversation_id for c in page] == ["support/c-2", "support/c-1"]
+        clock.set(3000.0)
+        await store.append("support/c-0", [msg(1)])  # moves it to a new bucket
+        listed = await store.list_conversations()
+        assert [c.conversation_id for c in listed] == [f"support/c-{n}" for n in (0, 3, 2, 1)]
+    buckets = pg_cluster.sql(
+        f"SELECT string_agg(conversation_id || '=' || activity_bucket, ',' ORDER BY"
+        f" conversation_id) FROM {schema}.conversations"
+    )
+    assert buckets == "support/c-0=300,support/c-1=100,support/c-2=101,support/c-3=200"
+    indexes = pg_cluster.sql(
+        f"SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
+        f" WHERE schemaname = '{schema}' AND tablename = 'conversations'"
+    )
+    assert indexes == "conversations_pkey,conversations_recent,conversations_recent_by_agent"
+
+
 async def test_a_version_1_schema_is_migrated_with_the_last_activity_of_its_conversations(
     pg_cluster: Cluster,
 ) -> None:
@@ -190,6 +231,7 @@ async def test_a_version_1_schema_is_migrated_with_the_last_activity_of_its_conv
     async with opened(pg_cluster.conninfo, schema) as store:
         await store.admit(NewSubmission("support/old", "support", "message", {"t": 1}))
         await store.admit(NewSubmission("support/new", "support", "message", {"t": 2}))
+    _as_version_7(pg_cluster, schema)
     pg_cluster.sql(  # as version 1 left it
         f"DROP INDEX {schema}.conversations_by_activity;"
         f" DROP INDEX {schema}.conversations_by_agent;"
@@ -248,10 +290,19 @@ async def test_a_page_of_100000_conversations_is_read_through_an_index(
     for agent in (False, True):
         for before in (False, True):
             sql = rules.conversation_list_sql(agent, None, before, lambda n: f"%({n})s")
-            text = sql % {"agent": "'a'", "t": "50000", "c": "'a/c-50000'", "limit": "51"}
+            text = sql % {
+                "agent": "'a'",
+                "b": "5000",
+                "t": "50000",
+                "c": "'a/c-50000'",
+                "limit": "51",
+            }
             plan = pg_cluster.sql(f"SET search_path TO {schema}; EXPLAIN {text}")
-            assert "Index Scan" in plan and "conversations_by_" in plan, plan
-            assert "Sort" not in plan and "Seq Scan on conversations" not in plan, plan
+            assert "Index Scan" in plan and "conversations_recent" in plan, plan
+            # Only the rows of the buckets a page reaches are sorted, never all rows.
+            sorts = [line for line in plan.splitlines() if "Sort " in line and "Key" not in line]
+            assert sorts and all("Incremental Sort" in line for line in sorts), plan
+            assert "Seq Scan on conversations" not in plan, plan
     async with opened(pg_cluster.conninfo, schema) as store:
         page = await store.list_conversations("b", before=(60001.0, "b/c-60001"), limit=3)
         assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
@@ -327,7 +378,7 @@ async def test_a_version_6_schema_gets_the_partial_type_indexes(pg_cluster: Clus
         assert found is not None and (found.id, found.offset) == ("m1", 1)
         assert await store.last_of_type(CONV, Compaction.type) is None
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == str(SCHEMA_VERSION) == "7"
+    assert version == str(SCHEMA_VERSION) == "8"
     names = pg_cluster.sql(
         f"SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
         f" WHERE schemaname = '{schema}' AND tablename = 'records'"
@@ -736,4 +787,4 @@ async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster
         got = await store.get_attachment(b.sha256)
         assert got is not None and got.data == data
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "7"
+    assert found == str(SCHEMA_VERSION) == "8"

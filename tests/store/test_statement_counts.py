@@ -37,7 +37,13 @@ async def statements(store: Store, action: Callable[[], Awaitable[Any]]) -> list
     """The statements (transaction control aside) the store sends while ``action`` runs."""
     seen: list[str] = []
     if isinstance(store, SQLiteStore):
-        await store._write(lambda conn, _: conn.set_trace_callback(seen.append))
+
+        def traced(statement: str) -> None:
+            # Entering a trigger (the activity bucket's) traces its statement a second time.
+            if not seen or seen[-1] != statement:
+                seen.append(statement)
+
+        await store._write(lambda conn, _: conn.set_trace_callback(traced))
         try:
             await action()
         finally:

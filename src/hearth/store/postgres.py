@@ -521,6 +521,7 @@ class PostgresStore(Store):
         args: dict[str, Any] = {"agent": agent, "limit": max(limit, 0)}
         if before is not None:
             args["t"], args["c"] = before
+            args["b"] = rules.activity_bucket(before[0])
         rows = await self._read(lambda conn: ops.fetchall(conn, sql, args))
         return [summary_from_row(row) for row in rows]
 

@@ -13,10 +13,12 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 7  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+SCHEMA_VERSION = 8  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 # 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
 # 7: records_by_type (every record's type) gives way to partial indexes of compactions and of
 #    settlements, the only types looked up by type: a step's record writes one index fewer
+# 8: the conversation list's indexes hold activity_bucket (a column generated from last_activity,
+#    to the 10 seconds) in place of last_activity: an append's update of the row is heap-only
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -27,12 +29,11 @@ CREATE TABLE IF NOT EXISTS conversations (
     parent text,
     last_offset bigint NOT NULL,
     created_at double precision NOT NULL,
-    last_activity double precision NOT NULL DEFAULT 0
+    last_activity double precision NOT NULL DEFAULT 0,
+    activity_bucket bigint GENERATED ALWAYS AS (floor(last_activity / 10)::bigint) STORED
 );
-CREATE INDEX IF NOT EXISTS conversations_by_activity
-    ON conversations (last_activity, conversation_id);
-CREATE INDEX IF NOT EXISTS conversations_by_agent
-    ON conversations (agent, last_activity, conversation_id);
+CREATE INDEX IF NOT EXISTS conversations_recent ON conversations (activity_bucket);
+CREATE INDEX IF NOT EXISTS conversations_recent_by_agent ON conversations (agent, activity_bucket);
 CREATE TABLE IF NOT EXISTS records (
     conversation_id text NOT NULL,
     "offset" bigint NOT NULL,
@@ -153,6 +154,15 @@ CREATE TABLE IF NOT EXISTS attachment_refs (
 # Version 5 → 6: the attachment store and its references (no older row references one).
 _ADD_ATTACHMENTS = _TABLES[_TABLES.index("CREATE TABLE IF NOT EXISTS attachments") :]
 
+# Version 7 → 8: ``activity_bucket`` takes ``last_activity``'s place in the list's indexes (the
+# new indexes come with ``_TABLES``). Adding the generated column rewrites the table once.
+_ADD_ACTIVITY_BUCKET = """
+DROP INDEX IF EXISTS conversations_by_activity;
+DROP INDEX IF EXISTS conversations_by_agent;
+ALTER TABLE conversations ADD COLUMN IF NOT EXISTS activity_bucket bigint
+    GENERATED ALWAYS AS (floor(last_activity / 10)::bigint) STORED
+"""
+
 # Version 4 → 5: the columns of durable waits (the waits table is created with the rest).
 _ADD_WAITS = """
 ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waits integer NOT NULL DEFAULT 0;
@@ -182,6 +192,8 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             await _run(conn, _ADD_WAITS)
         if found is not None and found < 7:  # its partial replacements come with _TABLES
             await conn.execute("DROP INDEX IF EXISTS records_by_type")
+        if found is not None and found < 8:
+            await _run(conn, _ADD_ACTIVITY_BUCKET)
         await _run(conn, _TABLES)
         if found is not None and found < 3:
             await _add_sources(conn)

@@ -13,6 +13,7 @@ import bisect
 import dataclasses
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -182,12 +183,27 @@ def to_json_or_none(value: Any) -> str | None:
     return None if value is None else to_json(value)
 
 
+# The conversation list's indexes hold each conversation's activity to the 10 seconds: an append
+# changes ``last_activity`` but, within those seconds, no indexed value, so the write touches the
+# row alone (a heap-only update in PostgreSQL; no index page in SQLite). The order stays exact:
+# the bucket only ever grows with ``last_activity``, and rows of one bucket are sorted on read.
+ACTIVITY_BUCKET_S = 10
+
+
+def activity_bucket(last_activity: float) -> int:
+    """The ``activity_bucket`` a store keeps for ``last_activity``: the same double division
+    and floor as the stores' own (PostgreSQL's generated column, SQLite's trigger). A cursor's
+    time far outside any clock's (``9e90``) is held to a 63-bit integer, beyond every row's."""
+    return math.floor(min(max(last_activity / ACTIVITY_BUCKET_S, -(2.0**62)), 2.0**62))
+
+
 def conversation_list_sql(
     agent: bool, status: str | None, before: bool, param: Callable[[str], str]
 ) -> str:
     """The conversation list's query, shared by the stores: newest activity first, through the
-    ``conversations_by_activity`` or ``conversations_by_agent`` index. ``param(name)`` spells a
-    named parameter in the store's dialect (``agent``, ``t``, ``c``, ``limit``)."""
+    ``conversations_recent`` or ``conversations_recent_by_agent`` index, sorting only the rows
+    of the buckets a page reaches. ``param(name)`` spells a named parameter in the store's
+    dialect (``agent``, ``b`` (``activity_bucket(t)``), ``t``, ``c``, ``limit``)."""
     if status is not None and status not in CONVERSATION_STATUSES:
         raise ValueError(f"status must be one of {', '.join(CONVERSATION_STATUSES)}")
     unsettled = (
@@ -197,6 +213,7 @@ def conversation_list_sql(
     if agent:
         where.append(f"c.agent = {param('agent')}")
     if before:
+        where.append(f"c.activity_bucket <= {param('b')}")
         where.append(f"(c.last_activity, c.conversation_id) < ({param('t')}, {param('c')})")
     if status == ACTIVE:
         where.append(f"EXISTS (SELECT 1 {unsettled})")
@@ -205,7 +222,8 @@ def conversation_list_sql(
     return (
         f"SELECT c.*, (SELECT COUNT(*) {unsettled}) AS unsettled FROM conversations c"
         f" WHERE {' AND '.join(where)}"
-        f" ORDER BY c.last_activity DESC, c.conversation_id DESC LIMIT {param('limit')}"
+        " ORDER BY c.activity_bucket DESC, c.last_activity DESC, c.conversation_id DESC"
+        f" LIMIT {param('limit')}"
     )
 
 

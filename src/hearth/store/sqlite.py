@@ -300,6 +300,7 @@ class SQLiteStore(Store):
         args: dict[str, object] = {"agent": agent, "limit": max(limit, 0)}
         if before is not None:
             args["t"], args["c"] = before
+            args["b"] = rules.activity_bucket(before[0])
 
         def work(conn: sqlite3.Connection) -> list[ConversationSummary]:
             return [summary_from_row(row) for row in conn.execute(sql, args)]

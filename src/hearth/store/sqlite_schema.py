@@ -8,7 +8,7 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
@@ -17,6 +17,8 @@ SCHEMA_VERSION = 8
 # 7: attachments: the attachments table (bytes by SHA-256) and attachment_refs (what holds them)
 # 8: records_by_type (every record's type) gives way to two partial indexes, of compactions and
 #    of settlements, the only types looked up by type: a step's record writes one index fewer
+# 9: the conversation list's indexes hold activity_bucket (last_activity to the 10 seconds, kept
+#    by triggers) in place of last_activity: an append rewrites the conversation's row alone
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -27,12 +29,24 @@ CREATE TABLE IF NOT EXISTS conversations (
     parent TEXT,
     last_offset INTEGER NOT NULL,
     created_at REAL NOT NULL,
-    last_activity REAL NOT NULL DEFAULT 0
+    last_activity REAL NOT NULL DEFAULT 0,
+    activity_bucket INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS conversations_by_activity
-    ON conversations (last_activity, conversation_id);
-CREATE INDEX IF NOT EXISTS conversations_by_agent
-    ON conversations (agent, last_activity, conversation_id);
+CREATE INDEX IF NOT EXISTS conversations_recent ON conversations (activity_bucket);
+CREATE INDEX IF NOT EXISTS conversations_recent_by_agent ON conversations (agent, activity_bucket);
+CREATE TRIGGER IF NOT EXISTS conversations_bucket_on_insert AFTER INSERT ON conversations
+WHEN NEW.activity_bucket <> CAST(NEW.last_activity / 10 AS INTEGER)
+BEGIN
+    UPDATE conversations SET activity_bucket = CAST(NEW.last_activity / 10 AS INTEGER)
+    WHERE rowid = NEW.rowid;
+END;
+CREATE TRIGGER IF NOT EXISTS conversations_bucket_on_update
+AFTER UPDATE OF last_activity ON conversations
+WHEN NEW.activity_bucket <> CAST(NEW.last_activity / 10 AS INTEGER)
+BEGIN
+    UPDATE conversations SET activity_bucket = CAST(NEW.last_activity / 10 AS INTEGER)
+    WHERE rowid = NEW.rowid;
+END;
 CREATE TABLE IF NOT EXISTS records (
     conversation_id TEXT NOT NULL,
     "offset" INTEGER NOT NULL,
@@ -237,9 +251,33 @@ def _add_waits(conn: sqlite3.Connection) -> None:
 
 def _add_attachments(conn: sqlite3.Connection) -> None:
     """Schema 6 → 7: the attachment store and its references (no older row references one)."""
-    for statement in _ATTACHMENT_TABLES.split(";"):
-        if statement.strip():
-            conn.execute(statement)
+    for statement in _statements(_ATTACHMENT_TABLES):
+        conn.execute(statement)
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of ``script``, each whole (a trigger's body holds ``;`` of its own)."""
+    found, pending = [], ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                found.append(pending)
+            pending = ""
+    return found
+
+
+def _add_activity_bucket(conn: sqlite3.Connection) -> None:
+    """Schema 8 → 9: ``activity_bucket`` takes ``last_activity``'s place in the list's indexes
+    (the new indexes and the triggers that keep it come with ``_SCHEMA``)."""
+    conn.execute("DROP INDEX IF EXISTS conversations_by_activity")
+    conn.execute("DROP INDEX IF EXISTS conversations_by_agent")
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(conversations)")}
+    if "activity_bucket" not in columns:
+        conn.execute(
+            "ALTER TABLE conversations ADD COLUMN activity_bucket INTEGER NOT NULL DEFAULT 0"
+        )
+    conn.execute("UPDATE conversations SET activity_bucket = CAST(last_activity / 10 AS INTEGER)")
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -271,9 +309,10 @@ def migrate(conn: sqlite3.Connection) -> None:
                 _add_attachments(conn)
             if found < 8:  # the partial indexes that replace it come with _SCHEMA
                 conn.execute("DROP INDEX IF EXISTS records_by_type")
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+            if found < 9:
+                _add_activity_bucket(conn)
+        for statement in _statements(_SCHEMA):
+            conn.execute(statement)
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
