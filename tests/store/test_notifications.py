@@ -9,7 +9,12 @@ import logging
 import pytest
 
 from hearth.store.events import APPENDED, SETTLED, Event, StoreEvents
-from hearth.store.postgres_listen import Listener, decode, encode, own_prefix
+from hearth.store.postgres_listen import PAYLOAD_LIMIT, Listener, decode, encode_all, own_prefix
+
+
+def encode(event: Event, sender: str) -> str:
+    [payload] = encode_all([event], sender)
+    return payload
 
 
 def listener(sender: str) -> tuple[Listener, list[Event]]:
@@ -24,7 +29,27 @@ def test_a_payload_decodes_to_its_sender_and_event(sender: str) -> None:
     event = Event(SETTLED, "support/c-1", 4, "s_1")
     payload = encode(event, sender)
     assert payload.startswith(own_prefix(sender))
-    assert decode(payload) == (sender, event)
+    assert decode(payload) == (sender, [event])
+
+
+def test_one_events_payload_reads_as_before_events_were_packed() -> None:
+    """A process of the previous release, during a rolling redeploy, still reads these."""
+    event = Event(APPENDED, "support/c-1", 7)
+    assert encode(event, "p1") == '["p1","appended","support/c-1",7,null]'
+
+
+def test_many_events_share_payloads_each_under_the_limit_in_order() -> None:
+    events = [
+        Event(SETTLED if n % 3 else APPENDED, f"support/{'c' * 200}-{n}", n, f"s_{n}")
+        for n in range(300)
+    ]
+    payloads = encode_all(events, "p1")
+    assert 1 < len(payloads) < 20
+    assert all(len(p.encode()) <= PAYLOAD_LIMIT for p in payloads)
+    decoded = [decode(p) for p in payloads]
+    assert all(d is not None and d[0] == "p1" for d in decoded)
+    assert [e for d in decoded if d is not None for e in d[1]] == events
+    assert encode_all([], "p1") == []
 
 
 def test_the_listener_drops_its_own_notifications_and_publishes_a_peers() -> None:
@@ -37,10 +62,25 @@ def test_the_listener_drops_its_own_notifications_and_publishes_a_peers() -> Non
     assert heard == [event, event, event]
 
 
+def test_the_listener_publishes_every_event_of_a_peers_packed_payload() -> None:
+    mine, heard = listener("p1")
+    events = [Event(APPENDED, f"support/c-{n}", n) for n in range(5)]
+    [payload] = encode_all(events, "p2")
+    mine._deliver(payload)
+    assert heard == events
+    [own] = encode_all(events, "p1")
+    mine._deliver(own)
+    assert heard == events
+
+
 def test_a_malformed_notification_is_logged_and_dropped(caplog: pytest.LogCaptureFixture) -> None:
     mine, heard = listener("p1")
     with caplog.at_level(logging.WARNING, logger="hearth.store.postgres"):
         mine._deliver("not json")
         mine._deliver('["p2","no such kind","c",1,null]')
+        # One bad event spoils its payload: nothing of it is published.
+        mine._deliver('["p2","appended","c",1,null,"appended","c"]')
+        mine._deliver('["p2","appended","c",1,null,"appended","c","x",null]')
+        mine._deliver('{"p2": 1}')
     assert heard == []
-    assert caplog.text.count("malformed notification") == 2
+    assert caplog.text.count("malformed notification") == 5

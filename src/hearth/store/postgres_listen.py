@@ -31,9 +31,31 @@ _BACKOFF_MAX_S = 2.0
 _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
 
 
-def encode(event: Event, sender: str) -> str:
-    """The notification payload of one event (well under PostgreSQL's 8000-byte limit)."""
-    return _compact([sender, event.kind, event.conversation_id, event.offset, event.submission_id])
+# PostgreSQL refuses a payload of 8000 bytes or more; events are packed into payloads below this.
+PAYLOAD_LIMIT = 7900
+
+
+def encode_all(events: list[Event], sender: str) -> list[str]:
+    """Payloads carrying ``events`` in order, as many to a payload as fit under
+    ``PAYLOAD_LIMIT``: ``[sender, kind, conversation, offset, submission, kind, ...]``, the
+    sender once and four fields per event (one event's payload reads as it did before events
+    were packed). One notification for many events is one entry in the server's queue and one
+    message to each listener, not one per event."""
+    head = _compact([sender])[:-1]  # '["sender"', ASCII (the encoder escapes the rest)
+    payloads: list[str] = []
+    parts: list[str] = []
+    size = len(head) + 1
+    for event in events:
+        part = _compact([event.kind, event.conversation_id, event.offset, event.submission_id])
+        part = part[1:-1]
+        if parts and size + 1 + len(part) > PAYLOAD_LIMIT:
+            payloads.append(f"{head},{','.join(parts)}]")
+            parts, size = [], len(head) + 1
+        parts.append(part)
+        size += 1 + len(part)
+    if parts:
+        payloads.append(f"{head},{','.join(parts)}]")
+    return payloads
 
 
 def own_prefix(sender: str) -> str:
@@ -42,14 +64,22 @@ def own_prefix(sender: str) -> str:
     return _compact([sender])[:-1] + ","
 
 
-def decode(payload: str) -> tuple[str, Event] | None:
+def decode(payload: str) -> tuple[str, list[Event]] | None:
+    """The sender and the events of a payload that ``encode_all`` wrote; None for anything
+    else (nothing of a payload is taken unless all of it is well formed)."""
     try:
-        sender, kind, conversation_id, offset, submission_id = json.loads(payload)
+        fields = json.loads(payload)
+        if not isinstance(fields, list) or len(fields) < 5 or (len(fields) - 1) % 4:
+            return None
+        events = []
+        for at in range(1, len(fields), 4):
+            kind, conversation_id, offset, submission_id = fields[at : at + 4]
+            if kind not in KINDS or not isinstance(conversation_id, str):
+                return None
+            events.append(Event(kind, conversation_id, int(offset), submission_id))
     except (ValueError, TypeError):
         return None
-    if kind not in KINDS or not isinstance(conversation_id, str):
-        return None
-    return str(sender), Event(kind, conversation_id, int(offset), submission_id)
+    return str(fields[0]), events
 
 
 class Listener:
@@ -123,9 +153,10 @@ class Listener:
         if decoded is None:
             log.warning("ignoring a malformed notification: %.200s", payload)
             return
-        sender, event = decoded
+        sender, events = decoded
         if sender != self._sender:  # this store published its own events after its commits
-            self._events.publish(event)
+            for event in events:
+                self._events.publish(event)
 
 
 class Notes:
@@ -173,7 +204,7 @@ class Notes:
                 async with self.pool.connection(timeout=2.0) as conn:
                     await conn.execute(
                         "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
-                        {"ch": self.channel, "ps": [encode(e, self.sender) for e in events]},
+                        {"ch": self.channel, "ps": encode_all(events, self.sender)},
                     )
             except (psycopg.Error, PoolTimeout) as exc:
                 log.debug("notifications not sent (peers re-read instead): %s", exc)

@@ -24,7 +24,7 @@ from hearth import _faults
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
 from hearth.store.events import ABORT, StoreEvents
-from hearth.store.postgres_listen import Notes, encode
+from hearth.store.postgres_listen import Notes, encode_all
 
 T = TypeVar("T")
 Work = Callable[[ops.Conn, ops.Outbox], Awaitable[T]]
@@ -253,7 +253,7 @@ class Transactions:
     async def _notify(self, conn: ops.Conn, outbox: ops.Outbox) -> None:
         await conn.execute(
             "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
-            {"ch": self.channel, "ps": [encode(e, self.sender) for e in outbox]},
+            {"ch": self.channel, "ps": encode_all(outbox, self.sender)},
         )
 
 
