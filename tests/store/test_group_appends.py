@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 
 import pytest
 
 from hearth.records import UserMessage
-from hearth.store.postgres_group import GroupAppends, GroupItem
+from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem
 from hearth.store.rows import Fence
 
 pytestmark = pytest.mark.anyio
@@ -18,6 +19,12 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@dataclass
+class Waiter:
+    conversation_id: str
+    done: asyncio.Future[str]
 
 
 RECORD = UserMessage(id="m", message_id="m", content="x", submission_id="s")
@@ -66,3 +73,36 @@ async def test_an_append_alone_is_written_in_the_callers_own_task() -> None:
     group = GroupAppends(run)
     assert await group.append("c", [RECORD], 0, Fence("s", 1))
     assert seen == [asyncio.current_task()]
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_groups_in_flight_never_share_a_conversation(seed: int) -> None:
+    """Two statements in flight would wait for each other's row locks: an item of a
+    conversation being written waits for a later group, and every item is still answered."""
+    rng = random.Random(seed)
+    in_flight: list[str] = []
+    overlaps: list[str] = []
+
+    async def run(items: list[Waiter]) -> list[str]:
+        names = [item.conversation_id for item in items]
+        overlaps.extend(set(names) & set(in_flight))
+        in_flight.extend(names)
+        for _ in range(rng.choice([1, 2, 3])):
+            await asyncio.sleep(0)
+        for name in names:
+            in_flight.remove(name)
+        return [f"{name}!" for name in names]
+
+    grouped: Grouped[Waiter, str] = Grouped(run, flushers=3)
+
+    async def one(name: str) -> str:
+        for _ in range(rng.choice([0, 1])):
+            await asyncio.sleep(0)
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        return await grouped.submit(Waiter(name, done))
+
+    names = [f"c{rng.randrange(6)}" for _ in range(300)]
+    answers = await asyncio.wait_for(asyncio.gather(*(one(n) for n in names)), timeout=10)
+    assert answers == [f"{n}!" for n in names]
+    assert overlaps == []
+    assert grouped.statements < len(names)

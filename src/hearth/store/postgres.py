@@ -25,6 +25,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -40,7 +41,7 @@ from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
-from hearth.store.postgres_group import GroupAppends, GroupItem, group_append
+from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import migrate
 from hearth.store.postgres_tx import (
@@ -132,6 +133,7 @@ class PostgresStore(Store):
         self._hosts: dict[str, str] = {}  # the conversation of each submission that appended
         self._conversations: dict[str, None] = {}  # conversations this process admitted to
         self._group = GroupAppends(self._write_group)
+        self._admits: Grouped[_Admit, Admission | None] = Grouped(self._admit_group)
         self._notes: Notes | None = None
         self._listener: Listener | None = None
         # (database clock - local monotonic clock, measured at): the database's clock between
@@ -444,13 +446,16 @@ class PostgresStore(Store):
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
         if ops.fast_admittable(new):
             known = new.conversation_id in self._conversations
-            fast = await self._tx().write_once(
-                lambda conn, outbox: ops.admit_fast(
-                    conn, new, sid, outbox, self._now(), known=known
-                ),
-                budget_s=ADMIT_WAIT_S,
-                resolve=lambda conn: readback.admission(conn, sid),
-            )
+            if known:
+                # Written together with the admissions of other conversations waiting meanwhile.
+                done: asyncio.Future[Admission | None] = asyncio.get_running_loop().create_future()
+                try:
+                    fast = await self._admits.submit(_Admit(new.conversation_id, new, sid, done))
+                except _GroupLost:
+                    # The group's answer was lost: it may have committed. Read back, then admit.
+                    fast = await self._admit_alone(new, sid, known=True, uncertain=True)
+            else:
+                fast = await self._admit_alone(new, sid, known=False)
             if fast is not None:
                 keep_recent(self._conversations, new.conversation_id, None, _TAILS_KEPT)
                 return fast
@@ -459,6 +464,42 @@ class PostgresStore(Store):
             resolve=lambda conn: readback.admission(conn, sid),
             budget_s=ADMIT_WAIT_S,
         )
+
+    async def _admit_alone(
+        self, new: NewSubmission, sid: str, *, known: bool, uncertain: bool = False
+    ) -> Admission | None:
+        """``admit_fast`` in a round trip of its own (None: the general path answers)."""
+        return await self._tx().write_once(
+            lambda conn, outbox: ops.admit_fast(conn, new, sid, outbox, self._now(), known=known),
+            budget_s=ADMIT_WAIT_S,
+            resolve=lambda conn: readback.admission(conn, sid),
+            uncertain=uncertain,
+        )
+
+    async def _admit_group(self, items: list[_Admit]) -> list[Admission | None]:
+        """Admit one group (see ``Grouped``). A group of one is the plain one-round-trip
+        admission; a larger one is one round trip and one commit for all, and if it fails
+        every admission in it goes alone after reading back whether it was written
+        (``_GroupLost``)."""
+        if len(items) == 1:
+            [item] = items
+            return [await self._admit_alone(item.new, item.submission_id, known=True)]
+        tx = self._tx()
+        outbox: ops.Outbox = []
+        try:
+            async with tx.pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                _faults.reached("store:commit-begin")
+                answers = await ops.admit_group(
+                    conn, [(item.new, item.submission_id) for item in items], outbox, self._now()
+                )
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _GroupLost() from exc
+        _faults.reached("store:commit-done")
+        tx.progressed()
+        self.events.publish_all(outbox)
+        assert self._notes is not None
+        self._notes.add(outbox)
+        return answers
 
     async def get_attachment(self, sha256: str, *, with_data: bool = True) -> Blob | None:
         return await self._read(lambda conn: ops.get_attachment(conn, sha256, with_data))
@@ -817,3 +858,17 @@ class PostgresStore(Store):
 
 def _named(name: str) -> str:
     return f"%({name})s"
+
+
+@dataclass
+class _Admit:
+    """One admission waiting for its group (``Grouped``)."""
+
+    conversation_id: str
+    new: NewSubmission
+    submission_id: str
+    done: asyncio.Future[Admission | None] = field(repr=False)
+
+
+class _GroupLost(Exception):
+    """A group of admissions failed or lost its answer: each is read back, then goes alone."""

@@ -16,9 +16,9 @@ and writes only what is missing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from hearth.records import Record
 from hearth.store.postgres_ops import NOW
@@ -84,7 +84,9 @@ def group_append(items: list[GroupItem], now: float | None) -> tuple[str, dict[s
         "bs": [],
         "ds": [],
     }
-    for ix, item in enumerate(items):
+    # In the order of their conversations, as a group of admissions locks them: the update
+    # takes the rows in this order, so the two never wait for each other in a cycle.
+    for ix, item in sorted(enumerate(items), key=lambda pair: pair[1].conversation_id):
         params["ix"].append(ix)
         params["sid"].append(item.fence.submission_id)
         params["attempt"].append(item.fence.attempt)
@@ -105,44 +107,60 @@ def group_append(items: list[GroupItem], now: float | None) -> tuple[str, dict[s
     return GROUP_APPEND, params
 
 
-Run = Callable[[list[GroupItem]], Awaitable[set[int]]]
+class Waiting(Protocol):
+    """What ``Grouped`` needs of an item: its conversation, and the future its caller awaits."""
+
+    conversation_id: str
+    done: asyncio.Future[Any]
 
 
-class GroupAppends:
-    """Appends waiting for a statement, and the tasks that write them.
+ItemT = TypeVar("ItemT", bound=Waiting)
+AnswerT = TypeVar("AnswerT")
 
-    ``run(items)`` writes one group and returns the indexes of the items it wrote; an exception
-    from it is every item's. At most ``flushers`` groups are written at once; an append arriving
-    meanwhile waits for the next group (group commit, as the SQLite writer thread does).
+
+class Grouped(Generic[ItemT, AnswerT]):
+    """Items waiting for a statement, and the tasks that write them.
+
+    ``run(items)`` writes one group and returns each item's answer, in order; an exception from
+    it is every item's. At most ``flushers`` groups are written at once; an item arriving
+    meanwhile waits for the next group (group commit, as the SQLite writer thread does). A group
+    holds one item per conversation, the oldest waiting first, and none of a conversation that a
+    group being written holds: two statements in flight never wait for each other's row locks.
     """
 
-    def __init__(self, run: Run, *, flushers: int = FLUSHERS, max_group: int = MAX_GROUP):
+    def __init__(
+        self,
+        run: Callable[[list[ItemT]], Awaitable[Sequence[AnswerT]]],
+        *,
+        flushers: int = FLUSHERS,
+        max_group: int = MAX_GROUP,
+    ):
         self.run = run
         self.flushers = flushers
         self.max_group = max_group
         self.statements = 0  # groups written: what a test counts
-        self._pending: list[GroupItem] = []
+        self._pending: list[ItemT] = []
+        self._writing: set[str] = set()  # the conversations of the groups being written
         self._busy = 0  # groups being written now
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def append(
-        self, conversation_id: str, records: list[Record], expect: int, fence: Fence
-    ) -> bool:
-        """Whether the records were written at ``expect + 1`` on (False: take the general path)."""
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        item = GroupItem(conversation_id, records, expect, fence, done)
+    async def submit(self, item: ItemT) -> AnswerT:
+        """``item``'s answer, once the group it joined is written."""
         if self._busy == 0 and not self._pending:
             # Nothing else is being written: write it here, with no hand-off to another task.
             self._busy += 1
             self.statements += 1
+            self._writing.add(item.conversation_id)
             try:
-                return 0 in await self.run([item])
+                [answer] = await self.run([item])
+                return answer
             finally:
+                self._writing.discard(item.conversation_id)
                 self._busy -= 1
                 self._start()  # for what queued up meanwhile
         self._pending.append(item)
         self._start()
-        return await done
+        return cast(AnswerT, await item.done)
 
     def _start(self) -> None:
         if self._pending and self._busy < self.flushers:
@@ -151,15 +169,16 @@ class GroupAppends:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _take(self) -> list[GroupItem]:
-        """The next group: the oldest waiting appends, one per conversation."""
-        group: list[GroupItem] = []
+    def _take(self) -> list[ItemT]:
+        """The next group: the oldest waiting items, one per conversation."""
+        group: list[ItemT] = []
         seen: set[str] = set()
-        rest: list[GroupItem] = []
+        rest: list[ItemT] = []
         for item in self._pending:
             if item.done.done():
                 continue  # its caller was cancelled before it was written: drop it
-            if item.conversation_id in seen or len(group) >= self.max_group:
+            busy = item.conversation_id in seen or item.conversation_id in self._writing
+            if busy or len(group) >= self.max_group:
                 rest.append(item)
             else:
                 seen.add(item.conversation_id)
@@ -177,19 +196,46 @@ class GroupAppends:
         while self._pending:
             group = self._take()
             if not group:
-                continue
+                # What waits belongs to the group being written: that writer takes it next.
+                return
             self.statements += 1
+            held = {item.conversation_id for item in group}
+            self._writing |= held
             try:
-                written = await self.run(group)
+                answers = await self.run(group)
             except Exception as exc:
                 for item in group:
                     if not item.done.done():
                         item.done.set_exception(exc)
                 continue
-            except BaseException:  # cancelled (the store is closing): so are its appends
+            except BaseException:  # cancelled (the store is closing): so are its items
                 for item in [*group, *self._pending]:
                     item.done.cancel()
                 raise
-            for ix, item in enumerate(group):
+            finally:
+                self._writing -= held
+            for item, answer in zip(group, answers, strict=True):
                 if not item.done.done():
-                    item.done.set_result(ix in written)
+                    item.done.set_result(answer)
+
+
+Run = Callable[[list[GroupItem]], Awaitable[set[int]]]
+
+
+class GroupAppends(Grouped[GroupItem, bool]):
+    """Fast appends of different conversations, written together: ``run(items)`` writes one
+    group and returns the indexes of the items it wrote (the others take the general path)."""
+
+    def __init__(self, run: Run, *, flushers: int = FLUSHERS, max_group: int = MAX_GROUP):
+        async def judged(items: list[GroupItem]) -> list[bool]:
+            written = await run(items)
+            return [ix in written for ix in range(len(items))]
+
+        super().__init__(judged, flushers=flushers, max_group=max_group)
+
+    async def append(
+        self, conversation_id: str, records: list[Record], expect: int, fence: Fence
+    ) -> bool:
+        """Whether the records were written at ``expect + 1`` on (False: take the general path)."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        return await self.submit(GroupItem(conversation_id, records, expect, fence, done))

@@ -389,19 +389,7 @@ async def admit_fast(
     """``admit`` in one round trip, for a submission ``fast_admittable`` accepted; ``known``:
     the conversation is known to exist. None when nothing was written (the idempotency key is
     taken, or a ``known`` conversation does not exist)."""
-    values: dict[str, Any] = {
-        "id": submission_id,
-        "c": new.conversation_id,
-        "kind": new.kind,
-        "payload": rules.to_json(new.payload),
-        "key": new.idempotency_key,
-        "digest": rules.payload_digest(new.kind, new.payload),
-        "max": new.max_attempts,
-        "timeout": new.timeout,
-        "now": now,
-        "source": rules.to_json_or_none(new.source),
-        "traceparent": new.traceparent,
-    }
+    values = _admit_values(new, submission_id, now)
     if not known:
         first = rules.conversation_created(new)
         body, digest = first.encode(0)
@@ -430,6 +418,55 @@ async def admit_fast(
         outbox.append(Event(APPENDED, new.conversation_id, 0))
     outbox.append(Event(ADMITTED, new.conversation_id, offset, submission_id))
     return Admission(submission_from_row(row), offset, False)
+
+
+def _admit_values(new: NewSubmission, submission_id: str, now: float | None) -> dict[str, Any]:
+    """The values ``ADMIT_FAST`` binds."""
+    return {
+        "id": submission_id,
+        "c": new.conversation_id,
+        "kind": new.kind,
+        "payload": rules.to_json(new.payload),
+        "key": new.idempotency_key,
+        "digest": rules.payload_digest(new.kind, new.payload),
+        "max": new.max_attempts,
+        "timeout": new.timeout,
+        "now": now,
+        "source": rules.to_json_or_none(new.source),
+        "traceparent": new.traceparent,
+    }
+
+
+async def admit_group(
+    conn: Conn,
+    admissions: list[tuple[NewSubmission, str]],
+    outbox: Outbox,
+    now: float | None,
+) -> list[Admission | None]:
+    """``admit_fast`` for several submissions of known conversations, one per conversation, in
+    one round trip and one transaction: their ``ADMIT_FAST`` statements one after another, in
+    the order of their conversations (so two groups lock their rows in the same order and
+    cannot deadlock). Each answer is as ``admit_fast``'s: None where nothing was written. Any
+    error rolls back all of them."""
+    cursor = psycopg.AsyncClientCursor(conn)
+    order = sorted(range(len(admissions)), key=lambda ix: admissions[ix][0].conversation_id)
+    text = ";".join(
+        cursor.mogrify(ADMIT_FAST, _admit_values(new, sid, now))
+        for new, sid in (admissions[ix] for ix in order)
+    )
+    await cursor.execute(text.encode())
+    answers: list[Admission | None] = [None] * len(admissions)
+    for n, ix in enumerate(order):
+        if n:
+            cursor.nextset()  # the next one's lock
+        cursor.nextset()  # its insert
+        row = await cursor.fetchone()
+        if row is not None:
+            new, sid = admissions[ix]
+            offset = int(row["admitted_offset"])
+            outbox.append(Event(ADMITTED, new.conversation_id, offset, sid))
+            answers[ix] = Admission(submission_from_row(row), offset, False)
+    return answers
 
 
 # What an attempt reads at a turn boundary, in one round trip: three reads in one simple query.

@@ -106,10 +106,15 @@ class Transactions:
         one-statement form of it) may have committed, so ``resolve`` looks first."""
         return await self._run(work, budget_s=budget_s, resolve=resolve, uncertain=uncertain)
 
-    async def write_once(self, work: Work[T], *, budget_s: float, resolve: Resolve[T]) -> T:
+    async def write_once(
+        self, work: Work[T], *, budget_s: float, resolve: Resolve[T], uncertain: bool = False
+    ) -> T:
         """``write`` for work that is one round trip committing by itself (one statement, or
-        statements in one simple query): no ``BEGIN`` and ``COMMIT`` of its own."""
-        return await self._run(work, budget_s=budget_s, resolve=resolve, transaction=False)
+        statements in one simple query): no ``BEGIN`` and ``COMMIT`` of its own. ``uncertain``:
+        it may have been written already (an answer was lost), so ``resolve`` looks first."""
+        return await self._run(
+            work, budget_s=budget_s, resolve=resolve, transaction=False, uncertain=uncertain
+        )
 
     async def _run(
         self,

@@ -1,0 +1,165 @@
+"""Admissions to conversations a PostgreSQL store knows go in groups: many in one round trip
+and one commit. Each is answered as if it went alone: its own head, its own idempotency key,
+its payload exactly as given, and a group whose answer was lost is read back, never admitted
+twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from pgcluster import Cluster, new_schema
+
+from hearth.store import NewSubmission
+from hearth.store import postgres_ops as ops
+from hearth.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.anyio
+
+ODD = "quote ' double \" backslash \\ %(c)s %s newline\n é 漢 \u2028"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def store(pg_cluster: Cluster) -> AsyncIterator[PostgresStore]:
+    opened = PostgresStore(pg_cluster.conninfo, schema=new_schema())
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def new(conversation_id: str, text: str, key: str | None = None) -> NewSubmission:
+    return NewSubmission(conversation_id, "support", "message", {"text": text}, idempotency_key=key)
+
+
+async def known(store: PostgresStore, count: int, prefix: str = "g") -> list[str]:
+    """``count`` conversations admitted to once (so the store knows them), each with one
+    queued submission at its head."""
+    names = [f"support/{prefix}-{n}" for n in range(count)]
+    for name in names:
+        await store.admit(new(name, "first"))
+    return names
+
+
+async def rows(pg_cluster: Cluster, store: PostgresStore) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as conn:
+        cursor = await conn.execute(
+            f"SELECT conversation_id, payload, is_head FROM {store.schema}.submissions ORDER BY seq"
+        )
+        return await cursor.fetchall()
+
+
+def spied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the groups written (their statement answered)."""
+    written: list[int] = []
+    real = ops.admit_group
+
+    async def spy(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
+        answers = await real(conn, admissions, outbox, now)
+        written.append(len(admissions))
+        return answers
+
+    monkeypatch.setattr(ops, "admit_group", spy)
+    return written
+
+
+async def test_many_admissions_at_once_share_statements_and_each_is_answered_as_alone(
+    store: PostgresStore, pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = await known(store, 24)
+    written = spied(monkeypatch)
+    admitted = await asyncio.gather(*(store.admit(new(name, f"{ODD} {name}")) for name in names))
+    assert written and sum(written) >= len(names) - 2  # all but the first went in groups
+    for name, admission in zip(names, admitted, strict=True):
+        sub = admission.submission
+        assert (sub.conversation_id, sub.payload, sub.status) == (
+            name,
+            {"text": f"{ODD} {name}"},
+            "queued",
+        )
+        assert not admission.deduplicated and admission.offset == 0
+        assert await store.get_submission(sub.id) == sub
+    stored = await rows(pg_cluster, store)
+    assert len(stored) == 2 * len(names)
+    # Each conversation's head is still its first submission: the second queued behind it.
+    heads = {c: p for c, p, head in stored if head}
+    assert heads == {name: '{"text":"first"}' for name in names}
+
+
+async def test_admissions_to_one_conversation_at_once_keep_one_head(
+    store: PostgresStore, pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [name] = await known(store, 1, "one")
+    others = await known(store, 8)  # other conversations, so that groups form
+    written = spied(monkeypatch)
+    admitted = await asyncio.gather(
+        *(store.admit(new(name, f"m{n}")) for n in range(6)),
+        *(store.admit(new(other, "x")) for other in others),
+    )
+    assert written and max(written) > 1
+    mine = [a.submission for a in admitted[:6]]
+    assert [s.payload["text"] for s in mine] == [f"m{n}" for n in range(6)]
+    listed = await store.list_submissions(name, limit=100)
+    assert listed[0].payload["text"] == "first"
+    assert sorted(s.id for s in listed[1:]) == sorted(s.id for s in mine)
+    stored = [r for r in await rows(pg_cluster, store) if r[0] == name]
+    assert [head for _, _, head in stored] == [True] + [False] * 6
+    # The head moves on in admission order once the first settles: one head at a time.
+    assert len(await store.claim("owner-1", 30.0, 100)) == 1 + len(others)
+
+
+async def test_an_idempotency_key_sent_twice_at_once_admits_once(
+    store: PostgresStore, pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = await known(store, 6)
+    written = spied(monkeypatch)
+    admitted = await asyncio.gather(
+        *(store.admit(new(name, "once", key="k-1")) for name in names),
+        *(store.admit(new(name, "once", key="k-1")) for name in names),
+    )
+    assert written and max(written) > 1
+    for name, first, second in zip(names, admitted[:6], admitted[6:], strict=True):
+        assert first.submission.id == second.submission.id
+        assert sorted([first.deduplicated, second.deduplicated]) == [False, True]
+        assert first.submission.conversation_id == name
+    assert len(await rows(pg_cluster, store)) == 2 * len(names)
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_a_group_whose_answer_is_lost_is_read_back_and_never_admitted_twice(
+    store: PostgresStore,
+    pg_cluster: Cluster,
+    monkeypatch: pytest.MonkeyPatch,
+    committed: bool,
+) -> None:
+    """The connection breaks after a group's statement went out: whether or not it committed,
+    every admission of the group is answered once, with one row each."""
+    names = await known(store, 12)
+    real = ops.admit_group
+    lost: list[int] = []
+
+    async def cut(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
+        if committed:
+            await real(conn, admissions, outbox, now)
+        lost.append(len(admissions))
+        raise psycopg.OperationalError("the connection was lost (planted)")
+
+    monkeypatch.setattr(ops, "admit_group", cut)
+    admitted = await asyncio.gather(*(store.admit(new(name, "again")) for name in names))
+    assert lost and max(lost) > 1  # groups formed, and each lost its answer
+    assert {a.submission.conversation_id for a in admitted} == set(names)
+    assert all(a.submission.payload == {"text": "again"} for a in admitted)
+    assert all(not a.deduplicated for a in admitted)
+    stored = await rows(pg_cluster, store)
+    assert sorted(c for c, p, _ in stored if p == '{"text":"again"}') == sorted(names)
+    for a in admitted:
+        assert await store.get_submission(a.submission.id) == a.submission
