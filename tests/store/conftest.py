@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from pgcluster import Cluster, new_schema
@@ -18,6 +19,9 @@ from pgcluster import Cluster, new_schema
 from hearth.store import Store
 from hearth.store.sqlite import SQLiteStore
 from hearth.testing.clock import ManualClock
+
+if TYPE_CHECKING:
+    from hearth.store.postgres import PostgresStore
 
 STORES = ["sqlite-file", "sqlite-memory", "postgres"]
 
@@ -79,3 +83,16 @@ async def store_pair(
     finally:
         await second.close()
         await first.close()
+
+
+@pytest.fixture
+async def pg_store(pg_cluster: Cluster) -> AsyncIterator[PostgresStore]:
+    """A PostgreSQL store on a fresh schema of the session's cluster, open."""
+    from hearth.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_cluster.conninfo, schema=new_schema())
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()

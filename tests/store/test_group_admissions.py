@@ -6,12 +6,11 @@ twice."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
-from pgcluster import Cluster, new_schema
+from pgcluster import Cluster
 
 from hearth.store import NewSubmission
 from hearth.store import postgres_ops as ops
@@ -23,18 +22,8 @@ ODD = "quote ' double \" backslash \\ %(c)s %s newline\n é 漢 \u2028"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def store(pg_cluster: Cluster) -> AsyncIterator[PostgresStore]:
-    opened = PostgresStore(pg_cluster.conninfo, schema=new_schema())
-    await opened.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
+def store(pg_store: PostgresStore) -> PostgresStore:
+    return pg_store
 
 
 def new(conversation_id: str, text: str, key: str | None = None) -> NewSubmission:

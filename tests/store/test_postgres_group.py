@@ -35,20 +35,6 @@ async def running_in(store: Any, count: int) -> list[Fence]:
     return fences
 
 
-@pytest.fixture
-async def pg_store(pg_cluster: Any) -> Any:
-    from pgcluster import new_schema
-
-    from hearth.store.postgres import PostgresStore
-
-    store = PostgresStore(pg_cluster.conninfo, schema=new_schema())
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
 async def test_concurrent_steps_of_many_conversations_share_statements(pg_store: Any) -> None:
     fences = await running_in(pg_store, CONVERSATIONS)
     for i, fence in enumerate(fences):  # the first append of each learns its offset

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,16 @@ async def test_a_schema_1_file_is_migrated_with_the_heads_of_its_conversations(
         await store.close()
 
 
+async def reopened_as(
+    path: Path, revert: Callable[[sqlite3.Connection], None], clock: ManualClock
+) -> SQLiteStore:
+    """The file at ``path`` turned back by ``revert`` into what an older hearth left, opened."""
+    with sqlite3.connect(path) as conn:
+        revert(conn)
+    conn.close()
+    return await opened(path, clock=clock)
+
+
 def _as_schema_8(conn: sqlite3.Connection) -> None:
     """The conversations table as schema 8 left it: the list's indexes on last_activity."""
     conn.execute("DROP TRIGGER conversations_bucket_on_insert")
@@ -228,10 +239,7 @@ async def test_a_schema_2_file_is_migrated_with_the_last_activity_of_its_convers
         await store.admit(new("support/idle-new"))
     finally:
         await store.close()
-    with sqlite3.connect(path) as conn:
-        _as_schema_2(conn)
-    conn.close()
-    store = await opened(path, clock=clock)
+    store = await reopened_as(path, _as_schema_2, clock)
     try:
         listed = await store.list_conversations()
         assert [(c.conversation_id, c.last_activity) for c in listed] == [
@@ -254,10 +262,7 @@ async def test_a_schema_8_file_lists_through_activity_buckets_after_its_migratio
             await store.admit(new(f"support/c-{n}"))
     finally:
         await store.close()
-    with sqlite3.connect(path) as conn:
-        _as_schema_8(conn)
-    conn.close()
-    store = await opened(path, clock=clock)
+    store = await reopened_as(path, _as_schema_8, clock)
     try:
         page = await store.list_conversations(before=(2000.25, "support/c-3"), limit=2)
         assert [c.conversation_id for c in page] == ["support/c-2", "support/c-1"]
