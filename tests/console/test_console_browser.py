@@ -13,6 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 from httpharness import ServerProcess
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -157,7 +158,15 @@ def test_a_long_conversation_opens_at_its_newest_records_and_pages_backwards(
     while page.find_element(By.ID, "earlier").is_displayed():
         before = offsets[0]
         page.find_element(By.ID, "earlier").click()
-        until(page, lambda d, before=before: rendered(d)[0] < before)
+        try:
+            until(page, lambda d, before=before: rendered(d)[0] < before)
+        except TimeoutException:  # say what the page showed (it failed once under heavy load)
+            shown_now = rendered(page)
+            said = page.execute_script("return document.querySelector('.problem')?.textContent")
+            raise AssertionError(
+                f"no earlier page after the click: first offset {shown_now[:1]} (was {before}),"
+                f" {len(shown_now)} records shown, the page said {said!r}"
+            ) from None
         offsets = rendered(page)
         pages += 1
     assert pages == 2 and offsets[0] == 0
