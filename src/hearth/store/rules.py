@@ -192,8 +192,9 @@ ACTIVITY_BUCKET_S = 10
 
 def activity_bucket(last_activity: float) -> int:
     """The ``activity_bucket`` a store keeps for ``last_activity``: the same double division
-    and floor as the stores' own (PostgreSQL's generated column, SQLite's trigger). A cursor's
-    time far outside any clock's (``9e90``) is held to a 63-bit integer, beyond every row's."""
+    and floor as the stores' own (PostgreSQL's generated column; SQLite's trigger truncates,
+    which is the floor for any time since 1970). A cursor's time far outside any clock's
+    (``9e90``) is held to a 63-bit integer, beyond every row's."""
     return math.floor(min(max(last_activity / ACTIVITY_BUCKET_S, -(2.0**62)), 2.0**62))
 
 
