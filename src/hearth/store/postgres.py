@@ -495,10 +495,7 @@ class PostgresStore(Store):
         except (psycopg.Error, PoolTimeout) as exc:
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
-        tx.progressed()
-        self.events.publish_all(outbox)
-        assert self._notes is not None
-        self._notes.add(outbox)
+        tx.committed(outbox)
         return answers
 
     async def get_attachment(self, sha256: str, *, with_data: bool = True) -> Blob | None:

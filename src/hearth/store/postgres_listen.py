@@ -41,20 +41,20 @@ def encode_all(events: list[Event], sender: str) -> list[str]:
     sender once and four fields per event (one event's payload reads as it did before events
     were packed). One notification for many events is one entry in the server's queue and one
     message to each listener, not one per event."""
-    head = _compact([sender])[:-1]  # '["sender"', ASCII (the encoder escapes the rest)
+    head = own_prefix(sender)  # '["sender",': ASCII, as the encoder escapes the rest
     payloads: list[str] = []
     parts: list[str] = []
-    size = len(head) + 1
+    size = len(head) + 1  # and the closing bracket
     for event in events:
-        part = _compact([event.kind, event.conversation_id, event.offset, event.submission_id])
-        part = part[1:-1]
+        fields = [event.kind, event.conversation_id, event.offset, event.submission_id]
+        part = _compact(fields)[1:-1]
         if parts and size + 1 + len(part) > PAYLOAD_LIMIT:
-            payloads.append(f"{head},{','.join(parts)}]")
+            payloads.append(head + ",".join(parts) + "]")
             parts, size = [], len(head) + 1
+        size += len(part) + bool(parts)  # a comma before all but the first
         parts.append(part)
-        size += 1 + len(part)
     if parts:
-        payloads.append(f"{head},{','.join(parts)}]")
+        payloads.append(head + ",".join(parts) + "]")
     return payloads
 
 
@@ -101,7 +101,6 @@ class Listener:
         self._conninfo = conninfo
         self._kwargs = connect_kwargs
         self._channel = channel
-        self._sender = sender
         self._own = own_prefix(sender)
         self._events = events
         self._on_reconnect = on_reconnect
@@ -153,10 +152,8 @@ class Listener:
         if decoded is None:
             log.warning("ignoring a malformed notification: %.200s", payload)
             return
-        sender, events = decoded
-        if sender != self._sender:  # this store published its own events after its commits
-            for event in events:
-                self._events.publish(event)
+        for event in decoded[1]:  # a peer's: this store's own were dropped above
+            self._events.publish(event)
 
 
 class Notes:

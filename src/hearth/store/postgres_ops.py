@@ -413,10 +413,15 @@ async def admit_fast(
     row = await cursor.fetchone()
     if row is None:
         return None
-    offset = int(row["admitted_offset"])
     if created:
         outbox.append(Event(APPENDED, new.conversation_id, 0))
-    outbox.append(Event(ADMITTED, new.conversation_id, offset, submission_id))
+    return _admitted(row, outbox)
+
+
+def _admitted(row: dict[str, Any], outbox: Outbox) -> Admission:
+    """The admission an inserted ``submissions`` row makes, its event in ``outbox``."""
+    offset = int(row["admitted_offset"])
+    outbox.append(Event(ADMITTED, row["conversation_id"], offset, row["id"]))
     return Admission(submission_from_row(row), offset, False)
 
 
@@ -462,10 +467,7 @@ async def admit_group(
         cursor.nextset()  # its insert
         row = await cursor.fetchone()
         if row is not None:
-            new, sid = admissions[ix]
-            offset = int(row["admitted_offset"])
-            outbox.append(Event(ADMITTED, new.conversation_id, offset, sid))
-            answers[ix] = Admission(submission_from_row(row), offset, False)
+            answers[ix] = _admitted(row, outbox)
     return answers
 
 

@@ -116,6 +116,14 @@ class Transactions:
             work, budget_s=budget_s, resolve=resolve, transaction=False, uncertain=uncertain
         )
 
+    def committed(self, outbox: ops.Outbox, unsent: ops.Outbox | None = None) -> None:
+        """After a commit: the pool has made progress, this process hears ``outbox`` now, and
+        peers are notified of ``unsent`` (all of ``outbox`` unless its transaction notified
+        some itself)."""
+        self.progressed()
+        self.events.publish_all(outbox)
+        self.notes.add(outbox if unsent is None else unsent)
+
     async def _run(
         self,
         work: Work[T],
@@ -143,9 +151,7 @@ class Transactions:
                         result = await work(conn, outbox)
                         if resolve is not None:
                             _faults.reached("store:commit-done")
-                        self.progressed()
-                        self.events.publish_all(outbox)
-                        self.notes.add(outbox)
+                        self.committed(outbox)
                         return result
                     async with conn.transaction():
                         result = await work(conn, outbox)
@@ -154,9 +160,7 @@ class Transactions:
                             await self._notify(conn, urgent)
                         _faults.reached("store:commit-begin")  # the work ran; not committed yet
                     _faults.reached("store:commit-done")  # committed; no caller has heard of it
-                self.progressed()
-                self.events.publish_all(outbox)
-                self.notes.add([e for e in outbox if e.kind != ABORT])
+                self.committed(outbox, [e for e in outbox if e.kind != ABORT])
                 return result
             except (HearthError, psycopg.IntegrityError):
                 # After a lost COMMIT whose transaction finished late, the retry is refused (the
