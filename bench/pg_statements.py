@@ -2,8 +2,9 @@
 
 The peers bench's end-to-end workload (``_peer_cases.py``: a model turn, a tool call and a reply;
 submissions dispatched all at once over 64 conversations) runs with every statement sent through
-psycopg's cursors counted. Printed: settled/s, the process's CPU per submission, statements per
-submission, and the most frequent statements. A round trip costs the process on the order of
+psycopg's cursors counted (each statement of a pipeline counts, though the pipeline is one round
+trip). Printed: settled/s, the process's CPU per submission, statements per submission, and the
+most frequent statements. A round trip costs the process on the order of
 100 µs of CPU, so this is where the end-to-end rate on PostgreSQL goes.
 
     .venv/bin/python bench/pg_statements.py --submissions 1000 [--pg URL]

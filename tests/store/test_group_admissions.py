@@ -14,6 +14,7 @@ from pgcluster import Cluster
 
 from hearth.store import NewSubmission
 from hearth.store import postgres_ops as ops
+from hearth.store.events import ADMITTED, APPENDED, Event
 from hearth.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -150,5 +151,76 @@ async def test_a_group_whose_answer_is_lost_is_read_back_and_never_admitted_twic
     assert all(not a.deduplicated for a in admitted)
     stored = await rows(pg_cluster, store)
     assert sorted(c for c, p, _ in stored if p == '{"text":"again"}') == sorted(names)
+    for a in admitted:
+        assert await store.get_submission(a.submission.id) == a.submission
+
+
+async def test_admissions_to_new_conversations_go_in_groups_and_create_each_once(
+    store: PostgresStore, pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst to conversations this process has never seen: the first admission of each
+    creates it (its ``conversation_created`` record at offset 0), in a group with the others';
+    the ones behind it, in later groups, find it made."""
+    names = [f"support/new-{n}" for n in range(12)]
+    creating: list[int] = []
+    real = ops.admit_group
+
+    async def spy(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
+        creating.append(sum(1 for _, _, known in admissions if not known))
+        return await real(conn, admissions, outbox, now)
+
+    monkeypatch.setattr(ops, "admit_group", spy)
+    heard: list[Event] = []
+    store.events.listen(heard.append)
+    admitted = await asyncio.gather(
+        *(store.admit(new(name, f"{ODD} {k}")) for k in range(3) for name in names)
+    )
+    assert creating and max(creating) > 1  # new conversations were created in groups
+    # Each creation is announced once (readers of a new conversation wake), each admission too.
+    created = sorted(e.conversation_id for e in heard if e.kind == APPENDED and e.offset == 0)
+    assert created == sorted(names)
+    assert sorted(e.submission_id for e in heard if e.kind == ADMITTED) == sorted(
+        a.submission.id for a in admitted
+    )
+    for name in names:
+        records = await store.read(name)
+        assert [(r.offset, r.type) for r in records] == [(0, "conversation_created")]
+        mine = [a for a in admitted if a.submission.conversation_id == name]
+        assert sorted(a.submission.payload["text"] for a in mine) == [
+            f"{ODD} {k}" for k in range(3)
+        ]
+        assert all(a.offset == 0 and not a.deduplicated for a in mine)
+    stored = await rows(pg_cluster, store)
+    assert len(stored) == 3 * len(names)
+    heads = [c for c, _, head in stored if head]
+    assert sorted(heads) == sorted(names)  # one head each: the first admitted
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_a_lost_group_that_created_conversations_is_read_back_once(
+    store: PostgresStore,
+    pg_cluster: Cluster,
+    monkeypatch: pytest.MonkeyPatch,
+    committed: bool,
+) -> None:
+    names = [f"support/lost-{n}" for n in range(10)]
+    real = ops.admit_group
+    lost: list[int] = []
+
+    async def cut(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
+        if committed:
+            await real(conn, admissions, outbox, now)
+        lost.append(len(admissions))
+        raise psycopg.OperationalError("the connection was lost (planted)")
+
+    monkeypatch.setattr(ops, "admit_group", cut)
+    admitted = await asyncio.gather(*(store.admit(new(name, "hello")) for name in names))
+    assert lost and max(lost) > 1
+    assert sorted(a.submission.conversation_id for a in admitted) == sorted(names)
+    for name in names:
+        assert [r.type for r in await store.read(name)] == ["conversation_created"]
+    stored = await rows(pg_cluster, store)
+    assert sorted(c for c, _, head in stored if head) == sorted(names)
+    assert len(stored) == len(names)
     for a in admitted:
         assert await store.get_submission(a.submission.id) == a.submission

@@ -450,19 +450,14 @@ class PostgresStore(Store):
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
         if ops.fast_admittable(new):
-            known = new.conversation_id in self._conversations
-            if known:
-                # Written together with the admissions of other conversations waiting meanwhile.
-                done: asyncio.Future[Admission | None] = asyncio.get_running_loop().create_future()
-                try:
-                    fast = await self._admits.submit(_Admit(new.conversation_id, new, sid, done))
-                except _GroupLost:
-                    # The group's answer was lost: it may have committed. Read back, then admit.
-                    fast = await self._admit_alone(new, sid, known=True, uncertain=True)
-            else:
-                fast = await self._admit_alone(new, sid, known=False)
+            # Written together with the admissions of other conversations waiting meanwhile.
+            done: asyncio.Future[Admission | None] = asyncio.get_running_loop().create_future()
+            try:
+                fast = await self._admits.submit(_Admit(new.conversation_id, new, sid, done))
+            except _GroupLost:
+                # The group's answer was lost: it may have committed. Read back, then admit.
+                fast = await self._admit_alone(new, sid, uncertain=True)
             if fast is not None:
-                keep_recent(self._conversations, new.conversation_id, None, _TAILS_KEPT)
                 return fast
         return await self._write(
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
@@ -471,37 +466,51 @@ class PostgresStore(Store):
         )
 
     async def _admit_alone(
-        self, new: NewSubmission, sid: str, *, known: bool, uncertain: bool = False
+        self, new: NewSubmission, sid: str, *, uncertain: bool = False
     ) -> Admission | None:
         """``admit_fast`` in a round trip of its own (None: the general path answers)."""
-        return await self._tx().write_once(
+        known = new.conversation_id in self._conversations
+        admitted = await self._tx().write_once(
             lambda conn, outbox: ops.admit_fast(conn, new, sid, outbox, self._now(), known=known),
             budget_s=ADMIT_WAIT_S,
             resolve=lambda conn: readback.admission(conn, sid),
             uncertain=uncertain,
         )
+        if admitted is not None:
+            self._known(new.conversation_id)
+        return admitted
 
     async def _admit_group(self, items: list[_Admit]) -> list[Admission | None]:
         """Admit one group (see ``Grouped``). A group of one is the plain one-round-trip
         admission; a larger one is one round trip and one commit for all, and if it fails
         every admission in it goes alone after reading back whether it was written
-        (``_GroupLost``)."""
+        (``_GroupLost``). A conversation this process has not admitted to yet is created by its
+        admission, unless it exists; the next group knows it."""
         if len(items) == 1:
             [item] = items
-            return [await self._admit_alone(item.new, item.submission_id, known=True)]
+            return [await self._admit_alone(item.new, item.submission_id)]
         tx = self._tx()
         outbox: ops.Outbox = []
+        admissions = [
+            (item.new, item.submission_id, item.conversation_id in self._conversations)
+            for item in items
+        ]
         try:
             async with tx.connection(ADMIT_WAIT_S) as conn:
                 _faults.reached("store:commit-begin")
-                answers = await ops.admit_group(
-                    conn, [(item.new, item.submission_id) for item in items], outbox, self._now()
-                )
+                answers = await ops.admit_group(conn, admissions, outbox, self._now())
         except (psycopg.Error, PoolTimeout) as exc:
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
         tx.committed(outbox)
+        for item, answer in zip(items, answers, strict=True):
+            if answer is not None:
+                self._known(item.conversation_id)
         return answers
+
+    def _known(self, conversation_id: str) -> None:
+        """Note a conversation that exists: its next admissions need not create it."""
+        keep_recent(self._conversations, conversation_id, None, _TAILS_KEPT)
 
     async def get_attachment(self, sha256: str, *, with_data: bool = True) -> Blob | None:
         return await self._read(lambda conn: ops.get_attachment(conn, sha256, with_data))
