@@ -62,6 +62,22 @@ def spied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return written
 
 
+def cut_after_sending(monkeypatch: pytest.MonkeyPatch, *, committed: bool) -> list[int]:
+    """Every group's connection breaks once its statements went out (after they committed,
+    with ``committed``); the sizes of the groups cut."""
+    real = ops.admit_group
+    lost: list[int] = []
+
+    async def cut(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
+        if committed:
+            await real(conn, admissions, outbox, now)
+        lost.append(len(admissions))
+        raise psycopg.OperationalError("the connection was lost (planted)")
+
+    monkeypatch.setattr(ops, "admit_group", cut)
+    return lost
+
+
 async def test_many_admissions_at_once_share_statements_and_each_is_answered_as_alone(
     store: PostgresStore, pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,16 +150,7 @@ async def test_a_group_whose_answer_is_lost_is_read_back_and_never_admitted_twic
     """The connection breaks after a group's statement went out: whether or not it committed,
     every admission of the group is answered once, with one row each."""
     names = await known(store, 12)
-    real = ops.admit_group
-    lost: list[int] = []
-
-    async def cut(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
-        if committed:
-            await real(conn, admissions, outbox, now)
-        lost.append(len(admissions))
-        raise psycopg.OperationalError("the connection was lost (planted)")
-
-    monkeypatch.setattr(ops, "admit_group", cut)
+    lost = cut_after_sending(monkeypatch, committed=committed)
     admitted = await asyncio.gather(*(store.admit(new(name, "again")) for name in names))
     assert lost and max(lost) > 1  # groups formed, and each lost its answer
     assert {a.submission.conversation_id for a in admitted} == set(names)
@@ -204,16 +211,7 @@ async def test_a_lost_group_that_created_conversations_is_read_back_once(
     committed: bool,
 ) -> None:
     names = [f"support/lost-{n}" for n in range(10)]
-    real = ops.admit_group
-    lost: list[int] = []
-
-    async def cut(conn: Any, admissions: Any, outbox: Any, now: Any) -> Any:
-        if committed:
-            await real(conn, admissions, outbox, now)
-        lost.append(len(admissions))
-        raise psycopg.OperationalError("the connection was lost (planted)")
-
-    monkeypatch.setattr(ops, "admit_group", cut)
+    lost = cut_after_sending(monkeypatch, committed=committed)
     admitted = await asyncio.gather(*(store.admit(new(name, "hello")) for name in names))
     assert lost and max(lost) > 1
     assert sorted(a.submission.conversation_id for a in admitted) == sorted(names)
