@@ -45,7 +45,8 @@ def stale_plan(exc: BaseException) -> bool:
     """Whether ``exc`` refuses a statement that its connection prepared before the table it
     reads changed shape (a newer release's migration adding a column, during a rolling
     redeploy): psycopg prepares a statement once it has run a few times, and a ``SELECT *``
-    prepared then no longer fits. Nothing ran; on a new connection the same work succeeds."""
+    prepared then no longer fits. The refused statement did not run; on a new connection it
+    succeeds."""
     return isinstance(exc, psycopg.errors.FeatureNotSupported) and _STALE_PLAN in str(exc)
 
 
