@@ -636,6 +636,34 @@ async def behind_a_cutter(
         await proxy.stop()
 
 
+@pytest.mark.parametrize("known", [True, False])
+async def test_a_group_of_admissions_whose_commit_reply_was_lost_admits_each_once(
+    pg_cluster: Cluster, known: bool
+) -> None:
+    """A group of admissions (a pipeline ending in ``COMMIT``) whose connection is cut after the
+    server committed: each admission is read back and answered once, none written twice; with
+    new conversations, each is created once."""
+    names = [f"support/cut-{n}" for n in range(8)]
+    async with behind_a_cutter(pg_cluster, b"COMMIT") as (proxy, store):
+        if known:
+            for name in names:
+                await store.admit(NewSubmission(name, "support", "message", {"n": -1}))
+        proxy.armed = True
+        admitted = await asyncio.gather(
+            *(
+                store.admit(NewSubmission(name, "support", "message", {"n": n}))
+                for n, name in enumerate(names)
+            )
+        )
+        assert proxy.cuts == 1  # the first went alone (no COMMIT of its own); the group was cut
+        assert [a.submission.payload for a in admitted] == [{"n": n} for n in range(8)]
+        for name, admission in zip(names, admitted, strict=True):
+            listed = await store.list_submissions(name)
+            assert [s.payload for s in listed] == [{"n": -1}] * known + [{"n": names.index(name)}]
+            assert listed[-1].id == admission.submission.id
+            assert [r.type for r in await store.read(name)] == ["conversation_created"]
+
+
 async def running_host_and_guests(store: PostgresStore, guests: int) -> tuple[Any, list[Any]]:
     """A claimed host that appended once (so joins may go in one statement), and queued
     guests behind it."""
