@@ -46,6 +46,20 @@ def test_the_github_signature_matches_githubs_documented_example() -> None:
         )
 
 
+def test_a_signed_payload_with_an_unpaired_surrogate_is_refused() -> None:
+    body = b'{"zen": "cut \\ud83d"}'  # JSON's escape of half a surrogate pair
+    verify = hearth.channels.github("s3")
+    with pytest.raises(hearth.InvalidInput, match="unpaired surrogate"):
+        verify(
+            {
+                "x-hub-signature-256": sign("s3", body),
+                "x-github-delivery": "d-1",
+                "x-github-event": "push",
+            },
+            body,
+        )
+
+
 def test_github_form_encoded_payloads_are_read_too() -> None:
     body = urlencode({"payload": json.dumps({"zen": "Keep it simple."})}).encode()
     verify = hearth.channels.github("s3")

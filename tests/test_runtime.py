@@ -104,6 +104,52 @@ async def test_an_idempotency_key_over_256_characters_is_refused() -> None:
             await rt.dispatch("a", "c", "hi", idempotency_key="k" * 257)
 
 
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"message": "half an emoji \ud83d"}, "message"),
+        ({"signal": {"type": "t", "body": "\udc00"}}, "signal"),
+        ({"signal": {"type": "t", "attributes": {"k": "\ud800"}}}, "signal"),
+        ({"message": "hi", "idempotency_key": "k\udfff"}, "idempotency_key"),
+    ],
+)
+async def test_text_with_an_unpaired_surrogate_is_refused_before_admission(
+    given: dict[str, Any], field: str
+) -> None:
+    """No UTF-8 text can hold half a surrogate pair: it is refused, naming the field, instead of
+    failing inside the store."""
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("x")])])
+    async with app.run() as rt:
+        with pytest.raises(hearth.InvalidInput, match="surrogate") as info:
+            await rt.dispatch("a", "c", **given)
+        assert info.value.field == field
+        assert await rt.store.list_submissions() == []
+
+
+@pytest.mark.parametrize("db", ["sqlite", "memory"])
+async def test_a_tool_result_and_a_reply_with_unpaired_surrogates_keep_replacement_characters(
+    tmp_path: Path, db: str
+) -> None:
+    """A tool may return, and a model may stream, half a surrogate pair (an emoji cut between two
+    chunks). The work completes; what is stored has U+FFFD in its place (it failed the attempt,
+    again and again, when the store met it)."""
+
+    @hearth.tool
+    def cut() -> str:
+        """Return text whose emoji was cut in half."""
+        return "half an emoji: \ud83d"
+
+    model = ScriptedModel("a", [calls(call("cut")), reply("done \udc00 too")])
+    url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    async with app_with(simple_agent("a", cut), models=[model], db=url).run() as rt:
+        answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+        assert (answer.outcome, answer.text) == ("completed", "done \ufffd too")
+        records = await rt.history("a", "c")
+        assert [o.content for o in of(records, ToolOutcome)] == ["half an emoji: \ufffd"]
+        assert of(records, SubmissionSettled)[0].reply == "done \ufffd too"
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]  # no crash, no retry
+
+
 async def test_submissions_of_one_conversation_run_one_at_a_time_in_admission_order() -> None:
     model = ScriptedModel(
         "a", lambda req: stream("re: ", str(req.messages[-1].content), delay=0.02)

@@ -243,13 +243,17 @@ async def test_a_wait_inside_a_delegated_task_pauses_the_parent_submission(log: 
     assert (ran(log, "step-load"), ran(log, "step-pay")) == (1, 1)
 
 
-async def test_a_value_that_is_not_json_is_refused() -> None:
+async def test_a_value_that_is_not_json_or_not_text_is_refused() -> None:
     async with app().run() as rt:
         receipt = await rt.dispatch("cashier", "c-1", "refund 250")
         await until_waiting(rt, receipt.submission_id)
         [wait] = await rt.waits()
         with pytest.raises(hearth.InvalidInput):
             await rt.resolve("cashier", "c-1", wait.wait_id, {1, 2})
+        with pytest.raises(hearth.InvalidInput, match="surrogate"):  # no UTF-8 form
+            await rt.resolve("cashier", "c-1", wait.wait_id, {"note": "cut \ud83d"})
+        [still] = await rt.waits()
+        assert still.wait_id == wait.wait_id  # still pending: nothing was resolved
 
 
 async def test_a_thousand_waiting_conversations_hold_no_tasks(tmp_path: Path) -> None:

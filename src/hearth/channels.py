@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 
 from hearth.errors import ConfigurationError, InvalidInput, InvalidSignature
 from hearth.ids import ID_RE
+from hearth.records import parsed_unpaired_surrogate
 
 if TYPE_CHECKING:
     from hearth.agent import Agent
@@ -134,9 +135,13 @@ def _delivery_id(headers: Mapping[str, str], name: str) -> str:
 
 def _json(body: bytes, what: str) -> Any:
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the {what} body is not JSON: {exc}") from None
+    where = parsed_unpaired_surrogate(body, value)
+    if where is not None:
+        raise InvalidInput(f"the {what} body's JSON has {where}; no UTF-8 text can hold it")
+    return value
 
 
 def _kept(headers: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:

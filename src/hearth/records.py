@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,8 +25,59 @@ JSON = Any  # a value that json.dumps accepts
 
 # ``json.dumps`` with these options builds a new encoder on every call; one of each, kept:
 # compact JSON with UTF-8 kept as is, and the same with sorted keys (canonical, for digests).
-compact_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+# Half of a UTF-16 surrogate pair, alone: JSON's "\ud83d" escape decodes to one, a model may
+# stream one at the end of a chunk, a tool may return one. It has no UTF-8 form, so no store can
+# keep it and no HTTP answer can carry it.
+_UNPAIRED = re.compile("[\ud800-\udfff]")
+
+
+def utf8_text(text: str) -> str:
+    """``text`` with each unpaired surrogate replaced by U+FFFD: text that has a UTF-8 form."""
+    if text.isascii():
+        return text
+    return _UNPAIRED.sub("\ufffd", text)
+
+
+def compact_json(value: JSON) -> str:
+    """The stored JSON form of ``value``: compact, UTF-8 as is (unpaired surrogates replaced)."""
+    return utf8_text(_compact(value))
+
+
+def canonical_json(value: JSON) -> str:
+    """``compact_json`` with sorted keys: the form a digest is taken of."""
+    return utf8_text(_canonical(value))
+
+
+def unpaired_surrogate(value: JSON) -> str | None:
+    """Where a JSON ``value`` holds a string with an unpaired surrogate (input to refuse, as no
+    UTF-8 text can hold it): a short description, or None when it holds none."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii() and (found := _UNPAIRED.search(item)) is not None:
+                return (
+                    f"an unpaired surrogate U+{ord(found.group()):04X} at character"
+                    f" {found.start()} of {item[:40]!r}"
+                )
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parsed_unpaired_surrogate(raw: bytes, value: JSON) -> str | None:
+    """``unpaired_surrogate`` for ``value`` parsed from the JSON text ``raw``, looked for only
+    when ``raw`` has a surrogate's escape (raw UTF-8 cannot hold one; most bodies have none)."""
+    return unpaired_surrogate(value) if _SURROGATE_ESCAPE.search(raw) else None
+
 
 _ENVELOPE = ("offset", "id", "type", "submission_id", "attempt", "at")
 # Fields that may differ when recovery writes the same fact again.

@@ -77,6 +77,11 @@ def test_the_longest_id_is_admitted_and_one_more_character_is_not(server: Thread
         b'{"message": NaN}',
         b'{"message": 1e999}',
         b"",
+        # an unpaired surrogate: valid JSON syntax, but no UTF-8 text (no store) can hold it
+        b'{"message": "half an emoji \\ud83d"}',
+        b'{"message": "\\udc00 alone"}',
+        b'{"message": "ok", "idempotency_key": "k\\uDFFF"}',
+        b'{"signal": {"type": "t", "attributes": {"a": ["\\ud800"]}}}',
     ],
 )
 def test_unparseable_bodies_are_400_and_admit_nothing(server: ThreadServer, body: bytes) -> None:
@@ -84,6 +89,17 @@ def test_unparseable_bodies_are_400_and_admit_nothing(server: ThreadServer, body
         r = http.post("/agents/echo/c-1", content=body, headers=JSON)
         assert refused(r) in ("invalid_json", "invalid_request")
         assert admitted_count(http) == 0
+
+
+def test_a_surrogate_pair_escaped_in_json_is_one_character_and_admitted(
+    server: ThreadServer,
+) -> None:
+    with server.client() as http:
+        body = b'{"message": "a pair \\ud83d\\ude00 is one emoji"}'
+        r = http.post("/agents/echo/c-1", content=body, headers=JSON)
+        assert r.status_code == 202
+        # The user message, as the conversation's snapshot shows it: one character, U+1F600.
+        assert "a pair \U0001f600 is one emoji" in http.get("/agents/echo/c-1").text
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,22 @@ async def test_reappending_the_same_record_returns_its_original_offset(store: St
     assert await ids(store) == [f"{CONV}:created", "m1", "m2"]
 
 
+async def test_text_without_a_utf8_form_is_stored_with_replacement_characters(
+    store: Store,
+) -> None:
+    """Half a surrogate pair (a tool's or a model's cut emoji) has no UTF-8 form: the record is
+    stored with U+FFFD in its place, and the same record appended again, as it was made or as it
+    was read back, is the same fact at the same offset."""
+    await admitted(store)
+    made = msg(1, content="cut \ud83d here \udc00")
+    [offset] = await store.append(CONV, [made])
+    [stored] = await store.read(CONV, after=offset - 1)
+    assert isinstance(stored, UserMessage) and stored.content == "cut \ufffd here \ufffd"
+    assert await store.append(CONV, [made]) == [offset]
+    assert await store.append(CONV, [stored]) == [offset]
+    assert await last_offset(store, CONV) == offset
+
+
 async def test_reappending_an_id_with_other_content_is_an_integrity_error(store: Store) -> None:
     await admitted(store)
     await store.append(CONV, [msg(1)])

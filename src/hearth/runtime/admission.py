@@ -10,6 +10,7 @@ from hearth.agent import Agent
 from hearth.attachments import MAX_ATTACHMENTS, Attachment, Checked, check
 from hearth.errors import InvalidInput, UnknownAgent
 from hearth.ids import check_id
+from hearth.records import unpaired_surrogate
 from hearth.store.base import Blob, NewSubmission
 
 
@@ -48,8 +49,20 @@ def input_payload(
     message: Any, signal: Any, attachments: Sequence[Checked] = ()
 ) -> tuple[str, dict[str, Any]]:
     """``(kind, payload)`` of a direct input: exactly one of a non-empty message or a signal
-    ``{"type", "body", "attributes"}``; ``InvalidInput`` naming the field otherwise. A message
-    with attachments may have no text; its payload lists their parts under ``attachments``."""
+    ``{"type", "body", "attributes"}``; ``InvalidInput`` naming the field otherwise (a string
+    with an unpaired surrogate too: no store could keep it). A message with attachments may
+    have no text; its payload lists their parts under ``attachments``."""
+    kind, payload = _input_payload(message, signal, attachments)
+    field = kind  # "message" or "signal"
+    where = unpaired_surrogate(payload[field])
+    if where is not None:
+        raise InvalidInput(f"{field} has {where}; no UTF-8 text can hold it", field)
+    return kind, payload
+
+
+def _input_payload(
+    message: Any, signal: Any, attachments: Sequence[Checked] = ()
+) -> tuple[str, dict[str, Any]]:
     if attachments:
         if signal is not None:
             raise InvalidInput("attachments come with a message, not a signal", "attachments")

@@ -32,7 +32,7 @@ from hearth.receipts import (
     check_id,
     reply_or_raise,
 )
-from hearth.records import Record
+from hearth.records import Record, unpaired_surrogate
 from hearth.runtime.admission import (
     blobs_of,
     check_attachments,
@@ -140,10 +140,11 @@ class Runtime:
             not isinstance(idempotency_key, str)
             or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
             or "\x00" in idempotency_key  # no store keeps it alike (PostgreSQL cannot at all)
+            or unpaired_surrogate(idempotency_key) is not None  # no UTF-8 form at all
         ):
             raise InvalidInput(
                 f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters,"
-                " without NUL",
+                " without NUL or an unpaired surrogate",
                 "idempotency_key",
             )
         if self.shutting_down:
@@ -304,6 +305,9 @@ class Runtime:
             value = json.loads(json.dumps(value))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
+        where = unpaired_surrogate(value)
+        if where is not None:
+            raise InvalidInput(f"the value has {where}; no UTF-8 text can hold it", "value")
         _faults.reached("before:wait_resolved")
         _faults.reached("before:store.resolve_wait")
         wait = await self.store.resolve_wait(conversation_id, wait_id, value)

@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from hearth.records import parsed_unpaired_surrogate
 from hearth.server.errors import ApiError
 
 # Past the limit the rest of a body is read and dropped up to this many bytes, so that an
@@ -94,13 +95,19 @@ async def _drain(request: Request) -> None:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Strict JSON: no ``NaN``/``Infinity``, no overflowing numbers."""
+    """Strict JSON: no ``NaN``/``Infinity``, no overflowing numbers, no unpaired surrogates."""
     if not raw.strip():
         raise ApiError(400, "invalid_json", "the body is empty; send a JSON object")
     try:
-        return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    where = parsed_unpaired_surrogate(raw, value)
+    if where is not None:
+        raise ApiError(
+            400, "invalid_json", f"the body's JSON has {where}; no UTF-8 text can hold it"
+        )
+    return value
 
 
 def _reject_constant(name: str) -> Any:
