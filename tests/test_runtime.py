@@ -126,27 +126,34 @@ async def test_text_with_an_unpaired_surrogate_is_refused_before_admission(
         assert await rt.store.list_submissions() == []
 
 
-@pytest.mark.parametrize("db", ["sqlite", "memory"])
+@pytest.mark.parametrize("db", ["sqlite", "memory", "postgres"])
 async def test_a_tool_result_and_a_reply_with_unpaired_surrogates_keep_replacement_characters(
-    tmp_path: Path, db: str
+    tmp_path: Path, db: str, request: pytest.FixtureRequest
 ) -> None:
     """A tool may return, and a model may stream, half a surrogate pair (an emoji cut between two
-    chunks). The work completes; what is stored has U+FFFD in its place (it failed the attempt,
-    again and again, when the store met it)."""
+    chunks), or a NUL. The work completes: what is stored has U+FFFD for the half pair (it has
+    no UTF-8 form) and, in the reply, for the NUL (PostgreSQL's text refuses it). Before, the
+    attempt failed at the store again and again, or never settled."""
 
     @hearth.tool
     def cut() -> str:
         """Return text whose emoji was cut in half."""
-        return "half an emoji: \ud83d"
+        return "half an emoji: \ud83d, a NUL: \x00"
 
-    model = ScriptedModel("a", [calls(call("cut")), reply("done \udc00 too")])
-    url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    model = ScriptedModel("a", [calls(call("cut")), reply("done \udc00 too \x00")])
+    if db == "postgres":
+        url = request.getfixturevalue("pg_cluster").url()
+    else:
+        url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
     async with app_with(simple_agent("a", cut), models=[model], db=url).run() as rt:
         answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
-        assert (answer.outcome, answer.text) == ("completed", "done \ufffd too")
+        assert (answer.outcome, answer.text) == ("completed", "done \ufffd too \ufffd")
         records = await rt.history("a", "c")
-        assert [o.content for o in of(records, ToolOutcome)] == ["half an emoji: \ufffd"]
-        assert of(records, SubmissionSettled)[0].reply == "done \ufffd too"
+        # Inside JSON a NUL is the escape \u0000, which every store keeps.
+        assert [o.content for o in of(records, ToolOutcome)] == [
+            "half an emoji: \ufffd, a NUL: \x00"
+        ]
+        assert of(records, SubmissionSettled)[0].reply == "done \ufffd too \ufffd"
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]  # no crash, no retry
 
 

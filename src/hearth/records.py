@@ -31,23 +31,29 @@ _canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 # stream one at the end of a chunk, a tool may return one. It has no UTF-8 form, so no store can
 # keep it and no HTTP answer can carry it.
 _UNPAIRED = re.compile("[\ud800-\udfff]")
+# What a plain text column cannot keep in every store: that, and NUL (PostgreSQL's text refuses
+# it; inside JSON it is the escape "\u0000", which any store keeps).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
-def utf8_text(text: str) -> str:
-    """``text`` with each unpaired surrogate replaced by U+FFFD: text that has a UTF-8 form."""
-    if text.isascii():
+def storable_text(text: str) -> str:
+    """``text`` as every store keeps it alike: each unpaired surrogate and each NUL replaced by
+    U+FFFD."""
+    if text.isascii() and "\x00" not in text:
         return text
-    return _UNPAIRED.sub("\ufffd", text)
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def compact_json(value: JSON) -> str:
     """The stored JSON form of ``value``: compact, UTF-8 as is (unpaired surrogates replaced)."""
-    return utf8_text(_compact(value))
+    text = _compact(value)
+    return text if text.isascii() else _UNPAIRED.sub("\ufffd", text)
 
 
 def canonical_json(value: JSON) -> str:
     """``compact_json`` with sorted keys: the form a digest is taken of."""
-    return utf8_text(_canonical(value))
+    text = _canonical(value)
+    return text if text.isascii() else _UNPAIRED.sub("\ufffd", text)
 
 
 def unpaired_surrogate(value: JSON) -> str | None:

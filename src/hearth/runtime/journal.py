@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hearth import _faults
-from hearth.records import Record, utf8_text
+from hearth.records import Record, storable_text
 from hearth.store.base import Fence, Store
 from hearth.store.rules import settlement
 
@@ -106,7 +106,7 @@ class Journal:
         """Write the settlement (after ``records_before``) exactly once, fenced."""
         sid = self.fence.submission_id
         if reply is not None:
-            reply = utf8_text(reply)  # the reply column holds it as text, as the record does
+            reply = storable_text(reply)  # a text column keeps it, as the record does
         record = settlement(sid, outcome, error, reply).stamped(sid, self.fence.attempt)
         before = self.stamp(records_before)
         for r in [*before, record]:
