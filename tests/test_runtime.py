@@ -395,6 +395,53 @@ async def test_setting_state_during_render_fails_the_submission_clearly() -> Non
     assert "while eager was rendering" in str(info.value)
 
 
+async def test_state_set_to_a_value_that_is_not_json_fails_that_tool_call_clearly() -> None:
+    """The setter refuses it inside the tool (an error outcome the model reads), and a JSON value
+    is kept as JSON gives it back. Before, the batch's commit failed and the attempt crashed."""
+
+    @hearth.agent
+    def keeper(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/keeper")
+        _, set_tags = ctx.use_state("tags", [])
+
+        @hearth.tool
+        def tag(bad: bool) -> str:
+            """Set the tags."""
+            set_tags({"a", "b"} if bad else ("a", "b"))
+            return "tagged"
+
+        ctx.use_tool(tag)
+        return ""
+
+    model = ScriptedModel(
+        "keeper",
+        [calls(call("tag", bad=True)), calls(call("tag", bad=False)), reply("ok")],
+    )
+    async with app_with(keeper, models=[model]).run() as rt:
+        assert (await rt.read(await rt.dispatch("keeper", "c", "go"), timeout=10)).text == "ok"
+        first, second = of(await rt.history("keeper", "c"), ToolOutcome)
+        assert first.is_error and "state 'tags' must be set to a JSON value" in str(first.content)
+        assert not second.is_error
+        assert await rt.store.get_state("keeper/c") == {"tags": ["a", "b"]}
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+
+
+async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool() -> None:
+    @hearth.tool(durable=True)
+    async def stepper(ctx: hearth.ToolContext) -> str:
+        """Take a step with a NUL in its name."""
+        assert ctx.step is not None
+        await ctx.step.do("bad\x00name", lambda: 1)
+        return "stepped"
+
+    model = ScriptedModel("a", [calls(call("stepper")), reply("ok")])
+    async with app_with(simple_agent("a", stepper), models=[model]).run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "ok"
+        [outcome] = of(await rt.history("a", "c"), ToolOutcome)
+        assert outcome.is_error and "step name" in str(outcome.content)
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+
+
 # --- abort, deadlines, provider errors --------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
+from hearth.records import storable_text
 from hearth.tools import Tool
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
 from hearth.workspaces.base import Workspace
@@ -144,10 +146,20 @@ class AgentContext:
         self._subagents[agent.name] = Subagent(agent, description)
 
     def use_state(self, name: str, default: Any = None) -> tuple[Any, Callable[[Any], None]]:
-        """Persistent per-conversation state: ``(value as committed, setter)``."""
+        """Persistent per-conversation state: ``(value as committed, setter)``. The setter takes
+        a JSON value (stored as JSON gives it back) and raises ``HearthError`` for any other."""
+        if not isinstance(name, str) or not name or storable_text(name) != name:
+            raise ConfigurationError(
+                f"a state name must be a non-empty string without NUL or half a surrogate pair,"
+                f" got {name!r}"
+            )
         value = self._state.get(name, default)
 
         def set_value(new: Any) -> None:
+            try:
+                new = json.loads(json.dumps(new))
+            except (TypeError, ValueError) as exc:
+                raise HearthError(f"state {name!r} must be set to a JSON value: {exc}") from None
             if self._rendering:
                 raise StateWriteDuringRender(
                     f"state {name!r} was set while {self.agent} was rendering; "
