@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -440,6 +441,52 @@ async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool() -> None:
         [outcome] = of(await rt.history("a", "c"), ToolOutcome)
         assert outcome.is_error and "step name" in str(outcome.content)
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+
+
+async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_value() -> None:
+    """NaN has no JSON form: stored, every HTTP read of the stream answered 500. Each way it can
+    come from the app is refused in its tool call, and the stream stays strict JSON."""
+
+    @hearth.agent
+    def calc(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/calc")
+        _, set_ratio = ctx.use_state("ratio", 0.0)
+
+        @hearth.tool(durable=True)
+        async def stepped(ctx: hearth.ToolContext) -> float:
+            """A step that returns NaN."""
+            assert ctx.step is not None
+            return float(await ctx.step.do("ratio", lambda: float("nan")))
+
+        @hearth.tool
+        def returned() -> float:
+            """Return infinity."""
+            return float("inf")
+
+        @hearth.tool
+        def stored() -> str:
+            """Keep NaN in state."""
+            set_ratio(float("nan"))
+            return "kept"
+
+        for t in (stepped, returned, stored):
+            ctx.use_tool(t)
+        return ""
+
+    model = ScriptedModel(
+        "calc",
+        [calls(call("stepped"), call("returned"), call("stored")), reply("ok")],
+    )
+    async with app_with(calc, models=[model]).run() as rt:
+        assert (await rt.read(await rt.dispatch("calc", "c", "go"), timeout=10)).text == "ok"
+        records = await rt.history("calc", "c")
+        outcomes = {o.name: o for o in of(records, ToolOutcome)}
+        assert all(o.is_error for o in outcomes.values())
+        assert "not JSON" in str(outcomes["stepped"].content)
+        assert "not JSON" in str(outcomes["returned"].content)
+        assert "JSON value" in str(outcomes["stored"].content)
+        json.dumps([r.to_json() for r in records], allow_nan=False)  # what the server sends
+        assert await rt.store.get_state("calc/c") == {}
 
 
 # --- abort, deadlines, provider errors --------------------------------------------------------

@@ -156,15 +156,15 @@ class AgentContext:
         value = self._state.get(name, default)
 
         def set_value(new: Any) -> None:
-            try:
-                new = json.loads(json.dumps(new))
-            except (TypeError, ValueError) as exc:
-                raise HearthError(f"state {name!r} must be set to a JSON value: {exc}") from None
             if self._rendering:
                 raise StateWriteDuringRender(
                     f"state {name!r} was set while {self.agent} was rendering; "
                     "set state inside a tool or an event hook"
                 )
+            try:
+                new = json.loads(json.dumps(new, allow_nan=False))  # NaN has no JSON form
+            except (TypeError, ValueError) as exc:
+                raise HearthError(f"state {name!r} must be set to a JSON value: {exc}") from None
             unit = current_unit.get()
             if unit is None:
                 raise HearthError(

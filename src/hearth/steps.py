@@ -31,7 +31,7 @@ def json_value(name: str, value: Any) -> Any:
     if type(value) in _PLAIN:  # a plain value is its own JSON round trip
         return value
     try:
-        return json.loads(json.dumps(value))
+        return json.loads(json.dumps(value, allow_nan=False))  # NaN has no JSON form
     except (TypeError, ValueError) as exc:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
 
@@ -168,7 +168,7 @@ class Steps:
         """
         self._claim_name(name)
         try:
-            prompt = json.loads(json.dumps(prompt))
+            prompt = json.loads(json.dumps(prompt, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise StepError(f"the prompt of wait {name!r} is not JSON: {exc}") from None
         if timeout is not None and (

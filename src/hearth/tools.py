@@ -172,7 +172,8 @@ def to_json_value(value: Any) -> Any:
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     try:
-        return json.loads(json.dumps(value))
+        # NaN and the infinities have no JSON form: stored, no HTTP answer could carry them.
+        return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"tool result is not JSON-serialisable: {exc}") from None
 

@@ -302,7 +302,7 @@ class Runtime:
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
         conversation_id = self.conversation_id(agent, id)
         try:
-            value = json.loads(json.dumps(value))
+            value = json.loads(json.dumps(value, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
         where = unpaired_surrogate(value)
