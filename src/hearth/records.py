@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -74,6 +75,23 @@ def unpaired_surrogate(value: JSON) -> str | None:
         elif isinstance(item, list | tuple):
             pending.extend(item)
     return None
+
+
+def strict_json(raw: str | bytes) -> JSON:
+    """``json.loads`` refusing what has no JSON form once parsed (``ValueError``): ``NaN``,
+    ``Infinity`` and numbers beyond a float's range."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

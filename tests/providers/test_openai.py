@@ -170,6 +170,18 @@ async def test_a_call_without_id_gets_one_and_bad_json_arguments_are_kept_raw(
     assert events[1] == Finished(stop_reason="tool_use", usage=None)
 
 
+@pytest.mark.parametrize("raw", ['{"x": NaN}', '{"x": -Infinity}', '{"x": 1e999}'])
+async def test_arguments_with_numbers_that_have_no_json_form_are_kept_raw(
+    server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest, raw: str
+) -> None:
+    """Python's reader takes NaN and overflowing numbers; stored, they would make the stream
+    unreadable to every strict reader. They are kept raw, as any other bad arguments are."""
+    server.sse([call_part(0, name="f", args=raw), chunk(finish="tool_calls"), DONE])
+    events, error = await collect(provider, hello)
+    assert error is None
+    assert events[0].call.arguments == {"_raw": raw}
+
+
 async def test_length_finish_reason_maps_to_length(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from hearth.providers.parts import estimate_chars
+from hearth.records import strict_json
 
 # --- the conversation as a provider sees it ---------------------------------------------------
 
@@ -169,13 +170,13 @@ def result_text(result: ToolResult) -> str:
 
 
 def decode_tool_arguments(raw: str) -> dict[str, Any]:
-    """A tool call's arguments object; what is not a JSON object is kept as ``{"_raw": raw}``."""
-    import json
-
+    """A tool call's arguments object; what is not a JSON object is kept as ``{"_raw": raw}``
+    (``NaN``, ``Infinity`` and numbers out of a float's range too: no JSON reader, the
+    stream's readers included, could take them back)."""
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = strict_json(raw)
+    except (ValueError, RecursionError):
         return {"_raw": raw}
     return value if isinstance(value, dict) else {"_raw": raw}

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from hearth.records import parsed_unpaired_surrogate
+from hearth.records import parsed_unpaired_surrogate, strict_json
 from hearth.server.errors import ApiError
 
 # Past the limit the rest of a body is read and dropped up to this many bytes, so that an
@@ -99,7 +97,7 @@ def parse_json(raw: bytes) -> Any:
     if not raw.strip():
         raise ApiError(400, "invalid_json", "the body is empty; send a JSON object")
     try:
-        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = strict_json(raw)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
     where = parsed_unpaired_surrogate(raw, value)
@@ -107,15 +105,4 @@ def parse_json(raw: bytes) -> Any:
         raise ApiError(
             400, "invalid_json", f"the body's JSON has {where}; no UTF-8 text can hold it"
         )
-    return value
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is out of range")
     return value
