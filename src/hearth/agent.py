@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
-from hearth.records import storable_text
+from hearth.records import json_round_trip, storable_text
 from hearth.tools import Tool
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
 from hearth.workspaces.base import Workspace
@@ -162,7 +161,7 @@ class AgentContext:
                     "set state inside a tool or an event hook"
                 )
             try:
-                new = json.loads(json.dumps(new, allow_nan=False))  # NaN has no JSON form
+                new = json_round_trip(new)
             except (TypeError, ValueError) as exc:
                 raise HearthError(f"state {name!r} must be set to a JSON value: {exc}") from None
             unit = current_unit.get()

@@ -47,14 +47,23 @@ def storable_text(text: str) -> str:
 
 def compact_json(value: JSON) -> str:
     """The stored JSON form of ``value``: compact, UTF-8 as is (unpaired surrogates replaced)."""
-    text = _compact(value)
-    return text if text.isascii() else _UNPAIRED.sub("\ufffd", text)
+    return _paired(_compact(value))
 
 
 def canonical_json(value: JSON) -> str:
     """``compact_json`` with sorted keys: the form a digest is taken of."""
-    text = _canonical(value)
+    return _paired(_canonical(value))
+
+
+def _paired(text: str) -> str:
+    # JSON text never holds a raw NUL (it is escaped), so only the surrogates need replacing.
     return text if text.isascii() else _UNPAIRED.sub("\ufffd", text)
+
+
+def json_round_trip(value: JSON) -> JSON:
+    """``value`` as JSON gives it back (what a replay or a reader sees); ``TypeError`` or
+    ``ValueError`` for what has no JSON form, ``NaN`` and the infinities included."""
+    return json.loads(json.dumps(value, allow_nan=False))
 
 
 def unpaired_surrogate(value: JSON) -> str | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
-import json
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -14,7 +13,7 @@ from typing import Any
 
 from hearth import _faults
 from hearth.errors import ConfigurationError, StepError, WaitTimedOut
-from hearth.records import storable_text
+from hearth.records import json_round_trip, storable_text
 
 # ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
 # recorded value, once the function's writes and the step record committed together.
@@ -31,7 +30,7 @@ def json_value(name: str, value: Any) -> Any:
     if type(value) in _PLAIN:  # a plain value is its own JSON round trip
         return value
     try:
-        return json.loads(json.dumps(value, allow_nan=False))  # NaN has no JSON form
+        return json_round_trip(value)
     except (TypeError, ValueError) as exc:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
 
@@ -168,7 +167,7 @@ class Steps:
         """
         self._claim_name(name)
         try:
-            prompt = json.loads(json.dumps(prompt, allow_nan=False))
+            prompt = json_round_trip(prompt)
         except (TypeError, ValueError) as exc:
             raise StepError(f"the prompt of wait {name!r} is not JSON: {exc}") from None
         if timeout is not None and (

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import re
 import threading
@@ -29,6 +28,7 @@ from hearth.attachments import ConversationAttachments
 from hearth.effects import RECONCILE_TIMEOUT_S
 from hearth.errors import ConfigurationError
 from hearth.providers.base import ToolSpec
+from hearth.records import json_round_trip
 from hearth.steps import Steps
 
 if TYPE_CHECKING:
@@ -172,8 +172,7 @@ def to_json_value(value: Any) -> Any:
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     try:
-        # NaN and the infinities have no JSON form: stored, no HTTP answer could carry them.
-        return json.loads(json.dumps(value, allow_nan=False))
+        return json_round_trip(value)  # NaN has no JSON form: no reader could take it
     except (TypeError, ValueError) as exc:
         raise TypeError(f"tool result is not JSON-serialisable: {exc}") from None
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from hearth.receipts import (
     check_id,
     reply_or_raise,
 )
-from hearth.records import Record, unpaired_surrogate
+from hearth.records import Record, json_round_trip, unpaired_surrogate
 from hearth.runtime.admission import (
     blobs_of,
     check_attachments,
@@ -302,7 +301,7 @@ class Runtime:
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
         conversation_id = self.conversation_id(agent, id)
         try:
-            value = json.loads(json.dumps(value, allow_nan=False))
+            value = json_round_trip(value)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
         where = unpaired_surrogate(value)
