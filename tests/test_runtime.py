@@ -158,6 +158,49 @@ async def test_a_tool_result_and_a_reply_with_unpaired_surrogates_keep_replaceme
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]  # no crash, no retry
 
 
+@pytest.mark.parametrize("db", ["sqlite", "memory", "postgres"])
+async def test_tool_call_ids_no_store_can_keep_or_given_twice_are_recorded_under_their_own_ids(
+    tmp_path: Path, db: str, request: pytest.FixtureRequest
+) -> None:
+    """A provider's tool-call id becomes part of record ids, which the stores keep as plain text:
+    a NUL (PostgreSQL), half a surrogate pair (any store), an empty id, or one id given to two
+    calls of a message made every attempt fail at the store, until the retry budget ran out.
+    Each call is now recorded under an id of its own, and the turn completes at once."""
+
+    @hearth.tool
+    def echo(n: int) -> str:
+        """Echo a number."""
+        return f"got {n}"
+
+    seen: list[ModelRequest] = []
+
+    def script(req: ModelRequest) -> Step:
+        seen.append(req)
+        if results(req):
+            return reply("done")
+        ids = ["a\x00b", "c\ud800d", "", "same", "same", "same~2"]
+        return calls(*(call("echo", n=i, id=given) for i, given in enumerate(ids)))
+
+    model = ScriptedModel("a", script)
+    if db == "postgres":
+        url = request.getfixturevalue("pg_cluster").url()
+    else:
+        url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    async with app_with(simple_agent("a", echo), models=[model], db=url).run() as rt:
+        answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+        assert (answer.outcome, answer.text) == ("completed", "done")
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+        outcomes = of(await rt.history("a", "c"), ToolOutcome)
+    # The calls run at once, so their outcomes may be recorded in any order.
+    by_call = {o.content: o.tool_call_id for o in outcomes}
+    ids = [by_call[f"got {n}"] for n in range(6)]
+    assert ids[:2] == ["a\ufffdb", "c\ufffdd"]
+    assert ids[2].startswith("call_")
+    assert ids[3:] == ["same", "same~2", "same~2~2"]
+    # The next request names each call's result by the id its call was recorded under.
+    assert sorted(r.tool_call_id for r in results(seen[-1])) == sorted(ids)
+
+
 async def test_submissions_of_one_conversation_run_one_at_a_time_in_admission_order() -> None:
     model = ScriptedModel(
         "a", lambda req: stream("re: ", str(req.messages[-1].content), delay=0.02)

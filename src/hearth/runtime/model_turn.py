@@ -21,6 +21,7 @@ from hearth.records import (
     AssistantMessageStarted,
     AssistantToolCall,
     Signal,
+    storable_text,
 )
 from hearth.runtime.deltas import DeltaWriter
 from hearth.runtime.files import with_files
@@ -94,11 +95,12 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
                             await writer.add(event.text)
                     elif isinstance(event, ToolCallEvent):
                         c = event.call
+                        call_id = call_id_of(c.id, {call.tool_call_id for call in calls})
                         calls.append(
                             AssistantToolCall(
-                                id=f"{mid}:call:{c.id}",
+                                id=f"{mid}:call:{call_id}",
                                 message_id=mid,
-                                tool_call_id=c.id,
+                                tool_call_id=call_id,
                                 name=c.name,
                                 arguments=c.arguments,
                             )
@@ -131,6 +133,22 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
             error=error,
         ),
     )
+
+
+def call_id_of(given: str, taken: set[str]) -> str:
+    """The id a model's tool call is recorded under: the provider's, when every store can keep
+    it and no earlier call of the same message has it. Otherwise NUL and unpaired surrogates
+    become U+FFFD, an empty id gets a fresh one, and a repeated one a ``~2``, ``~3``... suffix:
+    each call's records and outcome stay its own, and the next request names the calls by
+    these ids."""
+    if not given:
+        return f"call_{uuid.uuid4().hex[:20]}"
+    base = storable_text(given)
+    call_id, n = base, 1
+    while call_id in taken:
+        n += 1
+        call_id = f"{base}~{n}"
+    return call_id
 
 
 async def note_interrupted_stream(scope: AttemptScope, message_id: str | None) -> None:
