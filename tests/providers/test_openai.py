@@ -451,6 +451,53 @@ async def test_losing_only_the_trailing_usage_keeps_the_reply(
     assert events == [TextDelta("whole"), Finished("stop", None)]
 
 
+@pytest.mark.parametrize(
+    ("reported", "kept"),
+    [
+        (
+            '{"prompt_tokens": 1e999, "completion_tokens": 3}',
+            {"input_tokens": 0, "output_tokens": 3},
+        ),
+        (
+            '{"prompt_tokens": "12", "completion_tokens": [3]}',
+            {"input_tokens": 0, "output_tokens": 0},
+        ),
+        (
+            '{"prompt_tokens": 12.0, "prompt_tokens_details": [5]}',
+            {"input_tokens": 12, "output_tokens": 0},
+        ),
+        (
+            '{"prompt_tokens": 7, "completion_tokens": 2,'
+            ' "prompt_tokens_details": {"cached_tokens": 4}}',
+            {"input_tokens": 7, "output_tokens": 2, "cache_read_input_tokens": 4},
+        ),
+    ],
+)
+async def test_an_odd_usage_report_is_read_as_zero_and_keeps_the_reply(
+    server: Any,
+    provider: OpenAIProvider,
+    collect: Any,
+    hello: ModelRequest,
+    reported: str,
+    kept: dict[str, int],
+) -> None:
+    """A usage report is not part of the answer: counts that are not counts (an overflowing
+    number, text, a list) read as 0, and the rest of the report is kept. Before, the first
+    raised OverflowError out of the provider (the attempt crashed and the model was asked
+    again) and text lost the whole report."""
+    server.sse(
+        [
+            text("whole"),
+            chunk(finish="stop"),
+            f'data: {{"choices": [], "usage": {reported}}}\n\n',
+            DONE,
+        ]
+    )
+    events, error = await collect(provider, hello)
+    assert error is None
+    assert events == [TextDelta("whole"), Finished("stop", kept)]
+
+
 async def test_an_error_event_mid_stream_is_transient_after_the_partial(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:

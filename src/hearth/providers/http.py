@@ -232,7 +232,7 @@ class HTTPProvider(ABC):
                 async for event in events:
                     try:
                         text = answer.feed(event)
-                    except (TypeError, ValueError, AttributeError) as exc:
+                    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
                         raise ProviderError(
                             f"{self.malformed_event} {event.data[:200]!r}",
                             kind="transient",

@@ -194,6 +194,16 @@ class _PartialCall:
     arguments: list[str] = field(default_factory=list)
 
 
+def _tokens(value: Any) -> int:
+    """A token count from a usage report; 0 for what is not one (a server's usage is a report,
+    not part of the answer: an odd one must not fail the turn)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    return 0
+
+
 @dataclass
 class _Reply:
     """What the chunks of one streamed completion have said so far."""
@@ -217,12 +227,13 @@ class _Reply:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = {
-                "input_tokens": int(usage.get("prompt_tokens") or 0),
-                "output_tokens": int(usage.get("completion_tokens") or 0),
+                "input_tokens": _tokens(usage.get("prompt_tokens")),
+                "output_tokens": _tokens(usage.get("completion_tokens")),
             }
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            details = usage.get("prompt_tokens_details")
+            cached = _tokens(details.get("cached_tokens")) if isinstance(details, dict) else 0
             if cached:
-                self.usage["cache_read_input_tokens"] = int(cached)
+                self.usage["cache_read_input_tokens"] = cached
         choices = chunk.get("choices") or []
         choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
         if choice is None:
