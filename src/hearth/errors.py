@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# What the application's own code (a tool, a step's function, a render function, a hook, a
+# channel's verify or receive) may raise and hearth reports as that code's failure: any
+# Exception, and SystemExit too. A tool that calls ``sys.exit`` (argparse does, on arguments it
+# cannot parse) fails its call; it does not end the process, and with it every other
+# conversation (a durable tool would end it again on every recovery).
+APP_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
 
 class HearthError(Exception):
     """Base class of every error hearth raises on purpose."""

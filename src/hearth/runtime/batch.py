@@ -22,7 +22,7 @@ from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.attachments import ConversationAttachments, parts_of
 from hearth.effects import NOT_DONE, Done, NotDone
-from hearth.errors import FencedOut, StepError
+from hearth.errors import APP_CODE_ERRORS, FencedOut, StepError
 from hearth.records import (
     AssistantToolCall,
     Record,
@@ -214,7 +214,7 @@ class ToolBatch:
             raise
         except pydantic.ValidationError as exc:
             return error_outcome(call, "validation", _validation_message(exc), ms())
-        except Exception as exc:
+        except APP_CODE_ERRORS as exc:
             return error_outcome(call, "exception", f"{type(exc).__name__}: {exc}", ms())
         finally:
             current_unit.reset(token)

@@ -20,6 +20,7 @@ from typing import Any
 from hearth import _faults
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.errors import (
+    APP_CODE_ERRORS,
     ChannelFailed,
     DeliveryNotFound,
     HearthError,
@@ -77,7 +78,7 @@ class Deliveries:
             raise
         except InvalidInput:
             raise
-        except Exception as exc:
+        except APP_CODE_ERRORS as exc:
             log.error("channel %s: verify raised", name, exc_info=exc)
             raise ChannelFailed(
                 f"channel {name!r} could not verify the request: its verify raised"
@@ -132,7 +133,7 @@ class Deliveries:
             subs = [
                 self._submission(name, delivery.id, i, d) for i, d in enumerate(_listed(routed))
             ]
-        except Exception as exc:
+        except APP_CODE_ERRORS as exc:
             # A routing bug is fixed in code, then the delivery replayed: keep it meanwhile.
             ours = isinstance(exc, HearthError)
             if not ours:

@@ -14,6 +14,7 @@ from typing import Any
 
 from hearth import _faults
 from hearth.agent import MAX_CONTINUATIONS, Hook, Rendered, StateBuffer, current_unit
+from hearth.errors import APP_CODE_ERRORS
 from hearth.records import HookSeamCommitted, Record, Signal, StateWrite, UserMessage
 from hearth.runtime.recovery import (
     CONTINUATION,
@@ -89,7 +90,7 @@ async def run_seam(
                 result = fn(event)
                 if inspect.isawaitable(result):
                     await result
-            except Exception as exc:
+            except APP_CODE_ERRORS as exc:
                 name = getattr(fn, "__name__", "callback")
                 raise HookFailure(
                     f"{hook} callback {name} raised {type(exc).__name__}: {exc}"

@@ -13,7 +13,13 @@ from typing import Any
 
 from hearth import _faults, telemetry
 from hearth.agent import Agent, Rendered
-from hearth.errors import AbortRequested, ConfigurationError, FencedOut, ProviderError
+from hearth.errors import (
+    APP_CODE_ERRORS,
+    AbortRequested,
+    ConfigurationError,
+    FencedOut,
+    ProviderError,
+)
 from hearth.providers.base import estimate_tokens
 from hearth.records import Compaction, Record, ToolOutcome
 from hearth.runtime.batch import ToolBatch
@@ -317,7 +323,7 @@ class Attempt:
             return agent.render(self.id, state)
         except ConfigurationError:
             raise
-        except Exception as exc:
+        except APP_CODE_ERRORS as exc:
             raise _AgentFailure(
                 f"rendering {self.agent_name!r} raised {type(exc).__name__}: {exc}"
             ) from exc

@@ -1,0 +1,191 @@
+"""Application code that calls ``sys.exit`` (argparse does, on arguments it cannot parse) fails
+its own unit of work; the runtime, and every other conversation in it, goes on.
+
+Before, the ``SystemExit`` went up through the event loop and ended the process: a tool, a step's
+function, a render function, a hook or a channel's callback could stop the server, and a durable
+tool would stop it again on every recovery."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import pytest
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.records import ToolOutcome
+from hearth.runtime.hooks import AgentStart
+from hearth.testing import ScriptedModel, Step, call, calls, reply
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def parse_count(text: str) -> int:
+    """What a tool wrapping a command-line parser does: argparse exits on bad input."""
+    parser = argparse.ArgumentParser(prog="count", exit_on_error=True)
+    parser.add_argument("--n", type=int)
+    return int(parser.parse_args(["--n", text]).n)
+
+
+@hearth.tool
+async def async_exit(text: str) -> int:
+    """Parse a count (async)."""
+    return parse_count(text)
+
+
+@hearth.tool
+def sync_exit(text: str) -> int:
+    """Parse a count (on a worker thread)."""
+    return parse_count(text)
+
+
+@hearth.tool(durable=True)
+async def step_exit(text: str, ctx: hearth.ToolContext) -> int:
+    """Parse a count inside a step."""
+    assert ctx.step is not None
+    return int(await ctx.step.do("parse", lambda: parse_count(text)))
+
+
+@hearth.tool
+def direct_exit() -> str:
+    """Exit with a message."""
+    sys.exit("bye")
+
+
+@pytest.mark.parametrize("tool", [async_exit, sync_exit, step_exit, direct_exit])
+async def test_a_tool_that_exits_fails_its_call_and_the_turn_goes_on(
+    tool: hearth.Tool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @hearth.agent
+    def agent(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        ctx.use_tool(tool)
+        return ""
+
+    arguments: dict[str, Any] = {} if tool is direct_exit else {"text": "x"}
+
+    def script(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        if isinstance(last, ToolResult):
+            return reply("handled")
+        if isinstance(last, UserTurn) and last.content == "hi":
+            return reply("still here")
+        return calls(call(tool.name, arguments))
+
+    model = ScriptedModel("m", script)
+    app = hearth.App([agent], db="memory", providers=[model])
+    async with app.run() as rt:
+        answer = await rt.read(await rt.dispatch("agent", "c", "go"), timeout=10)
+        assert (answer.outcome, answer.text) == ("completed", "handled")
+        [outcome] = [r for r in await rt.history("agent", "c") if isinstance(r, ToolOutcome)]
+        # The runtime is still running: another conversation is served after it.
+        assert (await rt.read(await rt.dispatch("agent", "d", "hi"), timeout=10)).text == (
+            "still here"
+        )
+    assert outcome.is_error
+    assert outcome.content["type"] == "exception"
+    expected = "SystemExit: bye" if tool is direct_exit else "SystemExit: 2"
+    assert outcome.content["message"] == expected
+    capsys.readouterr()  # argparse's usage message
+
+
+async def test_a_render_function_or_hook_that_exits_fails_its_submission() -> None:
+    @hearth.agent
+    def renders(ctx: hearth.AgentContext) -> str:
+        sys.exit(3)
+
+    @hearth.agent
+    def hooks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+
+        @ctx.on_agent_start
+        def leave(event: AgentStart) -> None:
+            sys.exit(4)
+
+        return ""
+
+    model = ScriptedModel("m", [reply("fine")])
+    app = hearth.App([renders, hooks], db="memory", providers=[model])
+    async with app.run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as rendered:
+            await rt.read(await rt.dispatch("renders", "c", "go"), timeout=10)
+        with pytest.raises(hearth.SubmissionFailed) as hooked:
+            await rt.read(await rt.dispatch("hooks", "c", "go"), timeout=10)
+        assert [s.attempt for s in await rt.submissions()] == [1, 1]  # failed, not retried
+    assert rendered.value.type == "agent_error" and "SystemExit: 3" in str(rendered.value)
+    assert hooked.value.type == "hook_error" and "SystemExit: 4" in str(hooked.value)
+
+
+async def test_a_channel_whose_verify_or_receive_exits_refuses_that_delivery() -> None:
+    @hearth.agent
+    def inbox(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        return ""
+
+    def verify_exits(headers: object, body: bytes) -> hearth.Delivery:
+        sys.exit(5)
+
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        return hearth.Delivery(id="d-1", type="t", data={})
+
+    def receive_exits(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
+        sys.exit(6)
+
+    app = hearth.App(
+        [inbox],
+        channels=[
+            hearth.Channel("verifier", verify=verify_exits, receive=receive_exits),
+            hearth.Channel("router", verify=verify, receive=receive_exits),
+        ],
+        db="memory",
+        providers=[ScriptedModel("m", [reply("fine")])],
+    )
+    async with app.run() as rt:
+        with pytest.raises(hearth.ChannelFailed, match="verify raised SystemExit"):
+            await rt.deliver("verifier", {}, b"{}")
+        with pytest.raises(hearth.ChannelFailed, match="receive raised SystemExit"):
+            await rt.deliver("router", {}, b"{}")
+        [kept] = await rt.deliveries("router")
+        assert kept.status == "failed"
+        answer = await rt.read(await rt.dispatch("inbox", "c", "go"), timeout=10)
+        assert answer.text == "fine"
+
+
+async def test_a_reconcile_that_exits_leaves_the_outcome_unknown() -> None:
+    started = asyncio.Event()
+
+    def exits(call: hearth.ReconcileCall) -> hearth.Done:
+        sys.exit(7)
+
+    @hearth.tool(reconcile=exits)
+    async def pay() -> str:
+        """Pay, taking its time."""
+        started.set()
+        await asyncio.Event().wait()
+        return "paid"
+
+    @hearth.agent
+    def till(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        ctx.use_tool(pay)
+        return ""
+
+    model = ScriptedModel("m", [calls(call("pay")), reply("fine")])
+    async with hearth.App([till], db="memory", providers=[model]).run() as rt:
+        receipt = await rt.dispatch("till", "c", "go")
+        await started.wait()
+        await rt.abort("till", "c")
+        with pytest.raises(hearth.SubmissionAborted):
+            await rt.read(receipt, timeout=10)
+        [outcome] = [r for r in await rt.history("till", "c") if isinstance(r, ToolOutcome)]
+        # The runtime goes on: the conversation takes its next message.
+        assert (await rt.read(await rt.dispatch("till", "c", "again"), timeout=10)).text == "fine"
+    assert outcome.reconciled is None and outcome.content["type"] == "interrupted"
