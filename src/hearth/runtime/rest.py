@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from hearth.effects import Done, NotDone
+from hearth.errors import APP_CODE_ERRORS
 from hearth.records import Record, Signal, ToolOutcome
 from hearth.runtime.journal import Journal
 from hearth.runtime.outcomes import (
@@ -138,7 +139,7 @@ async def settlement_at_rest(
             return None
         try:
             rendered = agent.render(id, await env.store.get_state(conversation_id))
-        except Exception:
+        except APP_CODE_ERRORS:
             return None  # its agent cannot render: the calls keep their markers
         return reconciler_for(rendered.tools, conversation_id)
 
