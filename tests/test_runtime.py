@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import random
+import string
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -470,20 +472,91 @@ async def test_state_set_to_a_value_that_is_not_json_fails_that_tool_call_clearl
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]
 
 
-async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool() -> None:
+LONG = "".join(random.Random(7).choices(string.ascii_letters, k=3000))  # hardly compressible
+
+
+@pytest.mark.parametrize("db", ["sqlite", "memory", "postgres"])
+@pytest.mark.parametrize("name", ["bad\x00name", LONG[:257]])
+async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool(
+    tmp_path: Path, db: str, name: str, request: pytest.FixtureRequest
+) -> None:
+    """A NUL, or more than 256 characters (a step's name is part of its record's id, a unique
+    index's key, and PostgreSQL's hold at most 2,704 bytes): refused in the call on every store
+    alike. A long name used to stall its call on PostgreSQL for the whole write-retry budget and
+    fail it as the store being unreachable; SQLite took it."""
+
     @hearth.tool(durable=True)
     async def stepper(ctx: hearth.ToolContext) -> str:
-        """Take a step with a NUL in its name."""
+        """Take a step with a name no store can keep."""
         assert ctx.step is not None
-        await ctx.step.do("bad\x00name", lambda: 1)
+        await ctx.step.do(name, lambda: 1)
         return "stepped"
 
-    model = ScriptedModel("a", [calls(call("stepper")), reply("ok")])
-    async with app_with(simple_agent("a", stepper), models=[model]).run() as rt:
+    @hearth.tool(durable=True)
+    async def longest(ctx: hearth.ToolContext) -> str:
+        """Take a step with the longest name there may be."""
+        assert ctx.step is not None
+        return str(await ctx.step.do(LONG[:256], lambda: "kept"))
+
+    model = ScriptedModel("a", [calls(call("stepper"), call("longest")), reply("ok")])
+    if db == "postgres":
+        url = request.getfixturevalue("pg_cluster").url()
+    else:
+        url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    async with app_with(simple_agent("a", stepper, longest), models=[model], db=url).run() as rt:
         assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "ok"
-        [outcome] = of(await rt.history("a", "c"), ToolOutcome)
-        assert outcome.is_error and "step name" in str(outcome.content)
+        kept, refused = sorted(of(await rt.history("a", "c"), ToolOutcome), key=lambda o: o.name)
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+    assert (refused.name, refused.is_error) == ("stepper", True)
+    assert "a step name must be a non-empty string of at most 256 characters" in str(
+        refused.content
+    )
+    assert (kept.name, kept.is_error, kept.content) == ("longest", False, "kept")
+
+
+async def test_a_state_name_over_256_characters_is_refused_when_rendering() -> None:
+    @hearth.agent
+    def keeper(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/a")
+        ctx.use_state(LONG[:257])
+        return ""
+
+    model = ScriptedModel("a", [reply("never")])
+    async with app_with(keeper, models=[model]).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed, match="at most 256 characters"):
+            await rt.read(await rt.dispatch("keeper", "c", "go"), timeout=10)
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+async def test_a_tool_call_id_over_128_characters_is_recorded_cut_with_a_digest(
+    tmp_path: Path, db: str, request: pytest.FixtureRequest
+) -> None:
+    """A provider's tool-call id becomes part of record ids (unique index keys): one of 3,000
+    characters is recorded as its first 111 and a digest of the whole, so two long ids that
+    share their start stay apart."""
+
+    @hearth.tool
+    def echo(n: int) -> str:
+        """Echo a number."""
+        return f"got {n}"
+
+    ids = [LONG, LONG[:2999] + "!"]
+    model = ScriptedModel(
+        "a", [calls(*(call("echo", n=i, id=given) for i, given in enumerate(ids))), reply("ok")]
+    )
+    url = (
+        request.getfixturevalue("pg_cluster").url()
+        if db == "postgres"
+        else f"sqlite:///{tmp_path / 'h.db'}"
+    )
+    async with app_with(simple_agent("a", echo), models=[model], db=url).run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "ok"
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+        outcomes = of(await rt.history("a", "c"), ToolOutcome)
+    recorded = {o.content: o.tool_call_id for o in outcomes}
+    first, second = recorded["got 0"], recorded["got 1"]
+    assert len(first) == len(second) == 128 and first != second
+    assert first[:111] == second[:111] == LONG[:111] and first[111] == "~"
 
 
 async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_value() -> None:

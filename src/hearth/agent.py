@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
-from hearth.records import json_round_trip, storable_text
+from hearth.ids import is_name, name_rule
+from hearth.records import json_round_trip
 from hearth.tools import Tool
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
 from hearth.workspaces.base import Workspace
@@ -147,11 +148,8 @@ class AgentContext:
     def use_state(self, name: str, default: Any = None) -> tuple[Any, Callable[[Any], None]]:
         """Persistent per-conversation state: ``(value as committed, setter)``. The setter takes
         a JSON value (stored as JSON gives it back) and raises ``HearthError`` for any other."""
-        if not isinstance(name, str) or not name or storable_text(name) != name:
-            raise ConfigurationError(
-                f"a state name must be a non-empty string without NUL or half a surrogate pair,"
-                f" got {name!r}"
-            )
+        if not is_name(name):
+            raise ConfigurationError(name_rule("state", name))
         value = self._state.get(name, default)
 
         def set_value(new: Any) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 from hearth import _faults
 from hearth.errors import ConfigurationError, StepError, WaitTimedOut
-from hearth.records import json_round_trip, storable_text
+from hearth.ids import is_name, name_rule
+from hearth.records import json_round_trip
 
 # ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
 # recorded value, once the function's writes and the step record committed together.
@@ -108,11 +109,8 @@ class Steps:
         self._transact = transact
 
     def _claim_name(self, name: str) -> None:
-        if not isinstance(name, str) or not name or storable_text(name) != name:
-            raise StepError(
-                f"a step name must be a non-empty string without NUL or half a surrogate pair,"
-                f" got {name!r}"
-            )
+        if not is_name(name):
+            raise StepError(name_rule("step", name))
         if name in self._used:
             raise StepError(f"step {name!r} was already used in this tool call; names are unique")
         self._used.add(name)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import string
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -16,8 +18,8 @@ import pytest
 from pgcluster import Cluster, free_port, new_schema
 
 import hearth.store
-from hearth.errors import ConfigurationError, SchemaTooNew, StoreUnavailable
-from hearth.records import UserMessage
+from hearth.errors import ConfigurationError, SchemaTooNew, StoreError, StoreUnavailable
+from hearth.records import ToolStepSettled, UserMessage
 from hearth.store import NewSubmission, open_store, rules
 from hearth.store.postgres import PostgresStore
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
@@ -405,7 +407,7 @@ async def test_a_version_6_schema_gets_the_partial_type_indexes(pg_cluster: Clus
 
 APPENDER = """
 import asyncio, sys
-from hearth.records import UserMessage
+from hearth.records import ToolStepSettled, UserMessage
 from hearth.store.postgres import PostgresStore
 
 async def main(conninfo, schema, tag, count):
@@ -816,3 +818,33 @@ async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster
         assert got is not None and got.data == data
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
     assert found == str(SCHEMA_VERSION) == "8"
+
+
+# --- over the server's limits ------------------------------------------------------------------
+
+
+async def test_a_key_over_the_servers_limit_is_refused_at_once_not_retried_as_an_outage(
+    pg_cluster: Cluster,
+) -> None:
+    """A record id of 5,000 characters that do not compress is over PostgreSQL's 2,704 bytes
+    for a btree key: the server refuses it the same way every time. It was taken for a lost
+    connection (its error class is an OperationalError) and retried until ``write_retry_s``
+    ran out, then reported as the server being unreachable; now it is a ``StoreError`` saying
+    what the server said, and the store goes on."""
+    long_id = "".join(random.Random(7).choices(string.ascii_letters, k=5000))
+    async with opened(pg_cluster.conninfo, new_schema(), write_retry_s=3.0) as store:
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        [running] = await store.claim("owner-1", 30.0, 1)
+        fence = running.fence
+        too_long = ToolStepSettled(id=long_id, tool_call_id="c", step="s", value=1).stamped(
+            fence.submission_id, fence.attempt
+        )
+        for given in ({"fence": fence}, {}):  # the fenced (grouped) path and the plain one
+            with pytest.raises(StoreError, match="index row size") as refused:
+                await store.append(CONV, [too_long], **given)  # type: ignore[arg-type]
+            assert not isinstance(refused.value, StoreUnavailable)
+        fine = ToolStepSettled(id="fine", tool_call_id="c", step="s", value=1).stamped(
+            fence.submission_id, fence.attempt
+        )
+        [offset] = await store.append(CONV, [fine], fence=fence)
+        assert [r.id for r in await store.read(CONV, after=offset - 1)] == ["fine"]

@@ -7,6 +7,7 @@ record, so a turn cut off mid-stream leaves its partial text and no half-made ca
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 import uuid
 from dataclasses import replace
@@ -135,15 +136,22 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
     )
 
 
+MAX_CALL_ID = 128  # characters of a recorded tool-call id (providers' ids are about 30)
+
+
 def call_id_of(given: str, taken: set[str]) -> str:
     """The id a model's tool call is recorded under: the provider's, when every store can keep
     it and no earlier call of the same message has it. Otherwise NUL and unpaired surrogates
-    become U+FFFD, an empty id gets a fresh one, and a repeated one a ``~2``, ``~3``... suffix:
-    each call's records and outcome stay its own, and the next request names the calls by
-    these ids."""
+    become U+FFFD, an empty id gets a fresh one, one over ``MAX_CALL_ID`` characters is cut
+    (ids are parts of index keys) and ends in a digest of the whole, and a repeated one gets a
+    ``~2``, ``~3``... suffix: each call's records and outcome stay its own, and the next request
+    names the calls by these ids."""
     if not given:
         return f"call_{uuid.uuid4().hex[:20]}"
     base = storable_text(given)
+    if len(base) > MAX_CALL_ID:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:16]
+        base = f"{base[: MAX_CALL_ID - 17]}~{digest}"
     call_id, n = base, 1
     while call_id in taken:
         n += 1

@@ -213,6 +213,10 @@ class Transactions:
                     raise StoreUnavailable(self._why(exc)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except psycopg.errors.ProgramLimitExceeded as exc:
+                # An index key or a row over the server's limits (an OperationalError by its
+                # class): the same work is refused again however often it is retried.
+                raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
             except psycopg.OperationalError as exc:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
