@@ -19,7 +19,7 @@ from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
 from hearth.ids import is_name, name_rule
-from hearth.records import json_round_trip
+from hearth.jsontext import json_round_trip
 from hearth.tools import Tool
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
 from hearth.workspaces.base import Workspace

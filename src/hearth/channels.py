@@ -35,7 +35,7 @@ from urllib.parse import parse_qs
 
 from hearth.errors import ConfigurationError, InvalidInput, InvalidSignature
 from hearth.ids import ID_RE
-from hearth.records import parsed_unpaired_surrogate
+from hearth.jsontext import parsed_unpaired_surrogate
 
 if TYPE_CHECKING:
     from hearth.agent import Agent

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from hearth.errors import InvalidId
-from hearth.records import storable_text
+from hearth.jsontext import storable_text
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_IDEMPOTENCY_KEY = 256

@@ -14,7 +14,7 @@ from typing import Any
 from hearth import _faults
 from hearth.errors import ConfigurationError, StepError, WaitTimedOut
 from hearth.ids import is_name, name_rule
-from hearth.records import json_round_trip
+from hearth.jsontext import json_round_trip
 
 # ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
 # recorded value, once the function's writes and the step record committed together.

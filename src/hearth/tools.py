@@ -27,8 +27,8 @@ import pydantic
 from hearth.attachments import ConversationAttachments
 from hearth.effects import RECONCILE_TIMEOUT_S
 from hearth.errors import ConfigurationError
+from hearth.jsontext import json_round_trip
 from hearth.providers.base import ToolSpec
-from hearth.records import json_round_trip
 from hearth.steps import Steps
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from hearth.jsontext import strict_json
 from hearth.providers.parts import estimate_chars
-from hearth.records import strict_json
 
 # --- the conversation as a provider sees it ---------------------------------------------------
 

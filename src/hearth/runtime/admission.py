@@ -10,7 +10,7 @@ from hearth.agent import Agent
 from hearth.attachments import MAX_ATTACHMENTS, Attachment, Checked, check
 from hearth.errors import InvalidInput, UnknownAgent
 from hearth.ids import check_id
-from hearth.records import unpaired_surrogate
+from hearth.jsontext import unpaired_surrogate
 from hearth.store.base import Blob, NewSubmission
 
 

@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hearth import _faults
-from hearth.records import Record, storable_text
+from hearth.jsontext import storable_text
+from hearth.records import Record
 from hearth.store.base import Fence, Store
 from hearth.store.rules import settlement
 

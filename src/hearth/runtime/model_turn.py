@@ -16,13 +16,13 @@ from typing import Any
 from hearth import _faults, telemetry
 from hearth.agent import Rendered
 from hearth.errors import ProviderError
+from hearth.jsontext import storable_text
 from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
     AssistantToolCall,
     Signal,
-    storable_text,
 )
 from hearth.runtime.deltas import DeltaWriter
 from hearth.runtime.files import with_files

@@ -23,6 +23,7 @@ from hearth.errors import (
     ShuttingDown,
     SubmissionNotFound,
 )
+from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.receipts import (
     MAX_IDEMPOTENCY_KEY,
     AbortResult,
@@ -31,7 +32,7 @@ from hearth.receipts import (
     check_id,
     reply_or_raise,
 )
-from hearth.records import Record, json_round_trip, unpaired_surrogate
+from hearth.records import Record
 from hearth.runtime.admission import (
     blobs_of,
     check_attachments,

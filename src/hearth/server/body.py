@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from hearth.records import parsed_unpaired_surrogate, strict_json
+from hearth.jsontext import parsed_unpaired_surrogate, strict_json
 from hearth.server.errors import ApiError
 
 # Past the limit the rest of a body is read and dropped up to this many bytes, so that an

@@ -27,6 +27,7 @@ from hearth.errors import (
     NotARestPoint,
     WaitConflict,
 )
+from hearth.jsontext import canonical_json, compact_json
 from hearth.records import (
     ConversationCreated,
     Record,
@@ -35,8 +36,6 @@ from hearth.records import (
     UserMessage,
     WaitResolved,
     WaitStarted,
-    canonical_json,
-    compact_json,
     unix_from_iso,
 )
 from hearth.store.rows import (

@@ -1,0 +1,99 @@
+"""JSON as hearth writes, reads and checks it: one compact form for storage and one canonical
+form for digests, strict parsing of what comes in, and the text no store can keep (half a
+surrogate pair anywhere, NUL in a plain text column) replaced or refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+JSON = Any  # a value that json.dumps accepts
+
+# ``json.dumps`` with these options builds a new encoder on every call; one of each, kept:
+# compact JSON with UTF-8 kept as is, and the same with sorted keys (canonical, for digests).
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+# Half of a UTF-16 surrogate pair, alone: JSON's "\ud83d" escape decodes to one, a model may
+# stream one at the end of a chunk, a tool may return one. It has no UTF-8 form, so no store can
+# keep it and no HTTP answer can carry it.
+_UNPAIRED = re.compile("[\ud800-\udfff]")
+# What a plain text column cannot keep in every store: that, and NUL (PostgreSQL's text refuses
+# it; inside JSON it is the escape "\u0000", which any store keeps).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every store keeps it alike: each unpaired surrogate and each NUL replaced by
+    U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def compact_json(value: JSON) -> str:
+    """The stored JSON form of ``value``: compact, UTF-8 as is (unpaired surrogates replaced)."""
+    return _paired(_compact(value))
+
+
+def canonical_json(value: JSON) -> str:
+    """``compact_json`` with sorted keys: the form a digest is taken of."""
+    return _paired(_canonical(value))
+
+
+def _paired(text: str) -> str:
+    # JSON text never holds a raw NUL (it is escaped), so only the surrogates need replacing.
+    return text if text.isascii() else _UNPAIRED.sub("\ufffd", text)
+
+
+def json_round_trip(value: JSON) -> JSON:
+    """``value`` as JSON gives it back (what a replay or a reader sees); ``TypeError`` or
+    ``ValueError`` for what has no JSON form, ``NaN`` and the infinities included."""
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+def unpaired_surrogate(value: JSON) -> str | None:
+    """Where a JSON ``value`` holds a string with an unpaired surrogate (input to refuse, as no
+    UTF-8 text can hold it): a short description, or None when it holds none."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii() and (found := _UNPAIRED.search(item)) is not None:
+                return (
+                    f"an unpaired surrogate U+{ord(found.group()):04X} at character"
+                    f" {found.start()} of {item[:40]!r}"
+                )
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
+def strict_json(raw: str | bytes) -> JSON:
+    """``json.loads`` refusing what has no JSON form once parsed (``ValueError``): ``NaN``,
+    ``Infinity`` and numbers beyond a float's range."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parsed_unpaired_surrogate(raw: bytes, value: JSON) -> str | None:
+    """``unpaired_surrogate`` for ``value`` parsed from the JSON text ``raw``, looked for only
+    when ``raw`` has a surrogate's escape (raw UTF-8 cannot hold one; most bodies have none)."""
+    return unpaired_surrogate(value) if _SURROGATE_ESCAPE.search(raw) else None
