@@ -243,6 +243,48 @@ async def test_different_conversations_run_concurrently() -> None:
 # --- tools -----------------------------------------------------------------------------------
 
 
+async def leak_a_cancellation() -> None:
+    """What a library with a cancellation bug does: its own inner task is cancelled, and the
+    CancelledError comes out to the caller, though nothing cancelled the caller."""
+    inner = asyncio.ensure_future(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    inner.cancel()
+    await inner
+
+
+@hearth.tool
+async def leaky() -> str:
+    """Call a library that leaks a cancellation."""
+    await leak_a_cancellation()
+    return "never"
+
+
+@hearth.tool(durable=True)
+async def leaky_durable(ctx: hearth.ToolContext) -> str:
+    """The same, in a durable tool's step."""
+    assert ctx.step is not None
+    await ctx.step.do("first", lambda: 1)
+    await leak_a_cancellation()
+    return "never"
+
+
+@pytest.mark.parametrize("tool", [leaky, leaky_durable])
+async def test_a_cancellation_the_tool_raises_itself_fails_the_call_not_the_attempt(
+    tool: hearth.Tool,
+) -> None:
+    """Taken for hearth stopping the call, it ended the attempt: an ordinary call was marked
+    interrupted on recovery, and a durable one ran again, leaked again, until the attempts ran
+    out. Nothing cancelled the call, so it is the tool's failure, reported in attempt 1."""
+    model = ScriptedModel("a", [calls(call(tool.name)), reply("done")])
+    async with app_with(simple_agent("a", tool), models=[model]).run() as rt:
+        answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+        assert answer.text == "done"
+        [outcome] = of(await rt.history("a", "c"), ToolOutcome)
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+    assert outcome.is_error and outcome.content["type"] == "exception"
+    assert "CancelledError" in outcome.content["message"]
+
+
 class Address(pydantic.BaseModel):
     city: str
     zip: str

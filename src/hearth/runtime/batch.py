@@ -209,7 +209,15 @@ class ToolBatch:
         try:
             content = await self._invoke(tool, call)
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # hearth stops the call: an abort, the deadline, a shutdown, a lost lease
+            # Nothing cancelled this call: the tool's own code raised it (a library's
+            # cancellation, leaked). Its failure, as any exception is; re-running it would only
+            # raise it again, each attempt.
+            return error_outcome(
+                call, "exception", "CancelledError raised by the tool (nothing cancelled it)", ms()
+            )
         except FencedOut:
             raise
         except pydantic.ValidationError as exc:
