@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 import hearth
-from hearth.providers.base import ModelRequest, ToolResult
+from hearth.providers.base import Finished, ModelRequest, TextDelta, ToolResult
 from hearth.records import (
     AssistantTextDelta,
     Record,
@@ -722,6 +722,75 @@ async def test_a_terminal_provider_error_fails_with_its_message() -> None:
         with pytest.raises(hearth.SubmissionFailed) as info:
             await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
     assert info.value.type == "provider_error" and "401 bad key" in str(info.value)
+
+
+class BuggyProvider:
+    """A provider of the application's own whose code raises: ``raises`` once per call (the
+    first ``bad`` calls), after streaming a little text."""
+
+    name = "buggy"
+
+    def __init__(self, raises: BaseException, bad: int) -> None:
+        self.raises, self.bad, self.calls = raises, bad, 0
+
+    def supports(self, model: str) -> bool:
+        return True
+
+    def context_window(self, model: str) -> int:
+        return 100_000
+
+    async def stream(self, request: ModelRequest) -> Any:
+        self.calls += 1
+        if self.calls <= self.bad:
+            yield TextDelta("par")
+            if isinstance(self.raises, asyncio.CancelledError):
+                await leak_a_cancellation()
+            raise self.raises
+        yield TextDelta("whole")
+        yield Finished("stop", None)
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("raises", "named"),
+    [
+        (KeyError("choices"), "KeyError: 'choices'"),
+        (SystemExit(1), "SystemExit: 1"),
+        (asyncio.CancelledError(), "CancelledError (nothing cancelled it)"),
+    ],
+)
+async def test_what_a_providers_own_code_raises_is_a_transient_provider_error(
+    monkeypatch: pytest.MonkeyPatch, raises: BaseException, named: str
+) -> None:
+    """It crashed the attempt (logged as a bug of the runtime's, or for SystemExit the process)
+    and the next attempt asked the model again at once, ten times. Now it is recorded as a
+    transient error of the turn, retried with backoff under the durable budget, and named in
+    the submission's error when that runs out."""
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+
+    @hearth.agent
+    def asks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("buggy/m")
+        return ""
+
+    flaky, broken = BuggyProvider(raises, bad=2), BuggyProvider(raises, bad=100)
+    async with app_with(asks, models=[flaky]).run() as rt:  # type: ignore[list-item]
+        assert (await rt.read(await rt.dispatch("asks", "c", "go"), timeout=10)).text == "whole"
+        errors = [
+            r.error
+            for r in await rt.history("asks", "c")
+            if r.type == "assistant_message_completed"
+        ][:2]
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+    assert errors == [{"kind": "transient", "message": f"buggy: the provider raised {named}"}] * 2
+    async with app_with(asks, models=[broken]).run() as rt:  # type: ignore[list-item]
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(await rt.dispatch("asks", "c", "go"), timeout=10)
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+    assert info.value.type == "provider_error" and named in str(info.value)
+    assert broken.calls == 4  # the first call and three retries
 
 
 # --- shutdown --------------------------------------------------------------------------------
