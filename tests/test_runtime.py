@@ -793,6 +793,46 @@ async def test_what_a_providers_own_code_raises_is_a_transient_provider_error(
     assert broken.calls == 4  # the first call and three retries
 
 
+async def test_a_provider_raising_in_a_compactions_summary_call_is_retried_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The summary call of a compaction reads the provider the same way as a turn does."""
+    from hearth.runtime.compaction import SUMMARY_PROMPT
+
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+
+    class Overflowing(BuggyProvider):
+        summaries = 0
+        turns = 0
+
+        async def stream(self, request: ModelRequest) -> Any:
+            if request.system == SUMMARY_PROMPT:
+                self.summaries += 1
+                if self.summaries == 1:
+                    raise KeyError("summary")
+                yield TextDelta("a summary")
+                yield Finished("stop", None)
+                return
+            self.turns += 1
+            if self.turns == 2:  # the second message: the history is summarised first
+                raise hearth.ProviderError("too long", kind="overflow")
+            yield TextDelta("first" if self.turns == 1 else "after compaction")
+            yield Finished("stop", None)
+
+    @hearth.agent
+    def asks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("buggy/m")
+        return ""
+
+    provider = Overflowing(KeyError("unused"), bad=0)
+    async with app_with(asks, models=[provider]).run() as rt:  # type: ignore[list-item]
+        assert (await rt.read(await rt.dispatch("asks", "c", "one"), timeout=10)).text == "first"
+        answer = await rt.read(await rt.dispatch("asks", "c", "two"), timeout=10)
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1, 1]
+    assert answer.text == "after compaction"
+    assert (provider.summaries, provider.turns) == (2, 3)
+
+
 # --- shutdown --------------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from hearth.records import (
     UserMessage,
 )
 from hearth.runtime.model_context import messages_of
+from hearth.runtime.provider_stream import provider_events
 from hearth.runtime.recovery import TRANSIENT_BUDGET, backoff_delay
 from hearth.runtime.scope import AttemptScope
 
@@ -317,7 +318,7 @@ async def _text_of(
 ) -> str:
     """The summary's text; the usage the provider reports is added into ``usage``."""
     parts: list[str] = []
-    async with contextlib.aclosing(provider.stream(request)) as events:
+    async with contextlib.aclosing(provider_events(provider, request)) as events:
         async for event in events:
             _faults.reached("compaction:chunk")
             if isinstance(event, TextDelta):

@@ -6,23 +6,19 @@ record, so a turn cut off mid-stream leaves its partial text and no half-made ca
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
 
 from hearth import _faults, telemetry
 from hearth.agent import Rendered
-from hearth.errors import APP_CODE_ERRORS, ProviderError
+from hearth.errors import ProviderError
 from hearth.jsontext import storable_text
 from hearth.providers.base import (
-    ModelEvent,
-    ModelProvider,
     ModelRequest,
     TextDelta,
     ToolCallEvent,
@@ -37,38 +33,11 @@ from hearth.records import (
 from hearth.runtime.deltas import DeltaWriter
 from hearth.runtime.files import with_files
 from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
+from hearth.runtime.provider_stream import provider_events
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import MAX_DEPTH, task_tool_spec
 
 log = logging.getLogger("hearth")
-
-
-async def provider_events(
-    provider: ModelProvider, request: ModelRequest
-) -> AsyncGenerator[ModelEvent, None]:
-    """``provider.stream(request)``, with what the provider's own code raises, other than a
-    ``ProviderError``, turned into a transient one (recorded, retried under the durable budget,
-    and named in the submission's error when that runs out). A provider of the application's
-    may have a bug; it is not the runtime's, and no attempt should crash on it. So is a
-    ``CancelledError`` that nothing cancelled (a leaked one)."""
-    try:
-        async with contextlib.aclosing(provider.stream(request)) as events:
-            async for event in events:
-                yield event
-    except ProviderError:
-        raise
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is None or task.cancelling():
-            raise
-        raise _raised(provider, "CancelledError (nothing cancelled it)") from None
-    except APP_CODE_ERRORS as exc:
-        log.warning("model provider %r raised", provider.name, exc_info=exc)
-        raise _raised(provider, f"{type(exc).__name__}: {exc}") from exc
-
-
-def _raised(provider: ModelProvider, what: str) -> ProviderError:
-    return ProviderError(f"{provider.name}: the provider raised {what}"[:2000], kind="transient")
 
 
 def build_request(scope: AttemptScope, rendered: Rendered, model: str) -> ModelRequest:
