@@ -180,7 +180,7 @@ async def test_tool_call_ids_no_store_can_keep_or_given_twice_are_recorded_under
         seen.append(req)
         if results(req):
             return reply("done")
-        ids = ["a\x00b", "c\ud800d", "", "same", "same", "same~2"]
+        ids = ["a\x00b", "c\ud800d", "", "same", "same", "same_2"]
         return calls(*(call("echo", n=i, id=given) for i, given in enumerate(ids)))
 
     model = ScriptedModel("a", script)
@@ -198,7 +198,7 @@ async def test_tool_call_ids_no_store_can_keep_or_given_twice_are_recorded_under
     ids = [by_call[f"got {n}"] for n in range(6)]
     assert ids[:2] == ["a\ufffdb", "c\ufffdd"]
     assert ids[2].startswith("call_")
-    assert ids[3:] == ["same", "same~2", "same~2~2"]
+    assert ids[3:] == ["same", "same_2", "same_2_2"]
     # The next request names each call's result by the id its call was recorded under.
     assert sorted(r.tool_call_id for r in results(seen[-1])) == sorted(ids)
 
@@ -598,7 +598,7 @@ async def test_a_tool_call_id_over_128_characters_is_recorded_cut_with_a_digest(
     recorded = {o.content: o.tool_call_id for o in outcomes}
     first, second = recorded["got 0"], recorded["got 1"]
     assert len(first) == len(second) == 128 and first != second
-    assert first[:111] == second[:111] == LONG[:111] and first[111] == "~"
+    assert first[:111] == second[:111] == LONG[:111] and first[111] == "_"
 
 
 async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_value() -> None:

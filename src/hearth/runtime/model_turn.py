@@ -153,18 +153,19 @@ def call_id_of(given: str, taken: set[str]) -> str:
     it and no earlier call of the same message has it. Otherwise NUL and unpaired surrogates
     become U+FFFD, an empty id gets a fresh one, one over ``MAX_CALL_ID`` characters is cut
     (ids are parts of index keys) and ends in a digest of the whole, and a repeated one gets a
-    ``~2``, ``~3``... suffix: each call's records and outcome stay its own, and the next request
-    names the calls by these ids."""
+    ``_2``, ``_3``... suffix: each call's records and outcome stay its own, and the next request
+    names the calls by these ids. (Letters, digits, ``_`` and ``-`` only, in what is added:
+    Anthropic's API takes no other characters in an id.)"""
     if not given:
         return f"call_{uuid.uuid4().hex[:20]}"
     base = storable_text(given)
     if len(base) > MAX_CALL_ID:
         digest = hashlib.sha256(base.encode()).hexdigest()[:16]
-        base = f"{base[: MAX_CALL_ID - 17]}~{digest}"
+        base = f"{base[: MAX_CALL_ID - 17]}_{digest}"
     call_id, n = base, 1
     while call_id in taken:
         n += 1
-        call_id = f"{base}~{n}"
+        call_id = f"{base}_{n}"
     return call_id
 
 
