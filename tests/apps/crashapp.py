@@ -9,6 +9,7 @@ from typing import Any
 
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.runtime import model_turn
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stall, stream
 from hearth.testing.toollog import ran
 
@@ -157,8 +158,19 @@ def buggy(ctx: hearth.AgentContext) -> str:
     return "You trip over a bug."
 
 
-def bug(request: ModelRequest) -> Step:
-    raise RuntimeError("a bug the runtime did not expect")
+# A bug planted in the runtime itself, for the harness to catch: building the model's request
+# raises for the buggy agent. (Code of the app's own that raises, a provider's included, is
+# reported as that code's failure and crashes nothing; only hearth's own code can do this.)
+_build_request = model_turn.build_request
+
+
+def _planted_bug(scope: Any, rendered: Any, model: str) -> ModelRequest:
+    if scope.conversation_id.startswith("buggy/"):
+        raise RuntimeError("a bug the runtime did not expect")
+    return _build_request(scope, rendered, model)
+
+
+model_turn.build_request = _planted_bug  # type: ignore[assignment]
 
 
 def fragile_script(request: ModelRequest) -> Step:
@@ -193,7 +205,7 @@ models = [
     ScriptedModel("fragile", fragile_script),
     ScriptedModel("hurried", [calls(call("slow")), stall()], repeat_last=True),
     ScriptedModel("stateful", stateful_script),
-    ScriptedModel("buggy", bug),
+    ScriptedModel("buggy", [reply("never asked")]),
 ]
 
 app = hearth.App(
