@@ -14,8 +14,16 @@ import pydantic
 import pytest
 
 import hearth
-from hearth.providers.base import Finished, ModelRequest, TextDelta, ToolResult
+from hearth.providers.base import (
+    Finished,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+)
 from hearth.records import (
+    AssistantMessageCompleted,
     AssistantTextDelta,
     Record,
     Signal,
@@ -791,6 +799,87 @@ async def test_what_a_providers_own_code_raises_is_a_transient_provider_error(
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]
     assert info.value.type == "provider_error" and named in str(info.value)
     assert broken.calls == 4  # the first call and three retries
+
+
+class Yielding(BuggyProvider):
+    """A provider of the application's own that yields ``events`` for every request."""
+
+    def __init__(self, events: list[Any]) -> None:
+        super().__init__(KeyError("unused"), bad=0)
+        self.events = events
+
+    async def stream(self, request: ModelRequest) -> Any:
+        self.calls += 1
+        for event in self.events:
+            yield event
+
+
+@pytest.mark.parametrize(
+    ("events", "named"),
+    [
+        (["a bare string"], "yielded 'a bare string', which is not a model event"),
+        ([TextDelta(42)], "yielded TextDelta(text=42), which is not a model event"),  # type: ignore[arg-type]
+        (
+            [ToolCallEvent(ToolCall("c1", "echo", {"n": {1, 2}}))],
+            "gave tool call arguments that are not JSON",
+        ),
+        ([Finished(None, None)], "which is not a model event"),  # type: ignore[arg-type]
+    ],
+)
+async def test_an_event_a_provider_may_not_yield_is_a_transient_provider_error(
+    monkeypatch: pytest.MonkeyPatch, events: list[Any], named: str
+) -> None:
+    """Each of these crashed the attempt inside hearth's own code (an AttributeError reading
+    the event, a TypeError writing it) and the model was asked again at once, ten times."""
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+
+    @hearth.agent
+    def asks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("buggy/m")
+        return ""
+
+    provider = Yielding(events)
+    async with app_with(asks, models=[provider]).run() as rt:  # type: ignore[list-item]
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(await rt.dispatch("asks", "c", "go"), timeout=10)
+        assert [s.attempt for s in await rt.store.list_submissions()] == [1]
+    assert info.value.type == "provider_error" and named in str(info.value)
+    assert provider.calls == 4
+
+
+async def test_what_a_provider_yields_is_kept_as_json_gives_it_back() -> None:
+    """Tool-call arguments in tuples, usage with counts that are not counts: the call is kept
+    with its arguments as JSON reads them, the usage with its integer counts only."""
+
+    @hearth.tool
+    def echo(n: list[int]) -> str:
+        """Echo numbers."""
+        return f"got {n}"
+
+    class Once(Yielding):
+        async def stream(self, request: ModelRequest) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                yield ToolCallEvent(ToolCall("c1", "echo", {"n": (1, 2)}))
+                yield Finished("tool_use", {"input_tokens": 3, "cost": 0.5})  # type: ignore[dict-item]
+            else:
+                yield TextDelta("done")
+                yield Finished("stop", None)
+
+    @hearth.agent
+    def asks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("buggy/m")
+        ctx.use_tool(echo)
+        return ""
+
+    async with app_with(asks, models=[Once([])]).run() as rt:  # type: ignore[list-item]
+        assert (await rt.read(await rt.dispatch("asks", "c", "go"), timeout=10)).text == "done"
+        records = await rt.history("asks", "c")
+    [asked] = [r for r in records if r.type == "assistant_tool_call"]
+    assert asked.arguments == {"n": [1, 2]}
+    assert [o.content for o in of(records, ToolOutcome)] == ["got [1, 2]"]
+    first = of(records, AssistantMessageCompleted)[0]
+    assert first.usage == {"input_tokens": 3}
 
 
 async def test_a_provider_raising_in_a_compactions_summary_call_is_retried_too(

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 
 from hearth.errors import APP_CODE_ERRORS, ProviderError
-from hearth.providers.base import ModelEvent, ModelProvider, ModelRequest
+from hearth.jsontext import json_round_trip
+from hearth.providers.base import (
+    Finished,
+    ModelEvent,
+    ModelProvider,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+)
 
 log = logging.getLogger("hearth")
 
@@ -21,22 +31,62 @@ async def provider_events(
     ``ProviderError``, turned into a transient one (recorded, retried under the durable budget,
     and named in the submission's error when that runs out). A provider of the application's
     may have a bug; it is not the runtime's, and no attempt should crash on it. So is a
-    ``CancelledError`` that nothing cancelled (a leaked one)."""
+    ``CancelledError`` that nothing cancelled (a leaked one), and so is an event that is not one
+    a provider may yield (``checked``)."""
     try:
         async with contextlib.aclosing(provider.stream(request)) as events:
             async for event in events:
-                yield event
+                yield checked(provider, event)
     except ProviderError:
         raise
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
             raise
-        raise _raised(provider, "CancelledError (nothing cancelled it)") from None
+        raise _raised(provider, "raised CancelledError (nothing cancelled it)") from None
     except APP_CODE_ERRORS as exc:
         log.warning("model provider %r raised", provider.name, exc_info=exc)
-        raise _raised(provider, f"{type(exc).__name__}: {exc}") from exc
+        raise _raised(provider, f"raised {type(exc).__name__}: {exc}") from exc
+
+
+def checked(provider: ModelProvider, event: object) -> ModelEvent:
+    """``event`` as the runtime records it: text as text, a tool call with string id and name
+    and JSON arguments (as JSON gives them back), a finish with a string stop reason and only
+    the integer counts of its usage. Anything else is the provider's bug: a ``ProviderError``
+    saying what it yielded."""
+    if isinstance(event, TextDelta) and isinstance(event.text, str):
+        return event
+    if isinstance(event, ToolCallEvent) and isinstance(event.call, ToolCall):
+        call = event.call
+        if isinstance(call.id, str) and isinstance(call.name, str):
+            try:
+                arguments = json_round_trip(call.arguments)
+            except (TypeError, ValueError, RecursionError) as exc:
+                what = f"gave tool call arguments that are not JSON: {exc}"
+                raise _raised(provider, what) from None
+            if arguments == call.arguments:
+                return event
+            return ToolCallEvent(dataclasses.replace(call, arguments=arguments))
+    if isinstance(event, Finished) and isinstance(event.stop_reason, str):
+        usage = event.usage
+        if usage is None or (
+            isinstance(usage, dict) and all(_count(k, v) for k, v in usage.items())
+        ):
+            return event
+        if isinstance(usage, dict):
+            counts = {k: v for k, v in usage.items() if _count(k, v)}
+            return Finished(event.stop_reason, counts or None)
+    raise _raised(provider, f"yielded {_what(event)}, which is not a model event")
+
+
+def _count(key: object, value: object) -> bool:
+    return isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+
+
+def _what(event: object) -> str:
+    text = repr(event)
+    return text if len(text) <= 120 else f"{text[:100]}..."
 
 
 def _raised(provider: ModelProvider, what: str) -> ProviderError:
-    return ProviderError(f"{provider.name}: the provider raised {what}"[:2000], kind="transient")
+    return ProviderError(f"{provider.name}: the provider {what}"[:2000], kind="transient")
