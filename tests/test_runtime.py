@@ -57,6 +57,13 @@ def simple_agent(
     return hearth.Agent(render, name=name or model, **kw)
 
 
+def store_url(db: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The database for a test run on each store: ``sqlite``, ``memory`` or ``postgres``."""
+    if db == "postgres":
+        return str(request.getfixturevalue("pg_cluster").url())
+    return f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+
+
 def of(records: list[Record], kind: type[Record]) -> list[Any]:
     return [r for r in records if isinstance(r, kind)]
 
@@ -152,10 +159,7 @@ async def test_a_tool_result_and_a_reply_with_unpaired_surrogates_keep_replaceme
         return "half an emoji: \ud83d, a NUL: \x00"
 
     model = ScriptedModel("a", [calls(call("cut")), reply("done \udc00 too \x00")])
-    if db == "postgres":
-        url = request.getfixturevalue("pg_cluster").url()
-    else:
-        url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    url = store_url(db, tmp_path, request)
     async with app_with(simple_agent("a", cut), models=[model], db=url).run() as rt:
         answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
         assert (answer.outcome, answer.text) == ("completed", "done \ufffd too \ufffd")
@@ -192,10 +196,7 @@ async def test_tool_call_ids_no_store_can_keep_or_given_twice_are_recorded_under
         return calls(*(call("echo", n=i, id=given) for i, given in enumerate(ids)))
 
     model = ScriptedModel("a", script)
-    if db == "postgres":
-        url = request.getfixturevalue("pg_cluster").url()
-    else:
-        url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    url = store_url(db, tmp_path, request)
     async with app_with(simple_agent("a", echo), models=[model], db=url).run() as rt:
         answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
         assert (answer.outcome, answer.text) == ("completed", "done")
@@ -549,10 +550,7 @@ async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool(
         return str(await ctx.step.do(LONG[:256], lambda: "kept"))
 
     model = ScriptedModel("a", [calls(call("stepper"), call("longest")), reply("ok")])
-    if db == "postgres":
-        url = request.getfixturevalue("pg_cluster").url()
-    else:
-        url = f"sqlite:///{tmp_path / 'h.db'}" if db == "sqlite" else "memory"
+    url = store_url(db, tmp_path, request)
     async with app_with(simple_agent("a", stepper, longest), models=[model], db=url).run() as rt:
         assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "ok"
         kept, refused = sorted(of(await rt.history("a", "c"), ToolOutcome), key=lambda o: o.name)
@@ -594,11 +592,7 @@ async def test_a_tool_call_id_over_128_characters_is_recorded_cut_with_a_digest(
     model = ScriptedModel(
         "a", [calls(*(call("echo", n=i, id=given) for i, given in enumerate(ids))), reply("ok")]
     )
-    url = (
-        request.getfixturevalue("pg_cluster").url()
-        if db == "postgres"
-        else f"sqlite:///{tmp_path / 'h.db'}"
-    )
+    url = store_url(db, tmp_path, request)
     async with app_with(simple_agent("a", echo), models=[model], db=url).run() as rt:
         assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "ok"
         assert [s.attempt for s in await rt.store.list_submissions()] == [1]
