@@ -562,6 +562,21 @@ async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool(
     assert (kept.name, kept.is_error, kept.content) == ("longest", False, "kept")
 
 
+async def test_a_long_step_name_recorded_before_the_limit_still_replays() -> None:
+    """A durable call re-executed after an upgrade replays its recorded steps, whatever their
+    names: a name over 256 characters, recorded on SQLite before names had a limit, returns its
+    value (the function does not run) instead of failing the call."""
+    from hearth.steps import Steps
+
+    async def record(name: str, value: Any) -> None:
+        raise AssertionError("a recorded step is not recorded again")
+
+    steps = Steps("call", {LONG[:300]: "kept"}, record)
+    assert await steps.do(LONG[:300], lambda: "ran again") == "kept"
+    with pytest.raises(hearth.StepError, match="at most 256 characters"):
+        await steps.do(LONG[:301], lambda: "new")
+
+
 async def test_a_state_name_over_256_characters_is_refused_when_rendering() -> None:
     @hearth.agent
     def keeper(ctx: hearth.AgentContext) -> str:

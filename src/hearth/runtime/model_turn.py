@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import time
 import uuid
 from dataclasses import replace
@@ -18,12 +17,7 @@ from hearth import _faults, telemetry
 from hearth.agent import Rendered
 from hearth.errors import ProviderError
 from hearth.jsontext import storable_text
-from hearth.providers.base import (
-    ModelRequest,
-    TextDelta,
-    ToolCallEvent,
-    ToolSpec,
-)
+from hearth.providers.base import ModelRequest, TextDelta, ToolCallEvent, ToolSpec
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
@@ -36,8 +30,6 @@ from hearth.runtime.model_context import STREAM_INTERRUPTED_NOTE, build_context
 from hearth.runtime.provider_stream import provider_events
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import MAX_DEPTH, task_tool_spec
-
-log = logging.getLogger("hearth")
 
 
 def build_request(scope: AttemptScope, rendered: Rendered, model: str) -> ModelRequest:
