@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 # What the application's own code (a tool, a step's function, a render function, a hook, a
@@ -10,6 +11,22 @@ from typing import Any
 # cannot parse) fails its call; it does not end the process, and with it every other
 # conversation (a durable tool would end it again on every recovery).
 APP_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
+# The same, with ``CancelledError``: what to catch around the application's own code, passing on
+# what ``stopping`` says is hearth stopping the work.
+APP_CODE_RAISES: tuple[type[BaseException], ...] = (*APP_CODE_ERRORS, asyncio.CancelledError)
+
+
+def stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` is hearth stopping the work (an abort, a deadline, a shutdown, a lost
+    lease: a cancellation of the running task), which goes on up. A ``CancelledError`` raised
+    while nothing cancels the task is not: the application's own code raised it (a library's
+    cancellation, leaked), and it is that code's failure, like any exception."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 class HearthError(Exception):

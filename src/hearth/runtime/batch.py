@@ -22,7 +22,7 @@ from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.attachments import ConversationAttachments, parts_of
 from hearth.effects import NOT_DONE, Done, NotDone
-from hearth.errors import APP_CODE_ERRORS, FencedOut, StepError
+from hearth.errors import APP_CODE_ERRORS, FencedOut, StepError, stopping
 from hearth.records import (
     AssistantToolCall,
     Record,
@@ -208,13 +208,11 @@ class ToolBatch:
         token = current_unit.set(buffer)
         try:
             content = await self._invoke(tool, call)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
+        except asyncio.CancelledError as exc:
+            if stopping(exc):
                 raise  # hearth stops the call: an abort, the deadline, a shutdown, a lost lease
-            # Nothing cancelled this call: the tool's own code raised it (a library's
-            # cancellation, leaked). Its failure, as any exception is; re-running it would only
-            # raise it again, each attempt.
+            # The tool's own failure, as any exception is; re-running it would only raise it
+            # again, each attempt.
             return error_outcome(
                 call, "exception", "CancelledError raised by the tool (nothing cancelled it)", ms()
             )

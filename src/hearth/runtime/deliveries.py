@@ -20,13 +20,14 @@ from typing import Any
 from hearth import _faults
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.errors import (
-    APP_CODE_ERRORS,
+    APP_CODE_RAISES,
     ChannelFailed,
     DeliveryNotFound,
     HearthError,
     InvalidInput,
     InvalidSignature,
     UnknownChannel,
+    stopping,
 )
 from hearth.ids import ID_RE
 from hearth.runtime.admission import input_payload, new_submission
@@ -78,7 +79,9 @@ class Deliveries:
             raise
         except InvalidInput:
             raise
-        except APP_CODE_ERRORS as exc:
+        except APP_CODE_RAISES as exc:
+            if stopping(exc):
+                raise
             log.error("channel %s: verify raised", name, exc_info=exc)
             raise ChannelFailed(
                 f"channel {name!r} could not verify the request: its verify raised"
@@ -133,7 +136,9 @@ class Deliveries:
             subs = [
                 self._submission(name, delivery.id, i, d) for i, d in enumerate(_listed(routed))
             ]
-        except APP_CODE_ERRORS as exc:
+        except APP_CODE_RAISES as exc:
+            if stopping(exc):
+                raise
             # A routing bug is fixed in code, then the delivery replayed: keep it meanwhile.
             ours = isinstance(exc, HearthError)
             if not ours:

@@ -14,7 +14,7 @@ from typing import Any
 
 from hearth import _faults
 from hearth.agent import MAX_CONTINUATIONS, Hook, Rendered, StateBuffer, current_unit
-from hearth.errors import APP_CODE_ERRORS
+from hearth.errors import APP_CODE_RAISES, stopping
 from hearth.records import HookSeamCommitted, Record, Signal, StateWrite, UserMessage
 from hearth.runtime.recovery import (
     CONTINUATION,
@@ -90,7 +90,9 @@ async def run_seam(
                 result = fn(event)
                 if inspect.isawaitable(result):
                     await result
-            except APP_CODE_ERRORS as exc:
+            except APP_CODE_RAISES as exc:
+                if stopping(exc):
+                    raise
                 name = getattr(fn, "__name__", "callback")
                 raise HookFailure(
                     f"{hook} callback {name} raised {type(exc).__name__}: {exc}"

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 
-from hearth.errors import APP_CODE_ERRORS, ProviderError
+from hearth.errors import APP_CODE_ERRORS, ProviderError, stopping
 from hearth.jsontext import json_round_trip
 from hearth.providers.base import (
     Finished,
@@ -39,9 +39,8 @@ async def provider_events(
                 yield checked(provider, event)
     except ProviderError:
         raise
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is None or task.cancelling():
+    except asyncio.CancelledError as exc:
+        if stopping(exc):
             raise
         raise _raised(provider, "raised CancelledError (nothing cancelled it)") from None
     except APP_CODE_ERRORS as exc:

@@ -1,9 +1,12 @@
-"""Application code that calls ``sys.exit`` (argparse does, on arguments it cannot parse) fails
-its own unit of work; the runtime, and every other conversation in it, goes on.
+"""Application code that calls ``sys.exit`` (argparse does, on arguments it cannot parse), or
+lets out a ``CancelledError`` nothing asked for (a library's, leaked), fails its own unit of
+work; the runtime, and every other conversation in it, goes on.
 
 Before, the ``SystemExit`` went up through the event loop and ended the process: a tool, a step's
 function, a render function, a hook or a channel's callback could stop the server, and a durable
-tool would stop it again on every recovery."""
+tool would stop it again on every recovery. A leaked cancellation was taken for hearth stopping
+the work: it ended the attempt (a tool's, every attempt), or failed an HTTP request with no
+answer."""
 
 from __future__ import annotations
 
@@ -188,4 +191,90 @@ async def test_a_reconcile_that_exits_leaves_the_outcome_unknown() -> None:
         [outcome] = [r for r in await rt.history("till", "c") if isinstance(r, ToolOutcome)]
         # The runtime goes on: the conversation takes its next message.
         assert (await rt.read(await rt.dispatch("till", "c", "again"), timeout=10)).text == "fine"
+    assert outcome.reconciled is None and outcome.content["type"] == "interrupted"
+
+
+async def leak() -> None:
+    """What a library with a cancellation bug does: its own inner task is cancelled, and the
+    CancelledError comes out to its caller, though nothing cancelled the caller."""
+    inner = asyncio.ensure_future(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    inner.cancel()
+    await inner
+
+
+async def test_a_hook_that_leaks_a_cancellation_fails_its_submission_once() -> None:
+    @hearth.agent
+    def hooks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+
+        @ctx.on_agent_start
+        async def notify(event: AgentStart) -> None:
+            await leak()
+
+        return ""
+
+    async with hearth.App(
+        [hooks], db="memory", providers=[ScriptedModel("m", [reply("never")])]
+    ).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as failed:
+            await rt.read(await rt.dispatch("hooks", "c", "go"), timeout=10)
+        assert [s.attempt for s in await rt.submissions()] == [1]
+    assert failed.value.type == "hook_error" and "CancelledError" in str(failed.value)
+
+
+async def test_a_channel_whose_receive_leaks_a_cancellation_keeps_the_delivery_failed() -> None:
+    @hearth.agent
+    def inbox(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        return ""
+
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        return hearth.Delivery(id="d-1", type="t", data={})
+
+    async def receive(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
+        await leak()
+        return []
+
+    app = hearth.App(
+        [inbox],
+        channels=[hearth.Channel("router", verify=verify, receive=receive)],
+        db="memory",
+        providers=[ScriptedModel("m", [reply("fine")])],
+    )
+    async with app.run() as rt:
+        with pytest.raises(hearth.ChannelFailed, match="receive raised CancelledError"):
+            await rt.deliver("router", {}, b"{}")
+        [kept] = await rt.deliveries("router")
+        assert kept.status == "failed"
+
+
+async def test_a_reconcile_that_leaks_a_cancellation_leaves_the_outcome_unknown() -> None:
+    started = asyncio.Event()
+
+    async def leaks(call: hearth.ReconcileCall) -> hearth.Done:
+        await leak()
+        return hearth.Done("paid")
+
+    @hearth.tool(reconcile=leaks)
+    async def pay() -> str:
+        """Pay, taking its time."""
+        started.set()
+        await asyncio.Event().wait()
+        return "paid"
+
+    @hearth.agent
+    def till(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        ctx.use_tool(pay)
+        return ""
+
+    model = ScriptedModel("m", [calls(call("pay")), reply("fine")])
+    async with hearth.App([till], db="memory", providers=[model]).run() as rt:
+        receipt = await rt.dispatch("till", "c", "go")
+        await started.wait()
+        await rt.abort("till", "c")
+        with pytest.raises(hearth.SubmissionAborted):
+            await rt.read(receipt, timeout=10)
+        [outcome] = [r for r in await rt.history("till", "c") if isinstance(r, ToolOutcome)]
     assert outcome.reconciled is None and outcome.content["type"] == "interrupted"
