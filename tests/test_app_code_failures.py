@@ -5,8 +5,9 @@ work; the runtime, and every other conversation in it, goes on.
 Before, the ``SystemExit`` went up through the event loop and ended the process: a tool, a step's
 function, a render function, a hook or a channel's callback could stop the server, and a durable
 tool would stop it again on every recovery. A leaked cancellation was taken for hearth stopping
-the work: it ended the attempt (a tool's, every attempt), or failed an HTTP request with no
-answer."""
+the work: it ended the attempt (a durable tool's, on every attempt), or, in a channel's
+callback, went up through ``deliver`` and left the delivery neither admitted nor kept as
+failed."""
 
 from __future__ import annotations
 
