@@ -157,6 +157,37 @@ async def test_a_verify_that_raises_or_returns_garbage_admits_and_keeps_nothing(
         assert await rt.submissions() == []
 
 
+@pytest.mark.parametrize(
+    ("returned", "why"),
+    [
+        (hearth.Delivery(id="d-1", type="t", data={"x": float("nan")}), "data is not JSON"),
+        (hearth.Delivery(id="d-1", type="t\x00", data={}), "type is not a string without NUL"),
+        (
+            hearth.Delivery(id="d-1", type="t", data={}, received_at=float("inf")),
+            "received_at is not a finite number",
+        ),
+    ],
+)
+async def test_a_verify_that_returns_what_no_store_keeps_is_refused_and_keeps_nothing(
+    returned: hearth.Delivery, why: str
+) -> None:
+    """NaN in the data was kept, after which every JSON listing of the channel's deliveries
+    answered 500; a NUL in the type failed inside PostgreSQL."""
+
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        return returned
+
+    def never(delivery: hearth.Delivery) -> None:
+        raise AssertionError("receive must not run")
+
+    channel = hearth.Channel("odd", verify=verify, receive=never)
+    app = hearth.App([inbox], channels=[channel], db="memory", providers=MODELS)
+    async with app.run() as rt:
+        with pytest.raises(hearth.ChannelFailed, match=why):
+            await rt.deliver("odd", {}, b"{}")
+        assert await rt.deliveries("odd") == []
+
+
 def test_channel_names_and_duplicates_are_checked_at_app() -> None:
     def verify(headers: object, body: bytes) -> hearth.Delivery:
         return hearth.Delivery(id="x", type="t", data={})

@@ -144,6 +144,28 @@ async def test_text_with_an_unpaired_surrogate_is_refused_before_admission(
         assert await rt.store.list_submissions() == []
 
 
+@pytest.mark.parametrize(
+    "attributes", [{"x": {1, 2}}, {"x": float("nan")}, {"x": float("inf")}, {"x": object()}]
+)
+async def test_signal_attributes_that_are_not_json_are_refused_before_admission(
+    attributes: dict[str, Any],
+) -> None:
+    """Through the Python API a signal's attributes could be anything: a set raised a bare
+    TypeError from inside the store, and NaN was admitted and stored, after which every JSON
+    read of the conversation's stream answered 500."""
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("x")])])
+    async with app.run() as rt:
+        with pytest.raises(hearth.InvalidInput, match=r"signal\.attributes must be JSON") as info:
+            await rt.dispatch("a", "c", signal={"type": "t", "attributes": attributes})
+        assert info.value.field == "signal.attributes"
+        assert await rt.store.list_submissions() == []
+        # Keys JSON turns into strings are stored as JSON gives them back.
+        receipt = await rt.dispatch("a", "d", signal={"type": "t", "attributes": {1: (2, 3)}})
+        await rt.read(receipt, timeout=10)
+        [signal] = of(await rt.history("a", "d"), Signal)
+        assert signal.attributes == {"1": [2, 3]}
+
+
 @pytest.mark.parametrize("db", ["sqlite", "memory", "postgres"])
 async def test_a_tool_result_and_a_reply_with_unpaired_surrogates_keep_replacement_characters(
     tmp_path: Path, db: str, request: pytest.FixtureRequest

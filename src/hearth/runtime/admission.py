@@ -10,7 +10,7 @@ from hearth.agent import Agent
 from hearth.attachments import MAX_ATTACHMENTS, Attachment, Checked, check
 from hearth.errors import InvalidInput, UnknownAgent
 from hearth.ids import check_id
-from hearth.jsontext import unpaired_surrogate
+from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.store.base import Blob, NewSubmission
 
 
@@ -86,7 +86,13 @@ def _input_payload(
         raise InvalidInput("signal.body must be a string", "signal.body")
     if attributes is not None and not isinstance(attributes, dict):
         raise InvalidInput("signal.attributes must be an object", "signal.attributes")
-    signal = {"type": signal["type"], "body": body, "attributes": attributes or {}}
+    try:
+        # As JSON gives them back (what the record and every reader see); NaN and the
+        # infinities have no JSON form, and stored they would spoil every read of the stream.
+        attributes = json_round_trip(attributes or {})
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInput(f"signal.attributes must be JSON: {exc}", "signal.attributes") from None
+    signal = {"type": signal["type"], "body": body, "attributes": attributes}
     return "signal", {"signal": signal}
 
 

@@ -11,8 +11,8 @@ replay once the code is fixed.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,7 @@ from hearth.errors import (
     stopping,
 )
 from hearth.ids import ID_RE
+from hearth.jsontext import json_round_trip, storable_text
 from hearth.runtime.admission import input_payload, new_submission
 from hearth.runtime.env import Env
 from hearth.store.base import LIST_LIMIT, NewDelivery, NewSubmission, StoredDelivery
@@ -202,18 +203,22 @@ def _kept(name: str, delivery: Any, body: bytes) -> NewDelivery:
         raise bad(f"returned {type(delivery).__name__}, not a hearth.Delivery")
     if not isinstance(delivery.id, str) or not ID_RE.match(delivery.id):
         raise bad(f"returned the delivery id {delivery.id!r}, which must match {ID_RE.pattern}")
-    if not isinstance(delivery.type, str):
-        raise bad("returned a delivery whose type is not a string")
+    if not isinstance(delivery.type, str) or storable_text(delivery.type) != delivery.type:
+        raise bad("returned a delivery whose type is not a string without NUL or half a pair")
     try:
-        json.dumps(delivery.data)
+        # As JSON gives it back: NaN and the infinities have no JSON form, and kept they would
+        # spoil every listing of the channel's deliveries.
+        data = json_round_trip(delivery.data)
         headers = {str(k): str(v) for k, v in dict(delivery.headers).items()}
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         raise bad("returned a delivery whose data is not JSON") from None
+    if not isinstance(delivery.received_at, int | float) or not math.isfinite(delivery.received_at):
+        raise bad("returned a delivery whose received_at is not a finite number of seconds")
     return NewDelivery(
         channel=name,
         delivery_id=delivery.id,
         type=delivery.type,
-        data=delivery.data,
+        data=data,
         body=body.decode("utf-8", "replace"),
         headers=headers,
         received_at=float(delivery.received_at),
