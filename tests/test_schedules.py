@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -90,6 +91,34 @@ def test_the_latest_due_occurrence_is_the_catch_up() -> None:
     yearly = hearth.Schedule("y", digest, "x", cron="0 0 1 1 *", message="y")
     due = yearly.latest_due(at("2020-06-01T00:00:00"), at("2026-06-01T00:00:00"))
     assert iso(due or 0) == "2026-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"signal": {"type": "t", "attributes": {"x": float("nan")}}}, "signal must be JSON"),
+        ({"signal": {"type": "t", "attributes": {"x": {1, 2}}}}, "signal must be JSON"),
+        ({"signal": {"type": "t", "body": 7}}, "'body' must be a string"),
+        ({"signal": {"type": "t", "attributes": [1]}}, "'attributes' must be an object"),
+        ({"message": "half \ud83d"}, "unpaired surrogate"),
+    ],
+)
+def test_a_scheduled_input_no_store_can_keep_is_refused_when_declared(
+    given: dict[str, Any], says: str
+) -> None:
+    """It was taken as given and admitted at each occurrence: NaN in a signal's attributes
+    spoiled every JSON read of the conversation's stream; the others failed at the store each
+    time, or kept a signal of a shape no reader expects."""
+    with pytest.raises(hearth.ConfigurationError, match=rf"schedule 'odd'.*{says}"):
+        hearth.Schedule("odd", digest, "x", cron="0 9 * * *", **given)
+
+
+def test_a_scheduled_signal_is_kept_as_json_gives_it_back() -> None:
+    sched = hearth.Schedule(
+        "tick", digest, "x", cron="0 9 * * *", signal={"type": "t", "attributes": {1: (2, 3)}}
+    )
+    payload = sched.payload(at("2026-12-04T09:00:00"))
+    assert payload["signal"]["attributes"] == {"1": [2, 3], "scheduled_for": "2026-12-04T09:00:00Z"}
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from cronsim import CronSim, CronSimError
 
 from hearth.errors import ConfigurationError, HearthError
 from hearth.ids import check_id
+from hearth.jsontext import json_round_trip, unpaired_surrogate
 
 if TYPE_CHECKING:
     from hearth.agent import Agent
@@ -74,6 +75,19 @@ class Schedule:
             not isinstance(signal, dict) or not isinstance(signal.get("type"), str)
         ):
             raise bad("signal must be an object with a string 'type'")
+        if signal is not None and not isinstance(signal.get("body", ""), str):
+            raise bad("signal's 'body' must be a string")
+        if signal is not None and not isinstance(signal.get("attributes") or {}, dict):
+            raise bad("signal's 'attributes' must be an object")
+        try:
+            # Checked now, not at the first occurrence: as JSON gives it back, never NaN (stored,
+            # it would spoil every read of the conversation's stream) or half a surrogate pair.
+            signal = json_round_trip(signal)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise bad(f"signal must be JSON: {exc}") from None
+        where = unpaired_surrogate([message, signal])
+        if where is not None:
+            raise bad(f"the message or signal has {where}; no UTF-8 text can hold it")
         self.message = message
         self.signal = signal
         if not isinstance(cron, str) or len(cron.split()) != 5:
