@@ -128,17 +128,19 @@ async def test_a_render_function_or_hook_that_exits_fails_its_submission() -> No
     assert hooked.value.type == "hook_error" and "SystemExit: 4" in str(hooked.value)
 
 
-async def test_a_channel_whose_verify_or_receive_exits_refuses_that_delivery() -> None:
-    @hearth.agent
-    def inbox(ctx: hearth.AgentContext) -> str:
-        ctx.use_model("scripted/m")
-        return ""
+@hearth.agent
+def inbox(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/m")
+    return ""
 
+
+def verify(headers: object, body: bytes) -> hearth.Delivery:
+    return hearth.Delivery(id="d-1", type="t", data={})
+
+
+async def test_a_channel_whose_verify_or_receive_exits_refuses_that_delivery() -> None:
     def verify_exits(headers: object, body: bytes) -> hearth.Delivery:
         sys.exit(5)
-
-    def verify(headers: object, body: bytes) -> hearth.Delivery:
-        return hearth.Delivery(id="d-1", type="t", data={})
 
     def receive_exits(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
         sys.exit(6)
@@ -161,38 +163,6 @@ async def test_a_channel_whose_verify_or_receive_exits_refuses_that_delivery() -
         assert kept.status == "failed"
         answer = await rt.read(await rt.dispatch("inbox", "c", "go"), timeout=10)
         assert answer.text == "fine"
-
-
-async def test_a_reconcile_that_exits_leaves_the_outcome_unknown() -> None:
-    started = asyncio.Event()
-
-    def exits(call: hearth.ReconcileCall) -> hearth.Done:
-        sys.exit(7)
-
-    @hearth.tool(reconcile=exits)
-    async def pay() -> str:
-        """Pay, taking its time."""
-        started.set()
-        await asyncio.Event().wait()
-        return "paid"
-
-    @hearth.agent
-    def till(ctx: hearth.AgentContext) -> str:
-        ctx.use_model("scripted/m")
-        ctx.use_tool(pay)
-        return ""
-
-    model = ScriptedModel("m", [calls(call("pay")), reply("fine")])
-    async with hearth.App([till], db="memory", providers=[model]).run() as rt:
-        receipt = await rt.dispatch("till", "c", "go")
-        await started.wait()
-        await rt.abort("till", "c")
-        with pytest.raises(hearth.SubmissionAborted):
-            await rt.read(receipt, timeout=10)
-        [outcome] = [r for r in await rt.history("till", "c") if isinstance(r, ToolOutcome)]
-        # The runtime goes on: the conversation takes its next message.
-        assert (await rt.read(await rt.dispatch("till", "c", "again"), timeout=10)).text == "fine"
-    assert outcome.reconciled is None and outcome.content["type"] == "interrupted"
 
 
 async def leak() -> None:
@@ -225,14 +195,6 @@ async def test_a_hook_that_leaks_a_cancellation_fails_its_submission_once() -> N
 
 
 async def test_a_channel_whose_receive_leaks_a_cancellation_keeps_the_delivery_failed() -> None:
-    @hearth.agent
-    def inbox(ctx: hearth.AgentContext) -> str:
-        ctx.use_model("scripted/m")
-        return ""
-
-    def verify(headers: object, body: bytes) -> hearth.Delivery:
-        return hearth.Delivery(id="d-1", type="t", data={})
-
     async def receive(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
         await leak()
         return []
@@ -250,14 +212,22 @@ async def test_a_channel_whose_receive_leaks_a_cancellation_keeps_the_delivery_f
         assert kept.status == "failed"
 
 
-async def test_a_reconcile_that_leaks_a_cancellation_leaves_the_outcome_unknown() -> None:
+def exits(call: hearth.ReconcileCall) -> hearth.Done:
+    sys.exit(7)  # a sync reconcile: it runs on a worker thread
+
+
+async def leaks(call: hearth.ReconcileCall) -> hearth.Done:
+    await leak()
+    return hearth.Done("paid")
+
+
+@pytest.mark.parametrize("reconcile", [exits, leaks])
+async def test_a_reconcile_that_exits_or_leaks_a_cancellation_leaves_the_outcome_unknown(
+    reconcile: Any,
+) -> None:
     started = asyncio.Event()
 
-    async def leaks(call: hearth.ReconcileCall) -> hearth.Done:
-        await leak()
-        return hearth.Done("paid")
-
-    @hearth.tool(reconcile=leaks)
+    @hearth.tool(reconcile=reconcile)
     async def pay() -> str:
         """Pay, taking its time."""
         started.set()
@@ -278,4 +248,6 @@ async def test_a_reconcile_that_leaks_a_cancellation_leaves_the_outcome_unknown(
         with pytest.raises(hearth.SubmissionAborted):
             await rt.read(receipt, timeout=10)
         [outcome] = [r for r in await rt.history("till", "c") if isinstance(r, ToolOutcome)]
+        # The runtime goes on: the conversation takes its next message.
+        assert (await rt.read(await rt.dispatch("till", "c", "again"), timeout=10)).text == "fine"
     assert outcome.reconciled is None and outcome.content["type"] == "interrupted"
