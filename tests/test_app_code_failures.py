@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 import pytest
+from leaky_library import leak_a_cancellation
 
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
@@ -165,15 +166,6 @@ async def test_a_channel_whose_verify_or_receive_exits_refuses_that_delivery() -
         assert answer.text == "fine"
 
 
-async def leak() -> None:
-    """What a library with a cancellation bug does: its own inner task is cancelled, and the
-    CancelledError comes out to its caller, though nothing cancelled the caller."""
-    inner = asyncio.ensure_future(asyncio.sleep(10))
-    await asyncio.sleep(0)
-    inner.cancel()
-    await inner
-
-
 async def test_a_hook_that_leaks_a_cancellation_fails_its_submission_once() -> None:
     @hearth.agent
     def hooks(ctx: hearth.AgentContext) -> str:
@@ -181,7 +173,7 @@ async def test_a_hook_that_leaks_a_cancellation_fails_its_submission_once() -> N
 
         @ctx.on_agent_start
         async def notify(event: AgentStart) -> None:
-            await leak()
+            await leak_a_cancellation()
 
         return ""
 
@@ -196,7 +188,7 @@ async def test_a_hook_that_leaks_a_cancellation_fails_its_submission_once() -> N
 
 async def test_a_channel_whose_receive_leaks_a_cancellation_keeps_the_delivery_failed() -> None:
     async def receive(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
-        await leak()
+        await leak_a_cancellation()
         return []
 
     app = hearth.App(
@@ -217,7 +209,7 @@ def exits(call: hearth.ReconcileCall) -> hearth.Done:
 
 
 async def leaks(call: hearth.ReconcileCall) -> hearth.Done:
-    await leak()
+    await leak_a_cancellation()
     return hearth.Done("paid")
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import pydantic
 import pytest
+from leaky_library import leak_a_cancellation
 
 import hearth
 from hearth.providers.base import (
@@ -272,15 +273,6 @@ async def test_different_conversations_run_concurrently() -> None:
 
 
 # --- tools -----------------------------------------------------------------------------------
-
-
-async def leak_a_cancellation() -> None:
-    """What a library with a cancellation bug does: its own inner task is cancelled, and the
-    CancelledError comes out to the caller, though nothing cancelled the caller."""
-    inner = asyncio.ensure_future(asyncio.sleep(10))
-    await asyncio.sleep(0)
-    inner.cancel()
-    await inner
 
 
 @hearth.tool

@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 # What the application's own code (a tool, a step's function, a render function, a hook, a
-# channel's verify or receive) may raise and hearth reports as that code's failure: any
+# channel's verify or receive, a reconcile, a model provider of its own) may raise and hearth
+# reports as that code's failure: any
 # Exception, and SystemExit too. A tool that calls ``sys.exit`` (argparse does, on arguments it
 # cannot parse) fails its call; it does not end the process, and with it every other
 # conversation (a durable tool would end it again on every recovery).
