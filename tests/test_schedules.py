@@ -96,10 +96,12 @@ def test_the_latest_due_occurrence_is_the_catch_up() -> None:
 @pytest.mark.parametrize(
     ("given", "says"),
     [
-        ({"signal": {"type": "t", "attributes": {"x": float("nan")}}}, "signal must be JSON"),
-        ({"signal": {"type": "t", "attributes": {"x": {1, 2}}}}, "signal must be JSON"),
-        ({"signal": {"type": "t", "body": 7}}, "'body' must be a string"),
-        ({"signal": {"type": "t", "attributes": [1]}}, "'attributes' must be an object"),
+        ({"signal": {"type": "t", "attributes": {"x": float("nan")}}}, "attributes must be JSON"),
+        ({"signal": {"type": "t", "attributes": {"x": {1, 2}}}}, "attributes must be JSON"),
+        ({"signal": {"type": "t", "body": 7}}, r"signal\.body must be a string"),
+        ({"signal": {"type": "t", "attributes": [1]}}, "attributes must be an object"),
+        ({"signal": {"type": ""}}, "non-empty string 'type'"),
+        ({"signal": "ping"}, "non-empty string 'type'"),
         ({"message": "half \ud83d"}, "unpaired surrogate"),
     ],
 )

@@ -27,7 +27,8 @@ from cronsim import CronSim, CronSimError
 
 from hearth.errors import ConfigurationError, HearthError
 from hearth.ids import check_id
-from hearth.jsontext import json_round_trip, unpaired_surrogate
+from hearth.jsontext import unpaired_surrogate
+from hearth.signals import BadSignal, checked_signal
 
 if TYPE_CHECKING:
     from hearth.agent import Agent
@@ -71,20 +72,13 @@ class Schedule:
             raise bad("give exactly one of message= or signal=")
         if message is not None and (not isinstance(message, str) or not message):
             raise bad("message must be a non-empty string")
-        if signal is not None and (
-            not isinstance(signal, dict) or not isinstance(signal.get("type"), str)
-        ):
-            raise bad("signal must be an object with a string 'type'")
-        if signal is not None and not isinstance(signal.get("body", ""), str):
-            raise bad("signal's 'body' must be a string")
-        if signal is not None and not isinstance(signal.get("attributes") or {}, dict):
-            raise bad("signal's 'attributes' must be an object")
-        try:
-            # Checked now, not at the first occurrence: as JSON gives it back, never NaN (stored,
-            # it would spoil every read of the conversation's stream) or half a surrogate pair.
-            signal = json_round_trip(signal)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise bad(f"signal must be JSON: {exc}") from None
+        if signal is not None:
+            try:
+                # Checked now, not at the first occurrence: as JSON gives it back, never NaN
+                # (stored, it would spoil every read of the conversation's stream).
+                signal = checked_signal(signal)
+            except BadSignal as exc:
+                raise bad(exc.why) from None
         where = unpaired_surrogate([message, signal])
         if where is not None:
             raise bad(f"the message or signal has {where}; no UTF-8 text can hold it")
@@ -158,8 +152,7 @@ class Schedule:
         when = iso(occurrence)
         if self.signal is not None:
             sig = self.signal
-            attributes = {**(sig.get("attributes") or {}), "scheduled_for": when}
-            signal = {"type": sig["type"], "body": sig.get("body", ""), "attributes": attributes}
+            signal = {**sig, "attributes": {**sig["attributes"], "scheduled_for": when}}
             return {"signal": signal, "scheduled_for": when}
         return {"message": self.message, "scheduled_for": when}
 

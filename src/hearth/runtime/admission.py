@@ -10,7 +10,8 @@ from hearth.agent import Agent
 from hearth.attachments import MAX_ATTACHMENTS, Attachment, Checked, check
 from hearth.errors import InvalidInput, UnknownAgent
 from hearth.ids import check_id
-from hearth.jsontext import json_round_trip, unpaired_surrogate
+from hearth.jsontext import unpaired_surrogate
+from hearth.signals import BadSignal, checked_signal
 from hearth.store.base import Blob, NewSubmission
 
 
@@ -76,23 +77,10 @@ def _input_payload(
         if not isinstance(message, str) or not message:
             raise InvalidInput("message must be a non-empty string", "message")
         return "message", {"message": message}
-    if not isinstance(signal, dict):
-        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal")
-    if not isinstance(signal.get("type"), str) or not signal["type"]:
-        raise InvalidInput("signal must be an object with a non-empty string 'type'", "signal.type")
-    body = signal.get("body", "")
-    attributes = signal.get("attributes")
-    if not isinstance(body, str):
-        raise InvalidInput("signal.body must be a string", "signal.body")
-    if attributes is not None and not isinstance(attributes, dict):
-        raise InvalidInput("signal.attributes must be an object", "signal.attributes")
     try:
-        # As JSON gives them back (what the record and every reader see); NaN and the
-        # infinities have no JSON form, and stored they would spoil every read of the stream.
-        attributes = json_round_trip(attributes or {})
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidInput(f"signal.attributes must be JSON: {exc}", "signal.attributes") from None
-    signal = {"type": signal["type"], "body": body, "attributes": attributes}
+        signal = checked_signal(signal)
+    except BadSignal as exc:
+        raise InvalidInput(exc.why, exc.field) from None
     return "signal", {"signal": signal}
 
 
