@@ -18,7 +18,9 @@ locking):
     .venv/bin/python bench/step_anatomy.py [--steps 2000] [--rounds 3]
 
 Printed: each layer's median and p99 (over rounds, the median of each round's figure), its ratio
-to the floor, and what it adds to the layer before it. The first ``--warmup`` commits of every
+to the floor, and what it adds to the layer before it; then the median of the ``COMMIT``
+statement alone inside the ``step.do`` layer (SQLite writing and syncing a step's pages, no
+Python) against the floor's whole transaction. The first ``--warmup`` commits of every
 run are dropped (a commit that grows the WAL costs about twice one that reuses it).
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -41,6 +44,7 @@ from hearth.store import sqlite_ops
 from hearth.store.rows import Fence, NewSubmission
 from hearth.store.sqlite import SQLiteStore
 from hearth.store.sqlite_schema import connect
+from hearth.store.sqlite_writer import GroupCommitWriter
 
 LAYERS = ("floor", "sql", "ops.append", "store.append", "step.do")
 CONVERSATION = "anatomy/c-1"
@@ -146,8 +150,25 @@ def run_store_append(where: Path, n: int) -> list[float]:
     return asyncio.run(go())
 
 
+# The COMMIT statements of the step.do layer's runs, each timed alone: the part of a step that
+# is SQLite syncing hearth's pages, which no Python can make shorter.
+commits: list[float] = []
+
+
 def run_step_do(where: Path, n: int) -> list[float]:
-    return asyncio.run(measure_step_do(n, f"sqlite:///{where / 'bench.db'}?synchronous=FULL"))
+    commit = GroupCommitWriter._commit
+
+    def timed_commit(self: GroupCommitWriter, conn: sqlite3.Connection) -> None:
+        t0 = time.perf_counter()
+        commit(self, conn)
+        commits.append(time.perf_counter() - t0)
+
+    commits.clear()
+    GroupCommitWriter._commit = timed_commit  # type: ignore[method-assign]
+    try:
+        return asyncio.run(measure_step_do(n, f"sqlite:///{where / 'bench.db'}?synchronous=FULL"))
+    finally:
+        GroupCommitWriter._commit = commit  # type: ignore[method-assign]
 
 
 def measure(layer: str, where: Path, n: int) -> list[float]:
@@ -176,6 +197,7 @@ def main() -> None:
     args = parser.parse_args()
     medians: dict[str, list[float]] = {layer: [] for layer in LAYERS}
     tails: dict[str, list[float]] = {layer: [] for layer in LAYERS}
+    commit_medians: list[float] = []
     for r in range(args.rounds):
         for layer in LAYERS:
             with tempfile.TemporaryDirectory() as tmp:
@@ -183,6 +205,8 @@ def main() -> None:
                 time.sleep(args.pause)
                 kept = measure(layer, Path(tmp), args.warmup + args.steps)[args.warmup :]
             medians[layer].append(statistics.median(kept) * 1000)
+            if layer == "step.do":
+                commit_medians.append(statistics.median(commits[args.warmup :] or commits) * 1000)
             tails[layer].append(p99(kept) * 1000)
             print(f"  round {r + 1} {layer}: median {medians[layer][-1]:.3f} ms", flush=True)
     print(
@@ -196,6 +220,11 @@ def main() -> None:
         adds = "" if before is None else f"{(median - before) * 1000:+.0f} µs"
         print(f"  {layer:<13} {median:>6.3f} ms {tail:>6.3f} ms {median / floor:>7.2f}x {adds:>9}")
         before = median
+    commit = statistics.median(commit_medians)
+    print(
+        f"  step.do's COMMIT statement alone: median {commit:.3f} ms, {commit / floor:.2f}x the"
+        " floor's whole transaction"
+    )
 
 
 if __name__ == "__main__":
