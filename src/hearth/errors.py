@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 # What the application's own code (a tool, a step's function, a render function, a hook, a
@@ -215,7 +216,9 @@ class ProviderError(HearthError):
         self.message = message
         self.kind = kind
         self.status = status
-        self.retry_after = retry_after
+        # Seconds to wait, as a number JSON can hold: a header of "inf" or "nan" (or a provider
+        # of the application's own) gives none, and stored it would spoil every read.
+        self.retry_after = retry_after if _seconds(retry_after) else None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "message": self.message}
@@ -224,6 +227,15 @@ class ProviderError(HearthError):
         if self.retry_after is not None:
             out["retry_after"] = self.retry_after
         return out
+
+
+def _seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 class WorkspaceError(HearthError):

@@ -64,10 +64,14 @@ class SSEDecoder:
         self._data: list[str] = []
         self.last_id: str | None = None
         self.retry: int | None = None
+        self._first = True
 
     def feed(self, raw: str) -> SSEEvent | None:
         """Take one line in (its line ending stripped or not); the event it completes, if any."""
         line = raw.rstrip("\r\n")
+        if self._first:
+            self._first = False
+            line = line.removeprefix("\ufeff")  # a byte order mark may open the stream
         if not line:
             name, data = self._name, self._data
             self._name, self._data = "", []

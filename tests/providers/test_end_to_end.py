@@ -90,6 +90,11 @@ class OpenAIDialect:
                     events.append(self._chunk({"tool_calls": [fragment]}))
         return [*events, self._chunk(finish="tool_calls"), "data: [DONE]\n\n"]
 
+    def tool_use_without_calls(self, text: str) -> list[str]:
+        """A reply whose finish reason says tool calls, with none (a local server's tool-call
+        parser that failed)."""
+        return [*self.partial(text), self._chunk(finish="tool_calls"), "data: [DONE]\n\n"]
+
     def failure(self, message: str, kind: str = "server_error") -> dict[str, Any]:
         return {"error": {"message": message, "type": kind}}
 
@@ -185,6 +190,10 @@ class AnthropicDialect:
                 events.append(self._ev("content_block_delta", {"index": i, "delta": delta}))
             events.append(self._ev("content_block_stop", {"index": i}))
         return [*events, *self._finish("tool_use")]
+
+    def tool_use_without_calls(self, text: str) -> list[str]:
+        stop = self._ev("content_block_stop", {"index": 0})
+        return [*self.partial(text), stop, *self._finish("tool_use")]
 
     def failure(self, message: str, kind: str = "api_error") -> dict[str, Any]:
         return {"type": "error", "error": {"type": kind, "message": message}}
@@ -384,6 +393,57 @@ async def test_429_twice_then_success_takes_exactly_three_requests(
     assert "Rate limited" in errors[0].error["message"]
 
 
+async def test_a_retry_after_with_no_finite_number_is_kept_out_of_the_stream(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    """``Retry-After: inf`` was recorded as the float infinity: the attempt slept until the
+    deadline, and every JSON read of the conversation answered 500 from then on."""
+    rt, _ = runtime
+    server.error(429, dialect.failure("Rate limited", "rate_limit_error"), {"retry-after": "inf"})
+    server.error(429, dialect.failure("Rate limited"), {"retry-after-ms": "nan"})
+    server.sse(dialect.reply("made it"))
+    assert (await ask(rt, "hi")).text == "made it"
+    errors = [c.error for c in of(await history(rt), AssistantMessageCompleted) if c.error]
+    assert [(e["status"], "retry_after" in e) for e in errors] == [(429, False), (429, False)]
+
+
+async def test_a_retry_after_past_the_deadline_fails_at_once_naming_the_providers_error(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    rt, _ = runtime  # the agent's deadline: an hour
+    server.error(429, dialect.failure("Rate limited", "rate_limit_error"), {"retry-after": "7200"})
+    with pytest.raises(hearth.SubmissionFailed) as failed:
+        await ask(rt, "hi")
+    assert failed.value.type == "provider_error"
+    message = failed.value.error["message"]
+    assert "Rate limited" in message and "past the submission's deadline" in message
+    assert len(server.requests) == 1
+
+
+async def test_a_reply_that_says_tool_use_without_a_call_is_the_answer(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    """It was recorded as a tool turn with no calls, and the model was asked again at once, with
+    nothing new, until the deadline: 42 requests in 6 s against a fake server."""
+    rt, _ = runtime
+    server.sse(dialect.tool_use_without_calls("Let me look that up."))
+    server.sse(dialect.reply("unwanted"))
+    assert (await ask(rt, "hi")).text == "Let me look that up."
+    assert len(server.requests) == 1
+    (done,) = of(await history(rt), AssistantMessageCompleted)
+    assert done.stop_reason == "stop"
+
+
+async def test_an_emoji_split_between_two_deltas_is_one_character(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    """JSON escapes a character outside the BMP as two UTF-16 halves; a provider that streams
+    the halves in two chunks made each a U+FFFD."""
+    rt, _ = runtime
+    server.sse(dialect.reply("smile \ud83d", "\ude00 done \ud83d"))
+    assert (await ask(rt, "hi")).text == "smile \U0001f600 done \ufffd"
+
+
 async def test_a_500_then_success_is_retried(
     server: FakeServer, dialect: Dialect, runtime: Any
 ) -> None:
@@ -539,6 +599,24 @@ async def test_a_summary_call_that_overflows_is_retried_with_the_recent_part(
     assert "first" not in [text for _, text in dialect.turns(recent)]
     assert ("assistant", "ok") in dialect.turns(recent)
     assert "left out" in json.dumps(recent)
+
+
+async def test_a_summary_call_that_cannot_be_cut_enough_fails_with_context_overflow(
+    server: FakeServer, dialect: Dialect, runtime: Any
+) -> None:
+    """The last turn's tool results are never sent without their call: when that turn alone was
+    too long for the model, the summary call was asked again at once, unchanged, until the
+    deadline (436 requests in 5 s against a fake server)."""
+    rt, _ = runtime
+    weather = [(f"call_{i}", "get_weather", [json.dumps({"city": "Oslo"})]) for i in range(3)]
+    server.sse(dialect.tool_calls(weather))
+    for _ in range(30):
+        server.error(400, dialect.overflow())
+    with pytest.raises(hearth.SubmissionFailed) as failed:
+        await ask(rt, "hi")
+    assert failed.value.type == "context_overflow"
+    assert "cannot be compacted" in failed.value.error["message"]
+    assert len(server.requests) <= 5
 
 
 async def test_history_too_long_for_one_summary_call_keeps_its_recent_part(

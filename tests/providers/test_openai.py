@@ -157,6 +157,40 @@ async def test_two_parallel_tool_calls_are_reported_once_each_in_index_order(
     assert isinstance(events[3], Finished) and events[3].stop_reason == "tool_use"
 
 
+async def test_whole_parallel_calls_all_at_index_0_stay_apart_by_their_ids(
+    server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
+) -> None:
+    """Ollama sends each of several parallel calls whole, every one at index 0: they were
+    merged into one call with the first id and both argument texts run together."""
+    server.sse(
+        [
+            call_part(0, id="call_a", name="write", args='{"path": "hello.py"}'),
+            call_part(0, id="call_b", name="write", args='{"path": "world.py"}'),
+            call_part(0, args=""),  # a fragment without id continues the latest call there
+            chunk(finish="tool_calls"),
+            DONE,
+        ]
+    )
+    events, error = await collect(provider, hello)
+    assert error is None
+    assert events[:2] == [
+        ToolCallEvent(ToolCall("call_a", "write", {"path": "hello.py"})),
+        ToolCallEvent(ToolCall("call_b", "write", {"path": "world.py"})),
+    ]
+    assert events[2] == Finished(stop_reason="tool_use", usage=None)
+
+
+async def test_content_streamed_as_a_list_of_parts_keeps_its_text(
+    server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
+) -> None:
+    """Some servers stream ``content`` as parts (text, thinking): the reply was dropped."""
+    parts = [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Paris."}]
+    server.sse([chunk({"content": parts}), chunk(finish="stop"), DONE])
+    events, error = await collect(provider, hello)
+    assert error is None
+    assert events == [TextDelta("Paris."), Finished(stop_reason="stop", usage=None)]
+
+
 async def test_a_call_without_id_gets_one_and_bad_json_arguments_are_kept_raw(
     server: Any, provider: OpenAIProvider, collect: Any, hello: ModelRequest
 ) -> None:

@@ -44,6 +44,14 @@ async def test_crlf_line_endings_and_ids_and_retry_are_understood() -> None:
     assert events == [SSEEvent("message", "x", "7", 1500), SSEEvent("message", "y", "7", 1500)]
 
 
+async def test_a_byte_order_mark_before_the_first_field_is_dropped() -> None:
+    """With it, the first field's name was ``\\ufeffdata`` and the first event was lost."""
+    assert await parse("\ufeffdata: first\n\ndata: second\n\n") == [
+        SSEEvent("message", "first"),
+        SSEEvent("message", "second"),
+    ]
+
+
 async def test_an_event_still_open_when_the_stream_ends_is_dropped() -> None:
     assert await parse('data: {"whole": true}\n\ndata: {"cut') == [
         SSEEvent("message", '{"whole": true}')
@@ -68,6 +76,28 @@ def test_retry_after_in_seconds_milliseconds_or_a_date() -> None:
     assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"retry-after": "inf"},
+        {"retry-after": "1e999"},
+        {"retry-after": "nan"},
+        {"retry-after-ms": "Infinity"},
+        {"retry-after-ms": "-inf", "retry-after": "NaN"},
+    ],
+)
+def test_a_retry_after_that_is_no_finite_number_says_nothing(headers: dict[str, str]) -> None:
+    """``float()`` reads "inf" and "nan": recorded, they spoiled every JSON read of the stream."""
+    assert retry_after_seconds(headers) is None
+
+
+def test_a_provider_error_keeps_only_a_finite_retry_after() -> None:
+    """A provider of the application's own builds its errors itself."""
+    for odd in (float("inf"), float("nan"), -1.0, True, "3"):
+        assert ProviderError("x", kind="transient", retry_after=odd).retry_after is None  # type: ignore[arg-type]
+    assert ProviderError("x", kind="transient", retry_after=2).retry_after == 2
 
 
 def test_error_details_reads_the_common_shapes() -> None:

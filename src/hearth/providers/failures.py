@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -103,20 +104,25 @@ def classify_failure(
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date);
+    None when neither says a finite number (``inf`` and ``nan`` parse as floats)."""
     millis = headers.get("retry-after-ms")
     if millis:
         try:
-            return max(0.0, float(millis) / 1000.0)
+            seconds = float(millis) / 1000.0
         except ValueError:
-            pass
+            seconds = math.nan
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
     value = headers.get("retry-after")
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

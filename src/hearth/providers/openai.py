@@ -204,11 +204,26 @@ def _tokens(value: Any) -> int:
     return 0
 
 
+def _text_of(content: Any) -> str:
+    """A delta's text: a string, or a list of parts of which the ``text`` ones count (some
+    servers stream content so, with ``thinking`` parts the answer leaves out)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"]
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
 @dataclass
 class _Reply:
     """What the chunks of one streamed completion have said so far."""
 
-    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    calls: dict[int, _PartialCall] = field(default_factory=dict)  # in the order they began
+    _at: dict[int, int] = field(default_factory=dict)  # a chunk's index → the call it continues
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     ended: bool = False  # the ``[DONE]`` marker came
@@ -243,17 +258,30 @@ class _Reply:
             self._call_fragment(fragment)
         if choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])
-        content = delta.get("content")
-        return content if isinstance(content, str) else ""
+        return _text_of(delta.get("content"))
 
     def _call_fragment(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index")
-        if not isinstance(index, int):
+        given = str(fragment["id"]) if fragment.get("id") else None
+        key: int | None
+        if isinstance(index, int) and not isinstance(index, bool):
+            key = self._at.get(index)
+            held = None if key is None else self.calls[key].id
+            if held and given and held != given:
+                # A new id at an index in use: Ollama sends each of several parallel calls
+                # whole, every one at index 0. It is a call of its own.
+                key = None
+        else:
             # Some servers leave the index out: a new id starts a call, else it continues.
             known = {c.id for c in self.calls.values()}
-            new = fragment.get("id") and fragment["id"] not in known
-            index = len(self.calls) if new or not self.calls else max(self.calls)
-        call = self.calls.setdefault(index, _PartialCall())
+            new = given is not None and given not in known
+            key = None if new or not self.calls else len(self.calls) - 1
+        if key is None:
+            key = len(self.calls)  # calls keep the order they began in
+            self.calls[key] = _PartialCall()
+            if isinstance(index, int):
+                self._at[index] = key
+        call = self.calls[key]
         if fragment.get("id") and not call.id:
             call.id = str(fragment["id"])
         function = fragment.get("function") or {}

@@ -229,8 +229,17 @@ async def _summarise(
     """Ask the model for the summary; retry transient errors, and shrink what is sent when the
     provider says it is still too long."""
     errors = 0
+    refused: tuple[int, int] | None = None  # (messages, size) the provider found too long
     while True:
         request, kept = summary_request(model, summary, messages, budget, conversation_id)
+        size = estimate_tokens(request)
+        if refused is not None and kept >= refused[0] and size >= refused[1]:
+            # Clipped as far as it goes (the last turn with its tool results is never split)
+            # and still too long: asking again would be refused again, at once, for ever.
+            raise ContextTooLong(
+                f"the summary call was too long for the model even cut to about {size} tokens;"
+                " the conversation cannot be compacted in this model's window"
+            )
         try:
             text = await _text_of(provider, request, usage)
             if not text:
@@ -238,7 +247,7 @@ async def _summarise(
             return text
         except ProviderError as exc:
             if exc.kind == "overflow" and kept > 1:  # send less, from the recent end
-                budget = min(budget, estimate_tokens(request)) // 2
+                budget, refused = min(budget, size) // 2, (kept, size)
                 continue
             errors += 1
             if exc.kind != "transient" or errors > TRANSIENT_BUDGET:

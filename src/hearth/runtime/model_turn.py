@@ -116,7 +116,14 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
         finally:
             writer.abandon()
             scope.env.metrics.observe_model_call(time.perf_counter() - t0)
-        span.set_attribute("hearth.stop_reason", "tool_use" if calls else stop_reason)
+        if calls:
+            stop_reason = "tool_use"
+        elif stop_reason == "tool_use":
+            # "Tool use" with no call kept (a local server's tool-call parser failed, a tool
+            # block cut before its end): the text is the answer. Kept as "tool_use", the
+            # runtime would ask the model again at once, with nothing new, until the deadline.
+            stop_reason = "stop"
+        span.set_attribute("hearth.stop_reason", stop_reason)
         span.set_attribute("hearth.tool_calls", len(calls))
         for name, count in (usage or {}).items():
             if isinstance(count, int):
@@ -129,7 +136,7 @@ async def model_turn(scope: AttemptScope, rendered: Rendered) -> None:
         AssistantMessageCompleted(
             id=f"{mid}:completed",
             message_id=mid,
-            stop_reason="tool_use" if calls else stop_reason,
+            stop_reason=stop_reason,
             text="".join(writer.text),
             usage=usage,
             error=error,

@@ -33,10 +33,22 @@ async def provider_events(
     may have a bug; it is not the runtime's, and no attempt should crash on it. So is a
     ``CancelledError`` that nothing cancelled (a leaked one), and so is an event that is not one
     a provider may yield (``checked``)."""
+    held = ""  # a high surrogate that ended a text delta: the next may begin with its low half
     try:
         async with contextlib.aclosing(provider.stream(request)) as events:
             async for event in events:
-                yield checked(provider, event)
+                event = checked(provider, event)
+                if isinstance(event, TextDelta):
+                    text, held = _paired(held, event.text)
+                    if text:
+                        yield TextDelta(text) if text is not event.text else event
+                    continue
+                if held:
+                    yield TextDelta(held)
+                    held = ""
+                yield event
+        if held:
+            yield TextDelta(held)
     except ProviderError:
         raise
     except asyncio.CancelledError as exc:
@@ -46,6 +58,22 @@ async def provider_events(
     except APP_CODE_ERRORS as exc:
         log.warning("model provider %r raised", provider.name, exc_info=exc)
         raise _raised(provider, f"raised {type(exc).__name__}: {exc}") from exc
+
+
+def _paired(held: str, text: str) -> tuple[str, str]:
+    """``(text to pass on, high surrogate to hold)``. A provider that streams UTF-16 code units
+    (JSON's ``\\ud83d`` escapes) may end one delta with the first half of an emoji and begin the
+    next with the second: joined here, they are the one character they are; apart, each half
+    would be stored as U+FFFD."""
+    if held:
+        if text and "\udc00" <= text[0] <= "\udfff":
+            pair = chr(0x10000 + ((ord(held) - 0xD800) << 10) + (ord(text[0]) - 0xDC00))
+            text = pair + text[1:]
+        else:
+            text = held + text
+    if text and "\ud800" <= text[-1] <= "\udbff":
+        return text[:-1], text[-1]
+    return text, ""
 
 
 def checked(provider: ModelProvider, event: object) -> ModelEvent:

@@ -426,6 +426,7 @@ def _after_error(
             delay=backoff_delay(
                 errors, retry_after if isinstance(retry_after, int | float) else None
             ),
+            error=error,  # what is said if the retry would come after the deadline
             partial=bool(last.streamed_text) and not last.interrupted_signal,
         )
     if kind == "overflow":

@@ -248,6 +248,23 @@ class Attempt:
         deadline = self.sub.deadline
         return abort, deadline is not None and await self.store.now() >= deadline
 
+    async def _retry_too_late(self, d: Decision) -> bool:
+        """Fail the submission now, naming the provider's error, when the retry's delay (a
+        ``Retry-After`` of an hour, say) ends past the deadline; True once settled."""
+        deadline = self.sub.deadline
+        if deadline is None:
+            return False
+        left = deadline - await self.store.now()
+        if d.delay <= left:
+            return False
+        said = (d.error or {}).get("message", "the model provider failed")
+        message = (
+            f"{said} (a retry was due in {d.delay:.0f} s, past the submission's deadline in"
+            f" {max(left, 0):.0f} s)"
+        )
+        await self._settle_failed({"type": "provider_error", "message": message})
+        return True
+
     def submission_records(self) -> list[Record]:
         """The records of this submission, from its input on (empty before the input)."""
         records = self.journal.records
@@ -279,6 +296,8 @@ class Attempt:
                 with telemetry.use(self._turn(begin=True)):
                     await model_turn(self, rendered)
             case Action.RETRY_TRANSIENT:
+                if await self._retry_too_late(d):
+                    return True
                 if d.partial:
                     await note_interrupted_stream(self, d.message_id)
                 self.log.info("transient provider error; retrying in %.1fs", d.delay)
