@@ -16,6 +16,7 @@ import asyncio
 import sys
 from typing import Any
 
+import pydantic
 import pytest
 from leaky_library import leak_a_cancellation
 
@@ -213,8 +214,23 @@ async def leaks(call: hearth.ReconcileCall) -> hearth.Done:
     return hearth.Done("paid")
 
 
-@pytest.mark.parametrize("reconcile", [exits, leaks])
-async def test_a_reconcile_that_exits_or_leaks_a_cancellation_leaves_the_outcome_unknown(
+class Receipt(pydantic.BaseModel):
+    amount: float
+
+
+def answers_nan(call: hearth.ReconcileCall) -> hearth.Done:
+    return hearth.Done(Receipt(amount=float("nan")))  # was stored: every read answered 500
+
+
+def answers_too_deep(call: hearth.ReconcileCall) -> hearth.Done:
+    value: list[Any] = []
+    for _ in range(3000):  # encoding it raised RecursionError: the abort never settled
+        value = [value]
+    return hearth.Done(value)
+
+
+@pytest.mark.parametrize("reconcile", [exits, leaks, answers_nan, answers_too_deep])
+async def test_a_reconcile_that_exits_leaks_or_answers_no_json_leaves_the_outcome_unknown(
     reconcile: Any,
 ) -> None:
     started = asyncio.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from urllib.parse import urlencode
 
 import pytest
@@ -58,6 +59,18 @@ def test_a_signed_payload_with_an_unpaired_surrogate_is_refused() -> None:
             },
             body,
         )
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_signed_payload_with_a_number_json_has_no_form_for_is_the_senders_error(
+    number: str,
+) -> None:
+    """Python's reader takes these; the delivery then failed as the channel's own fault (a 500,
+    which senders retry for ever) instead of a 400."""
+    body = f'{{"n": {number}}}'.encode()
+    verify = hearth.channels.hmac("k")
+    with pytest.raises(hearth.InvalidInput, match="not JSON"):
+        verify({"x-signature": sign("k", body), "x-delivery-id": "d-1"}, body)
 
 
 def test_github_form_encoded_payloads_are_read_too() -> None:
@@ -125,6 +138,39 @@ async def test_async_callbacks_and_concurrent_redeliveries_admit_once() -> None:
         assert sorted(r.deduplicated for r in results) == [False, True, True, True, True]
         assert len({tuple(r.submission_ids) for r in results}) == 1
         assert len(await rt.submissions()) == 1
+
+
+async def test_sync_callbacks_run_off_the_event_loop() -> None:
+    """A sync verify or receive (a blocking lookup, say) ran on the event loop: every request,
+    stream and lease renewal of the process waited for it. Each blocks here until the loop,
+    still running, lets it go."""
+    loop_ran = {"verify": False, "receive": False}
+    go = {"verify": threading.Event(), "receive": threading.Event()}
+
+    def blocking(name: str) -> None:
+        loop_ran[name] = go[name].wait(5)  # set from the loop: False if the loop was blocked
+
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        blocking("verify")
+        return hearth.Delivery(id="s-1", type="mail", data=json.loads(body))
+
+    def receive(delivery: hearth.Delivery) -> hearth.Dispatch:
+        blocking("receive")
+        return hearth.Dispatch(inbox, "box", message="hi")
+
+    async def release() -> None:
+        for name in ("verify", "receive"):
+            await asyncio.sleep(0.05)
+            go[name].set()
+
+    channel = hearth.Channel("mail", verify=verify, receive=receive)
+    app = hearth.App([inbox], channels=[channel], db="memory", providers=MODELS)
+    async with app.run() as rt:
+        releasing = asyncio.create_task(release())
+        receipt = await rt.deliver("mail", {}, b"{}")
+        await releasing
+    assert loop_ran == {"verify": True, "receive": True}
+    assert len(receipt.submission_ids) == 1
 
 
 async def test_a_verify_that_raises_or_returns_garbage_admits_and_keeps_nothing() -> None:

@@ -632,6 +632,10 @@ async def test_a_tool_call_id_over_128_characters_is_recorded_cut_with_a_digest(
     assert first[:111] == second[:111] == LONG[:111] and first[111] == "_"
 
 
+class Reading(pydantic.BaseModel):
+    celsius: float
+
+
 async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_value() -> None:
     """NaN has no JSON form: stored, every HTTP read of the stream answered 500. Each way it can
     come from the app is refused in its tool call, and the stream stays strict JSON."""
@@ -658,13 +662,18 @@ async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_
             set_ratio(float("nan"))
             return "kept"
 
-        for t in (stepped, returned, stored):
+        @hearth.tool
+        def modelled() -> Reading:
+            """Return a model with a NaN field (pydantic dumps it as a float, NaN still)."""
+            return Reading(celsius=float("nan"))
+
+        for t in (stepped, returned, stored, modelled):
             ctx.use_tool(t)
         return ""
 
     model = ScriptedModel(
         "calc",
-        [calls(call("stepped"), call("returned"), call("stored")), reply("ok")],
+        [calls(call("stepped"), call("returned"), call("stored"), call("modelled")), reply("ok")],
     )
     async with app_with(calc, models=[model]).run() as rt:
         assert (await rt.read(await rt.dispatch("calc", "c", "go"), timeout=10)).text == "ok"
@@ -674,6 +683,7 @@ async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_
         assert "not JSON" in str(outcomes["stepped"].content)
         assert "not JSON" in str(outcomes["returned"].content)
         assert "JSON value" in str(outcomes["stored"].content)
+        assert "not JSON" in str(outcomes["modelled"].content)
         json.dumps([r.to_json() for r in records], allow_nan=False)  # what the server sends
         assert await rt.store.get_state("calc/c") == {}
 
@@ -985,3 +995,43 @@ async def test_a_sync_tool_runs_off_the_event_loop() -> None:
     async with app.run() as rt:
         assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "done"
     assert seen and seen[0] != threading.main_thread().name
+
+
+# --- a bug of hearth's own ---------------------------------------------------------------------
+
+
+async def test_an_attempt_that_a_bug_ends_is_retried_after_a_pause_not_at_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A bug the next attempt meets again was retried at once: through the whole budget in
+    milliseconds, and for ever (thousands of attempts a second) when it lay on the way to
+    settling an abort."""
+    from hearth.runtime import coordinator, model_turn
+    from hearth.store.sqlite import SQLiteStore
+
+    def planted(*args: Any) -> Any:
+        raise RuntimeError("a planted bug")
+
+    monkeypatch.setattr(model_turn, "build_request", planted)
+    monkeypatch.setattr(coordinator, "BUG_PAUSE_S", 30.0)
+    agent = simple_agent("b", durability=hearth.Durability(max_attempts=3))
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    models = [ScriptedModel("b", [reply("never")])]
+    async with app_with(agent, models=models, db=db).run() as rt:
+        receipt = await rt.dispatch("b", "c", "go")
+        for _ in range(500):
+            if coordinator.UNEXPECTED in caplog.text:
+                break
+            await asyncio.sleep(0.01)
+        assert "releasing it for a retry in 30 s" in caplog.text
+        await asyncio.sleep(0.3)
+        sub = await rt.submission(receipt.submission_id)
+        assert (sub.status, sub.attempt) == ("running", 1)
+    # Shut down during the pause: it ended, and the claim was given back (not left to expire).
+    store = SQLiteStore(str(tmp_path / "h.db"))
+    await store.open()
+    try:
+        after = await store.get_submission(receipt.submission_id)
+    finally:
+        await store.close()
+    assert after is not None and (after.attempt, after.lease_expires_at) == (1, 0)

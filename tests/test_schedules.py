@@ -215,6 +215,37 @@ async def test_a_changed_cron_starts_from_now(store: SQLiteStore) -> None:
     assert await fired(store) == ["2026-05-01T12:00:00Z"]
 
 
+async def test_a_clock_set_back_between_runs_does_not_silence_a_schedule(
+    store: SQLiteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run with the clock a year ahead left the cursor a year ahead: after the clock was set
+    right, the schedule stayed silent until it caught up, a year later."""
+    ahead = ManualClock(at("2028-01-15T08:00:30"))
+    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+    wrong = scheduler(store, ahead, every)
+    await wrong.tick()
+    ahead.set(at("2028-01-15T08:02:30"))
+    await wrong.tick()
+    assert await fired(store) == ["2028-01-15T08:02:00Z"]
+    right = ManualClock(at("2027-01-15T08:00:30"))
+    later = scheduler(store, right, every)
+    await later.tick()
+    assert "is ahead of the clock" in caplog.text
+    for minute in range(1, 4):
+        right.set(at("2027-01-15T08:00:30") + 60 * minute)
+        await later.tick()
+    assert await fired(store) == [
+        "2028-01-15T08:02:00Z",
+        "2027-01-15T08:01:00Z",
+        "2027-01-15T08:02:00Z",
+        "2027-01-15T08:03:00Z",
+    ]
+    # A clock set back by less than a minute is not taken for a wrong one: nothing fires twice.
+    right.set(at("2027-01-15T08:03:10"))
+    await later.tick()
+    assert len(await fired(store)) == 4
+
+
 async def test_two_schedulers_on_one_store_fire_each_occurrence_once(store: SQLiteStore) -> None:
     clock = ManualClock(at("2026-05-01T10:00:30"))
     every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")

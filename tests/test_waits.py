@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import waitapp
 import hearth
 from hearth.records import Record, ToolOutcome, WaitResolved, WaitStarted
 from hearth.runtime.runtime import Runtime
+from hearth.steps import Steps
 from hearth.testing import ScriptedModel, call, calls, reply
 from hearth.testing.invariants import assert_invariants
 
@@ -252,8 +254,26 @@ async def test_a_value_that_is_not_json_or_not_text_is_refused() -> None:
             await rt.resolve("cashier", "c-1", wait.wait_id, {1, 2})
         with pytest.raises(hearth.InvalidInput, match="surrogate"):  # no UTF-8 form
             await rt.resolve("cashier", "c-1", wait.wait_id, {"note": "cut \ud83d"})
+        deep: list[Any] = []
+        for _ in range(3000):  # a bare RecursionError before
+            deep = [deep]
+        with pytest.raises(hearth.InvalidInput, match="not JSON"):
+            await rt.resolve("cashier", "c-1", wait.wait_id, deep)
         [still] = await rt.waits()
         assert still.wait_id == wait.wait_id  # still pending: nothing was resolved
+
+
+@pytest.mark.parametrize("timeout", [sys.maxsize, 1e300, 3.2e9, -1, float("inf"), "60"])
+async def test_a_wait_timeout_no_date_can_end_is_the_tools_error(timeout: Any) -> None:
+    """``sys.maxsize`` ("for ever") made an expiry past the year 9999: computing it failed every
+    attempt of the submission, which ended as interrupted ten times."""
+
+    async def record(name: str, value: Any) -> None:
+        raise AssertionError("nothing is recorded")
+
+    steps = Steps("call_1", {}, record)
+    with pytest.raises(hearth.StepError, match="100 years"):
+        await steps.wait("approve", timeout=timeout)
 
 
 async def test_a_thousand_waiting_conversations_hold_no_tasks(tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac as _hmac
-import json
 import os
 import re
 import time
@@ -35,7 +34,7 @@ from urllib.parse import parse_qs
 
 from hearth.errors import ConfigurationError, InvalidInput, InvalidSignature
 from hearth.ids import ID_RE
-from hearth.jsontext import parsed_unpaired_surrogate
+from hearth.jsontext import parsed_unpaired_surrogate, strict_json
 
 if TYPE_CHECKING:
     from hearth.agent import Agent
@@ -135,7 +134,7 @@ def _delivery_id(headers: Mapping[str, str], name: str) -> str:
 
 def _json(body: bytes, what: str) -> Any:
     try:
-        value = json.loads(body)
+        value = strict_json(body)  # NaN, Infinity or 1e999: no reader could take it back
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"the {what} body is not JSON: {exc}") from None
     where = parsed_unpaired_surrogate(body, value)

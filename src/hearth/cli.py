@@ -23,6 +23,7 @@ from rich.table import Table
 import hearth
 from hearth.client import Client
 from hearth.errors import HearthError, StoreError, SubmissionError
+from hearth.jsontext import strict_json
 
 if TYPE_CHECKING:
     from hearth.server import HearthASGI
@@ -505,8 +506,8 @@ def resolve(
     no server needs to run: the next one to start continues the work.
     """
     try:
-        parsed = json.loads(value)
-    except ValueError:
+        parsed = strict_json(value)  # NaN and Infinity too: no reader could take them back
+    except (ValueError, RecursionError):
         fail(
             f"VALUE must be JSON, such as true, 42, '\"text\"' or '{{\"ok\": true}}'; got {value!r}"
         )
@@ -523,7 +524,9 @@ def resolve(
 async def _resolve_in(db: str, agent: str, id: str, wait_id: str, value: Any) -> Any:
     from hearth.app import open_database
     from hearth.receipts import check_id
+    from hearth.runtime.waits import resolution
 
+    value = resolution(value)  # what the runtime's resolve checks, checked the same
     store = await open_database(db, pg_pool=1)
     try:
         return await store.resolve_wait(f"{agent}/{check_id(id)}", wait_id, value)

@@ -91,7 +91,7 @@ class SSEDecoder:
         elif field == "id":
             if "\0" not in value:
                 self.last_id = value
-        elif field == "retry" and value.isdigit():
+        elif field == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
         return None
 

@@ -21,6 +21,10 @@ from hearth.jsontext import json_round_trip
 Transact = Callable[[str, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
+# The longest timeout a wait takes: its expiry is a date, and dates end in the year 9999 (a
+# timeout of ``sys.maxsize`` failed every attempt of the submission computing it).
+MAX_WAIT_S = 100 * 365 * 86400
+
 # Values that come back from a JSON round trip as they went in (exact types: a subclass, such as
 # an ``IntEnum``, comes back as its base type, so it takes the round trip).
 _PLAIN = frozenset({int, str, bool, type(None)})
@@ -171,9 +175,14 @@ class Steps:
         except (TypeError, ValueError) as exc:
             raise StepError(f"the prompt of wait {name!r} is not JSON: {exc}") from None
         if timeout is not None and (
-            not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout < 0
+            not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or not 0 <= timeout <= MAX_WAIT_S
         ):
-            raise StepError(f"the timeout of wait {name!r} must be a number of seconds ≥ 0")
+            raise StepError(
+                f"the timeout of wait {name!r} must be a number of seconds from 0 to"
+                f" {MAX_WAIT_S:,} (100 years); None waits for ever"
+            )
         wait_id = self.wait_id(name)
         ended = self._waits_ended.get(wait_id)
         if ended is None:

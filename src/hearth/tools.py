@@ -168,12 +168,13 @@ def _tracked(ctx: ToolContext, fn: Callable[..., Any], kwargs: dict[str, Any]) -
 
 def to_json_value(value: Any) -> Any:
     """A tool's return value as JSON: pydantic models are dumped; anything else must already be
-    JSON-serialisable (``TypeError`` otherwise)."""
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump(mode="json")
+    JSON-serialisable (``TypeError`` otherwise: NaN and the infinities too, a model's fields
+    included, and a value nested too deep to encode)."""
     try:
+        if isinstance(value, pydantic.BaseModel):
+            value = value.model_dump(mode="json")  # a float field's NaN stays NaN here
         return json_round_trip(value)  # NaN has no JSON form: no reader could take it
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"tool result is not JSON-serialisable: {exc}") from None
 
 

@@ -219,6 +219,14 @@ def test_an_expired_or_forged_cookie_is_refused(guarded: ThreadServer, value: st
         assert http.get("/conversations").status_code == 401
 
 
+def test_a_cookie_whose_expiry_is_not_ascii_digits_is_refused(guarded: ThreadServer) -> None:
+    """``²`` (one byte in Latin-1, as a server reads header bytes) is a digit to
+    ``str.isdigit`` but not to ``int()``: every request with such a cookie answered 500."""
+    with httpx2.Client(base_url=guarded.url) as http:
+        cookie = f"{COOKIE}=\u00b2\u00b2.sig".encode("latin-1")
+        assert http.get("/conversations", headers={b"cookie": cookie}).status_code == 401
+
+
 def test_a_session_is_valid_until_its_expiry_for_its_token_only() -> None:
     value = make_session(TOKEN, now=1000.0, lifetime_s=60.0)
     assert session_valid(TOKEN, value, now=1059.0)

@@ -52,6 +52,11 @@ async def test_a_byte_order_mark_before_the_first_field_is_dropped() -> None:
     ]
 
 
+async def test_a_retry_that_is_not_ascii_digits_is_ignored() -> None:
+    """``²`` is a digit to ``str.isdigit`` but not to ``int()``: the stream raised."""
+    assert await parse("retry: \u00b2\ndata: x\n\n") == [SSEEvent("message", "x")]
+
+
 async def test_an_event_still_open_when_the_stream_ends_is_dropped() -> None:
     assert await parse('data: {"whole": true}\n\ndata: {"cut') == [
         SSEEvent("message", '{"whole": true}')

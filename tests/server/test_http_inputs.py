@@ -191,6 +191,17 @@ def test_an_unknown_channel_is_404(server: ThreadServer) -> None:
     assert answer.json()["error"]["type"] == "unknown_channel"
 
 
+@pytest.mark.parametrize("limit", ["0", "1001", "-1", "x", "\u00b2", "\u2460", "\u0665"])
+def test_a_deliveries_limit_out_of_range_or_not_ascii_digits_is_400(
+    server: ThreadServer, limit: str
+) -> None:
+    """``²`` and ``①`` are digits to ``str.isdigit`` but not to ``int()``: they answered 500."""
+    answer = httpx2.get(
+        f"{server.url}/channels/hooks/deliveries", params={"limit": limit}, timeout=10
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["details"] == {"field": "limit"}
+
+
 def test_a_body_over_the_limit_is_413(start: Callable[..., ThreadServer]) -> None:
     server = start(max_body=1000)
     answer = hook(server, {"to": [], "pad": "x" * 2000})

@@ -233,6 +233,10 @@ def test_a_resolve_written_while_no_process_runs_is_completed_by_the_next_start(
             server.kill()
             listed = cli("waits", "--db", f"sqlite:///{db}")
             assert listed.returncode == 0 and wait["wait_id"] in listed.stdout
+            # Refused as the HTTP route refuses them (NaN was stored: every read answered 500).
+            for odd, says in (("NaN", "must be JSON"), ('"cut \\ud83d"', "surrogate")):
+                refused = cli("resolve", "cashier", "c-1", wait["wait_id"], odd, "--db", str(db))
+                assert refused.returncode == 1 and says in refused.stderr, refused.stderr
             done = cli(
                 "resolve", "cashier", "c-1", wait["wait_id"], '{"by": "cli"}', "--db", str(db)
             )

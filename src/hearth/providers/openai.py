@@ -403,7 +403,7 @@ def _error_response(status: int, body: str, headers: httpx2.Headers) -> Provider
 
 def _stream_error(chunk: dict[str, Any]) -> ProviderError:
     message, kind, code = error_details(json.dumps(chunk))
-    status = int(code) if code is not None and code.isdigit() else None
+    status = int(code) if code is not None and code.isascii() and code.isdigit() else None
     transient = None if status is None else status in (408, 429) or status >= 500
     return classify_failure(
         "openai", status, message or "unknown error", hints=(kind, code), transient=transient

@@ -28,6 +28,7 @@ log = logging.getLogger("hearth.coordinator")
 # Marks the log line of an exception the runtime did not expect (a bug), in an attempt or while
 # claiming; crash harnesses fail a run that logs it.
 UNEXPECTED = "hearth: unexpected exception"
+BUG_PAUSE_S = 1.0  # the pause before retrying an attempt that a bug of hearth's ended, doubled
 
 
 @dataclass
@@ -296,14 +297,26 @@ class Coordinator:
         except Exception:
             # Not fenced out, not the store away, not cancelled: a bug in the runtime. It still
             # releases the work, but says so loudly (crash harnesses fail a run that logs it).
+            # A bug that the next attempt meets again (the same records, the same path) would
+            # spin through attempts with no pause, for ever if it is on the way to settling:
+            # each retry waits longer, up to a minute.
+            pause = min(BUG_PAUSE_S * 2 ** min(sub.attempt - 1, 10), 60.0)
             log.exception(
-                "%s in attempt %d of %s; releasing it for a retry",
+                "%s in attempt %d of %s; releasing it for a retry in %g s",
                 UNEXPECTED,
                 sub.attempt,
                 sub.id,
+                pause,
             )
-            with contextlib.suppress(Exception):
-                await self._release(sub)
+            # The pause is the claim's work now: a shutdown, an abort or a lost lease ends it.
+            pausing = asyncio.ensure_future(asyncio.sleep(pause))
+            claim.work = pausing
+            try:
+                await asyncio.wait({pausing})
+            finally:
+                pausing.cancel()
+                with contextlib.suppress(Exception):
+                    await self._release(sub)
         finally:
             self._claims.pop(sub.id, None)
             metrics.running -= 1

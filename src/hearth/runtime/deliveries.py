@@ -10,10 +10,11 @@ replay once the code is fixed.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,7 @@ class Deliveries:
         channel = self.channel(name)
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
-            delivery = await _resolved(channel.verify(lowered, body))
+            delivery = await _called(channel.verify, lowered, body)
         except InvalidSignature as exc:
             log.warning("channel %s refused a request: %s", name, exc)  # never a secret in it
             raise
@@ -133,7 +134,7 @@ class Deliveries:
     ) -> DeliveryReceipt:
         name = channel.name
         try:
-            routed = await _resolved(channel.receive(delivery))
+            routed = await _called(channel.receive, delivery)
             subs = [
                 self._submission(name, delivery.id, i, d) for i, d in enumerate(_listed(routed))
             ]
@@ -181,7 +182,12 @@ class Deliveries:
         )
 
 
-async def _resolved(value: Any) -> Any:
+async def _called(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, awaited when it is async; a sync callback runs on a worker thread, so that
+    a blocking call in it (a lookup over the network, say) does not stall the server."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    value = await asyncio.to_thread(fn, *args)
     return await value if inspect.isawaitable(value) else value
 
 

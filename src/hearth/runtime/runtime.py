@@ -23,7 +23,7 @@ from hearth.errors import (
     ShuttingDown,
     SubmissionNotFound,
 )
-from hearth.jsontext import json_round_trip, unpaired_surrogate
+from hearth.jsontext import unpaired_surrogate
 from hearth.receipts import (
     MAX_IDEMPOTENCY_KEY,
     AbortResult,
@@ -46,6 +46,7 @@ from hearth.runtime.env import Env
 from hearth.runtime.scheduler import Scheduler
 from hearth.runtime.settled import SettledLooks
 from hearth.runtime.shared_reads import SharedReads
+from hearth.runtime.waits import resolution
 from hearth.schedules import Schedule, iso
 from hearth.store.base import (
     LIST_LIMIT,
@@ -301,13 +302,7 @@ class Runtime:
         ``value``: its submission runs again and ``step.wait`` returns the value. An identical
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
         conversation_id = self.conversation_id(agent, id)
-        try:
-            value = json_round_trip(value)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
-        where = unpaired_surrogate(value)
-        if where is not None:
-            raise InvalidInput(f"the value has {where}; no UTF-8 text can hold it", "value")
+        value = resolution(value)
         _faults.reached("before:wait_resolved")
         _faults.reached("before:store.resolve_wait")
         wait = await self.store.resolve_wait(conversation_id, wait_id, value)

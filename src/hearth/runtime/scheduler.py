@@ -2,7 +2,10 @@
 that shares the store (SPEC §14).
 
 Every schedule has a durable cursor (``Store.open_schedule``): no occurrence at or before it is
-ever admitted. An occurrence is admitted together with moving the cursor to it, by compare and
+admitted, unless the clock was set back past it by more than ``CLOCK_BACK_S``: then the time
+this process noticed counts as the cursor, or the schedule would stay silent until the clock
+caught up with it (an occurrence admitted twice so is deduplicated by its idempotency key).
+An occurrence is admitted together with moving the cursor to it, by compare and
 set (``Store.admit_occurrence``), so of several processes that wake for it, one admits it and
 the others find the cursor moved. Occurrences missed while no process ran are coalesced into
 one catch-up, for the latest of them; a schedule never seen, or whose cron or zone changed,
@@ -30,6 +33,7 @@ log = logging.getLogger("hearth.scheduler")
 TICK_S = 1.0  # the longest sleep between two looks at the clock
 INJECTED_TICK_S = 0.05  # an injected clock may jump at any moment: look often
 RETRY_S = 1.0  # after a store error
+CLOCK_BACK_S = 60.0  # a cursor this far ahead of the clock was set by a clock that was wrong
 
 
 class Scheduler:
@@ -46,6 +50,8 @@ class Scheduler:
         self.clock = clock
         self.tick_s = TICK_S if clock is None else INJECTED_TICK_S
         self.cursors: dict[str, ScheduleCursor | None] = {}
+        # Schedules whose cursor is ahead of the clock: the clock's time when that was noticed.
+        self._ahead: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def now(self) -> float:
@@ -80,7 +86,7 @@ class Scheduler:
         firing = []
         for s in self.schedules:
             cursor = self.cursors[s.name]
-            due = None if cursor is None else s.latest_due(cursor.cursor, now)
+            due = None if cursor is None else s.latest_due(self._since(s, cursor, now), now)
             if cursor is not None and due is not None:
                 firing.append((s, cursor, due))
         # Schedules due at once are admitted at once: their commits share the store's fsyncs.
@@ -90,10 +96,29 @@ class Scheduler:
         wake = now + self.tick_s
         for s in self.schedules:
             cursor = self.cursors[s.name]
-            upcoming = None if cursor is None else s.next_after(max(cursor.cursor, now))
+            since = None if cursor is None else self._since(s, cursor, now)
+            upcoming = None if since is None else s.next_after(max(since, now))
             if upcoming is not None:
                 wake = min(wake, upcoming)
         return max(0.0, wake - await self.now())
+
+    def _since(self, s: Schedule, cursor: ScheduleCursor, now: float) -> float:
+        """Where the next occurrence is looked for from: the cursor, or the time this process
+        found the cursor ahead of the clock by more than ``CLOCK_BACK_S`` (stamped while the
+        clock was ahead, and the clock since set back)."""
+        if cursor.cursor <= now + CLOCK_BACK_S:
+            self._ahead.pop(s.name, None)
+            return cursor.cursor
+        if s.name not in self._ahead:
+            self._ahead[s.name] = now
+            log.warning(
+                "schedule %s: its cursor (%s) is ahead of the clock (%s), which was set back;"
+                " its occurrences are looked for from now",
+                s.name,
+                iso(cursor.cursor),
+                iso(now),
+            )
+        return min(self._ahead[s.name], now)
 
     async def _fire(
         self, s: Schedule, cursor: ScheduleCursor, occurrence: float

@@ -15,10 +15,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hearth.errors import InvalidInput
+from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.records import Record, WaitResolved, WaitStarted, iso_from_unix
 from hearth.steps import WaitOutcome, WaitPending
 
 Started = tuple[str, WaitStarted]  # (conversation id, its wait_started record)
+
+
+def resolution(value: Any) -> Any:
+    """The value that resolves a wait, as it is stored and ``step.wait`` returns it: as JSON
+    gives it back. ``InvalidInput`` naming ``value`` for what no store could keep or no reader
+    could read back (NaN, a set, half a surrogate pair, nesting too deep to encode)."""
+    try:
+        value = json_round_trip(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInput(f"the value is not JSON: {exc}", "value") from None
+    where = unpaired_surrogate(value)
+    if where is not None:
+        raise InvalidInput(f"the value has {where}; no UTF-8 text can hold it", "value")
+    return value
 
 
 @dataclass

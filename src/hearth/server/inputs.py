@@ -40,7 +40,7 @@ async def list_deliveries(server: ServerContext, request: Request) -> Response:
             400, "invalid_request", "status must be admitted or failed", {"field": "status"}
         )
     raw = request.query_params.get("limit") or "100"
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIST:
         raise ApiError(400, "invalid_request", f"limit must be 1-{MAX_LIST}", {"field": "limit"})
     full = request.query_params.get("full") in ("1", "true")
     found = await rt.deliveries(request.path_params["name"], status=status, limit=int(raw))

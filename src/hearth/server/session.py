@@ -43,7 +43,7 @@ def make_session(token: str, *, now: float | None = None, lifetime_s: float = SE
 def session_valid(token: str, value: str, *, now: float | None = None) -> bool:
     """True when ``value`` was signed with ``token``'s key and has not expired."""
     expires_text, _, signature = value.partition(".")
-    if not expires_text.isdigit() or len(expires_text) > 12:
+    if not (expires_text.isascii() and expires_text.isdigit()) or len(expires_text) > 12:
         return False
     expires = int(expires_text)
     if expires < (time.time() if now is None else now):

@@ -148,7 +148,12 @@ def _fresh(parent: Path, directory: Path, submission_id: str, attempt: int) -> N
     prefix = f"{submission_id}-"
     for entry in parent.iterdir():
         tail = entry.name[len(prefix) :]
-        if entry.name.startswith(prefix) and tail.isdigit() and int(tail) <= attempt:
+        if (
+            entry.name.startswith(prefix)
+            and tail.isascii()
+            and tail.isdigit()
+            and int(tail) <= attempt
+        ):
             shutil.rmtree(entry, ignore_errors=True)
     directory.mkdir()
 
