@@ -213,3 +213,40 @@ def alive(pid: int) -> bool:
     # A zombie has not been reaped by its parent (gone already) but is no longer running.
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ")[1][0] != "Z"
+
+
+# The attacking command: for a while, swap the directory x of the workspace for a link to a
+# host directory and back, as fast as it can.
+SWAP = """python3 - <<'PY'
+import os, time
+end = time.time() + {seconds}
+while time.time() < end:
+    try:
+        os.rename("x", "x.t"); os.symlink("{victim}", "x"); time.sleep(0.0005)
+        os.unlink("x"); os.rename("x.t", "x"); time.sleep(0.0005)
+    except OSError:
+        pass
+PY"""
+
+
+@pytest.mark.skipif(not HAS_PYTHON, reason="needs Debian's python3 inside the sandbox")
+async def test_a_parallel_command_cannot_make_root_hand_over_files_outside_the_workspace(
+    tmp_path: Path, sandboxed: hearth.OpenWorkspace
+) -> None:
+    """As root, each ``run`` first gives the workspace's files to the sandbox's user. The walk
+    went by path names: a command of a parallel call that swapped a listed directory for a link
+    to a host directory had root change the owner of the host's files of the same names (all
+    five, in a run with twelve parallel calls)."""
+    if os.geteuid() != 0:
+        pytest.skip("files are handed over only when hearth runs as root")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for i in range(5):
+        (victim / f"secret{i}").write_text("root only\n")
+    prep = "mkdir x && cd x && seq 1 20000 | sed s/^/f/ | xargs touch && touch secret0 secret1"
+    assert (await sandboxed.run(prep + " secret2 secret3 secret4", timeout=60)).exit_code == 0
+    attack = sandboxed.run(SWAP.format(seconds=10, victim=victim), timeout=30)
+    await asyncio.gather(attack, *(sandboxed.run("true", timeout=30) for _ in range(10)))
+    assert {p.name: p.stat().st_uid for p in victim.iterdir()} == {
+        f"secret{i}": 0 for i in range(5)
+    }

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -235,3 +237,69 @@ async def test_a_shutdown_that_cancels_one_close_still_closes_the_rest(tmp_path:
     finally:
         release.set()
         await blocker
+
+
+async def test_a_pipe_is_refused_instead_of_blocking_for_ever(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    """Reading a FIFO waited for a writer in a thread nothing could stop: the submission never
+    settled and the process could not exit."""
+    assert (await ws.run("mkfifo pipe", timeout=10)).exit_code == 0
+    with pytest.raises(hearth.WorkspaceError, match="not a regular file"):
+        await asyncio.wait_for(ws.read_file("pipe"), 5)
+    with pytest.raises(hearth.WorkspaceError, match="not a regular file"):
+        await asyncio.wait_for(ws.write_file("pipe", "x"), 5)
+    with pytest.raises(hearth.WorkspaceError, match="is a directory"):
+        await ws.write_file(".", "x")
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    """The file was truncated, then written: a write that failed half way (here a file size
+    limit; a full disk alike) lost the old content and left half of the new."""
+    notes = tmp_path / "notes.md"
+    notes.write_text("IMPORTANT NOTES\n" * 100)
+    script = (
+        "import resource, signal, sys\n"
+        "from hearth.workspaces import confine\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))\n"
+        "try:\n"
+        "    confine.write_text(sys.argv[1], 'notes.md', 'NEW ' * 5000)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.startswith("WorkspaceError 'notes.md'"), done.stdout + done.stderr
+    assert notes.read_text() == "IMPORTANT NOTES\n" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]  # no temporary file left
+
+
+async def test_a_tree_thousands_deep_is_listed_and_removed(
+    ws: hearth.OpenWorkspace, bwrap: str
+) -> None:
+    """Walks and removals recursed: a command that nested 1,500 directories broke ``run`` and
+    ``list_files`` of a durable workspace for good (RecursionError), and an ephemeral one
+    was left on disk."""
+    deep = "for i in $(seq 1500); do mkdir d && cd d; done; touch leaf"
+    assert (await ws.run(deep, timeout=60)).exit_code == 0
+    listed = await ws.list_files()
+    assert len(listed) == 1501 and listed[-1].endswith("/d/leaf")
+    assert (await ws.run("chmod 555 d", timeout=10)).exit_code == 0  # read-only, as a command may
+    assert (await ws.run("chmod 755 d && rm -rf d", timeout=60)).exit_code == 0  # it repairs
+    assert await ws.list_files() == []
+
+
+async def test_closing_removes_an_ephemeral_tree_however_deep_and_read_only(
+    tmp_path: Path, bwrap: str
+) -> None:
+    declared = hearth.EphemeralWorkspace(tmp_path / "root")
+    opened = await declared.open("coder/c-1", submission_id="s_1", attempt=1)
+    made = "for i in $(seq 1500); do mkdir d && cd d; done; touch leaf; cd ..; chmod 555 ."
+    assert (
+        await opened.run(f"mkdir keep && echo x > keep/f && chmod 555 keep; {made}", timeout=60)
+    ).exit_code == 0
+    assert opened.path is not None
+    await opened.close()
+    assert not opened.path.exists()

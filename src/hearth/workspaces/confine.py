@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
+import subprocess
 from collections.abc import Iterator
 
 from hearth.errors import PathOutsideWorkspace, WorkspaceError
@@ -65,10 +67,13 @@ def read_text(top: str, path: str) -> str:
         raise WorkspaceError(f"{path!r} is a directory")
     with open_dir(top, parts[:-1]) as dir_fd:
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            # Non-blocking: opening a FIFO would wait for a writer, in a thread nothing can stop.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = os.open(parts[-1], flags, dir_fd=dir_fd)
         except OSError as exc:
             raise _explain(exc, path) from None
         with os.fdopen(fd, "rb") as f:
+            _regular(f.fileno(), path)
             data = f.read()
     try:
         return data.decode("utf-8")
@@ -81,41 +86,116 @@ def write_text(top: str, path: str, content: str) -> int:
     if not parts:
         raise WorkspaceError(f"{path!r} is a directory")
     data = content.encode("utf-8")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    name = parts[-1]
     with open_dir(top, parts[:-1], create=True) as dir_fd:
         try:
-            fd = os.open(parts[-1], flags, 0o666, dir_fd=dir_fd)
+            _replaceable(dir_fd, name, path)
+            # Written beside it, then renamed over it: a failed write (a full disk, a size
+            # limit, a crash) leaves the old file as it was, never half of the new one.
+            temp = f".{name[:200]}.hearth-{os.getpid()}-{os.urandom(4).hex()}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temp, flags, 0o666, dir_fd=dir_fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=dir_fd)
+                raise
         except OSError as exc:
             raise _explain(exc, path) from None
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
     return len(data)
+
+
+def _regular(fd: int, path: str) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise WorkspaceError(f"{path!r} is not a regular file (a pipe, a device or a socket)")
+
+
+def _replaceable(dir_fd: int, name: str, path: str) -> None:
+    """Refuse to replace what is not a regular file (a directory, a pipe, a link)."""
+    try:
+        found = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(found.st_mode):
+        raise PathOutsideWorkspace(f"{path!r} is a symbolic link; it is not followed")
+    if stat.S_ISDIR(found.st_mode):
+        raise WorkspaceError(f"{path!r} is a directory")
+    if not stat.S_ISREG(found.st_mode):
+        raise WorkspaceError(f"{path!r} is not a regular file (a pipe, a device or a socket)")
 
 
 def list_tree(top: str, path: str) -> list[str]:
     parts = parts_inside(top, path)
     prefix = "/".join(parts)
     found: list[str] = []
-
-    def walk(fd: int, rel: str) -> None:
-        for entry in sorted(os.scandir(fd), key=lambda e: e.name):
-            name = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.is_dir(follow_symlinks=False):
-                found.append(name + "/")
-                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-                try:
-                    walk(sub, name)
-                finally:
-                    os.close(sub)
-            else:
-                found.append(name)
-
     with open_dir(top, parts) as fd:
         try:
-            walk(fd, prefix)
+            _walk(fd, prefix, found)
         except OSError as exc:
             raise _explain(exc, path) from None
     return found
+
+
+def _walk(top_fd: int, prefix: str, found: list[str]) -> None:
+    """Everything under ``top_fd``, sorted depth first, into ``found``. Without recursion (a
+    command may nest directories thousands deep) and never following a link: each directory is
+    opened from its parent's descriptor, whose own list of names is read whole first, so at most
+    one descriptor is open besides ``top_fd``."""
+    # A stack of (path to the directory, its entries not yet listed, reversed).
+    pending: list[tuple[list[str], list[tuple[str, bool]]]] = [([], _entries(top_fd))]
+    while pending:
+        where, entries = pending[-1]
+        if not entries:
+            pending.pop()
+            continue
+        name, is_dir = entries.pop()
+        rel = "/".join([prefix, *where, name] if prefix else [*where, name])
+        if not is_dir:
+            found.append(rel)
+            continue
+        found.append(rel + "/")
+        try:
+            with _opened(top_fd, [*where, name]) as sub:
+                pending.append(([*where, name], _entries(sub)))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                raise  # (a directory that was removed, or swapped for a link, meanwhile)
+
+
+def _entries(fd: int) -> list[tuple[str, bool]]:
+    with os.scandir(fd) as it:
+        listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    return sorted(listed, reverse=True)
+
+
+@contextlib.contextmanager
+def _opened(top_fd: int, parts: list[str]) -> Iterator[int]:
+    fd = os.dup(top_fd)
+    try:
+        for part in parts:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and everything in it, however deep and whatever the modes
+    a command left (a read-only directory keeps its entries from a user who is not root);
+    what cannot be removed stays. GNU coreutils walk the tree without recursion and without
+    following links."""
+    if not os.path.lexists(path):
+        return
+    for argv in (
+        ["chmod", "-R", "u+rwX", "--", path],
+        ["rm", "-rf", "--one-file-system", "--", path],
+    ):
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def _explain(exc: OSError, path: str) -> WorkspaceError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -58,11 +57,11 @@ class LocalFiles(OpenWorkspace):
         if not self._remove:
             return
         try:
-            await asyncio.to_thread(shutil.rmtree, self._top, True)
+            await asyncio.to_thread(confine.remove_tree, self._top)
         except asyncio.CancelledError:
             # Cancelled (a shutdown) before a thread took the removal, it would never run: the
             # process may exit first. Remove the directory here, then let the cancellation on.
-            shutil.rmtree(self._top, True)
+            confine.remove_tree(self._top)
             raise
 
 
@@ -154,7 +153,7 @@ def _fresh(parent: Path, directory: Path, submission_id: str, attempt: int) -> N
             and tail.isdigit()
             and int(tail) <= attempt
         ):
-            shutil.rmtree(entry, ignore_errors=True)
+            confine.remove_tree(str(entry))
     directory.mkdir()
 
 

@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 
 from hearth.errors import SandboxUnavailable
@@ -133,12 +134,20 @@ def _kill_session(pid: int) -> None:
 
 
 def hand_over(directory: str) -> None:
-    """Give the workspace's files to the sandbox's user (hearth runs as root)."""
-    for base, dirs, files in os.walk(directory):
-        for name in [base, *(os.path.join(base, n) for n in dirs + files)]:
-            with contextlib.suppress(FileNotFoundError):
-                if os.lstat(name).st_uid != SANDBOX_UID:
-                    os.lchown(name, SANDBOX_UID, SANDBOX_UID)
+    """Give the workspace's files to the sandbox's user (hearth runs as root).
+
+    GNU ``chown -R`` does it: it walks without recursion (a command may nest directories
+    thousands deep) and changes each entry through its parent's descriptor without following
+    links, so a command of a parallel call that swaps a directory for a link to somewhere else
+    meanwhile cannot make root change the owner of anything outside the workspace (a walk by
+    path names could be led out so). What it cannot change (an entry gone meanwhile) stays."""
+    owner = f"{SANDBOX_UID}:{SANDBOX_UID}"
+    subprocess.run(
+        ["chown", "-R", "-P", "-h", owner, "--", directory],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 async def run_command(
