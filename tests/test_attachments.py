@@ -4,6 +4,7 @@ the checks of ``rt.dispatch(attachments=...)``, and the parts a message's conten
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,7 @@ def test_a_declared_media_type_must_be_type_slash_subtype() -> None:
         ("", "attachment"),
         (".hidden", "hidden"),
         ("x" * 400, "x" * 255),
+        ("caf\udce9.txt", "caf\ufffd.txt"),  # read from a disk, not UTF-8: no JSON could carry it
     ],
 )
 def test_a_name_is_sanitised_never_a_path(given: str, expected: str) -> None:
@@ -166,3 +168,13 @@ def test_a_text_reference_is_estimated_at_the_size_it_will_be_sent() -> None:
     }
     assert estimate_chars(part) == 50_000
     assert estimate_chars({**part, "media_type": "image/png"}) == 6000
+
+
+def test_the_sdk_sends_a_name_that_is_not_utf_8_as_a_label() -> None:
+    """A file whose name is not UTF-8 (read from the disk with surrogate escapes) made the SDK's
+    send and ``hearth send --attach`` fail with a UnicodeEncodeError."""
+    from hearth.client._core import attachment_entry
+
+    entry = attachment_entry(Attachment(b"x", "caf\udce9.txt", "text/plain"))
+    assert entry["name"] == "caf\ufffd.txt"
+    json.dumps(entry).encode()

@@ -156,9 +156,11 @@ def media_type_of(data: bytes, name: str, declared: str | None, *, field: str = 
 
 def safe_name(name: str) -> str:
     """A file name that is only a label: separators and ``..`` become ``_``, control and
-    format characters go, at most 255 characters; ``attachment`` when nothing is left."""
+    format characters go, half a surrogate pair (a byte of a name that is not UTF-8, as Python
+    reads one from the disk) becomes U+FFFD, at most 255 characters; ``attachment`` when
+    nothing is left."""
     kept = "".join(
-        "_" if ch in "/\\" else ch
+        "_" if ch in "/\\" else "\ufffd" if unicodedata.category(ch) == "Cs" else ch
         for ch in name
         if unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
     )

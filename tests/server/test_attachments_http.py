@@ -264,9 +264,16 @@ def test_a_request_over_the_upload_limit_is_a_413(
             "/agents/echo/c-1", data={"message": "x"}, files={"f": ("a", b"y" * 20_000, "x/y")}
         )
         plain = http.post("/agents/echo/c-2", json={"message": "y" * 20_000})
+        # A file of one byte let the message take the upload limit (a 20 MiB user_message).
+        carried = {"message": "y" * 20_000, "attachments": [{"name": "a", "data": b64(b"1")}]}
+        carrying = http.post("/agents/echo/c-3", json=carried)
+        small = {"message": "y" * 5_000, "attachments": [{"name": "a", "data": b64(b"y" * 20_000)}]}
+        beside = http.post("/agents/echo/c-4", json=small)
     assert over.status_code == 413 and "HEARTH_MAX_UPLOAD" in over.json()["error"]["message"]
     assert within.status_code == 202, within.text
-    assert plain.status_code == 413 and "HEARTH_MAX_BODY" in plain.json()["error"]["message"]
+    for answer in (plain, carrying):
+        assert answer.status_code == 413 and "HEARTH_MAX_BODY" in answer.json()["error"]["message"]
+    assert beside.status_code == 202, beside.text
 
 
 def test_attachments_are_behind_the_token(serve_app: Callable[..., ThreadServer]) -> None:

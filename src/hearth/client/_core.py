@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx2
 
-from hearth.attachments import Attachment
+from hearth.attachments import Attachment, safe_name
 from hearth.client._errors import is_transient
 from hearth.receipts import AbortResult, Receipt, Reply, reply_or_raise
 from hearth.sse import SSEEvent
@@ -265,7 +265,9 @@ def attachment_entry(att: Attachment | str | PathLike[str]) -> dict[str, Any]:
     """An attachment as the JSON body carries it: name, media type (when known) and base64."""
     if not isinstance(att, Attachment):
         att = Attachment.from_path(att)
-    entry: dict[str, Any] = {"name": att.name, "data": base64.b64encode(att.data).decode()}
+    # A name read from the disk may not be UTF-8 (no JSON text could carry it): only a label.
+    name = safe_name(att.name)
+    entry: dict[str, Any] = {"name": name, "data": base64.b64encode(att.data).decode()}
     if att.media_type is not None:
         entry["media_type"] = att.media_type
     return entry

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -66,7 +67,8 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
         entries = body.pop("attachments")
         if not isinstance(entries, list):
             raise _bad("attachments must be a list of {name, media_type, data}", "attachments")
-    if len(raw) > settings.max_body and not entries:
+    # The files may take the upload limit; the rest of the body (the message) only the body's.
+    if len(raw) > settings.max_body and (not entries or _size(body) > settings.max_body):
         raise ApiError(
             413,
             "payload_too_large",
@@ -74,6 +76,10 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
             {"max_body": settings.max_body},
         )
     return body, _decode_entries(entries, settings.max_attachment)
+
+
+def _size(body: Any) -> int:
+    return len(json.dumps(body, ensure_ascii=False).encode())
 
 
 def _decode_entries(entries: Any, limit: int) -> list[Attachment]:
