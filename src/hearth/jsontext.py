@@ -22,6 +22,10 @@ _UNPAIRED = re.compile("[\ud800-\udfff]")
 # What a plain text column cannot keep in every store: that, and NUL (PostgreSQL's text refuses
 # it; inside JSON it is the escape "\u0000", which any store keeps).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# Arrays and objects inside each other, at most: deeper, a value that parses could still fail to
+# encode where an answer is made (Python's encoder recurses, from deeper in the stack), and one
+# stored would make every read of its conversation fail.
+MAX_DEPTH = 256
 
 
 def storable_text(text: str) -> str:
@@ -49,8 +53,26 @@ def _paired(text: str) -> str:
 
 def json_round_trip(value: JSON) -> JSON:
     """``value`` as JSON gives it back (what a replay or a reader sees); ``TypeError`` or
-    ``ValueError`` for what has no JSON form, ``NaN`` and the infinities included."""
-    return json.loads(json.dumps(value, allow_nan=False))
+    ``ValueError`` for what has no JSON form, ``NaN`` and the infinities included, and for
+    nesting deeper than ``MAX_DEPTH``."""
+    text = json.dumps(value, allow_nan=False)
+    back = json.loads(text)
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # (only then can it be too deep)
+        check_depth(back)
+    return back
+
+
+def check_depth(value: JSON) -> None:
+    """``ValueError`` when arrays and objects nest deeper than ``MAX_DEPTH`` in ``value``."""
+    if not isinstance(value, dict | list):
+        return
+    pending: list[tuple[JSON, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > MAX_DEPTH:
+            raise ValueError(f"arrays and objects nest deeper than {MAX_DEPTH} levels")
+        pending.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
 def unpaired_surrogate(value: JSON) -> str | None:
@@ -75,8 +97,15 @@ def unpaired_surrogate(value: JSON) -> str | None:
 
 def strict_json(raw: str | bytes) -> JSON:
     """``json.loads`` refusing what has no JSON form once parsed (``ValueError``): ``NaN``,
-    ``Infinity`` and numbers beyond a float's range."""
-    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    ``Infinity``, numbers beyond a float's range, and nesting deeper than ``MAX_DEPTH``."""
+    value = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    if isinstance(raw, bytes):
+        opened = raw.count(b"[") + raw.count(b"{")
+    else:
+        opened = raw.count("[") + raw.count("{")
+    if opened > MAX_DEPTH:  # (only then can it be too deep)
+        check_depth(value)
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -11,6 +11,7 @@ client SDK reads ``hearth serve``'s streams with them, the model providers their
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,52 @@ class SSEDecoder:
         elif field == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
         return None
+
+
+_LINE_END = re.compile("\r\n|\r|\n")
+
+
+class LineSplitter:
+    """Lines of an event stream from its text as it arrives, split only where the stream's
+    lines end: CR, LF or CRLF (a CR that ends one chunk waits for the next, which may begin
+    with its LF). ``str.splitlines``, and with it the lines of httpx2's responses, also splits
+    at U+2028, U+2029 and U+0085, which JSON leaves as they are inside its strings: a record
+    holding one would be cut in two."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, chunk: str) -> list[str]:
+        text = self._pending + chunk
+        lines, start = [], 0
+        for end in _LINE_END.finditer(text):
+            if end.group() == "\r" and end.end() == len(text):
+                break  # perhaps the first half of a CRLF
+            lines.append(text[start : end.start()])
+            start = end.end()
+        self._pending = text[start:]
+        return lines
+
+    def close(self) -> list[str]:
+        """What is left: a last line without its end."""
+        rest, self._pending = self._pending.rstrip("\r"), ""
+        return [rest] if rest else []
+
+
+def sse_lines(chunks: Iterable[str]) -> Iterator[str]:
+    splitter = LineSplitter()
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.close()
+
+
+async def async_sse_lines(chunks: AsyncIterable[str]) -> AsyncGenerator[str, None]:
+    splitter = LineSplitter()
+    async for chunk in chunks:
+        for line in splitter.feed(chunk):
+            yield line
+    for line in splitter.close():
+        yield line
 
 
 def iter_sse(lines: Iterable[str]) -> Iterator[SSEEvent]:

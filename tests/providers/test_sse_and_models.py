@@ -9,7 +9,7 @@ import pytest
 from hearth.errors import ProviderError
 from hearth.providers.failures import error_details, retry_after_seconds
 from hearth.providers.windows import context_window_for
-from hearth.sse import SSEEvent, parse_sse
+from hearth.sse import LineSplitter, SSEEvent, parse_sse, sse_lines
 
 pytestmark = pytest.mark.anyio
 
@@ -55,6 +55,21 @@ async def test_a_byte_order_mark_before_the_first_field_is_dropped() -> None:
 async def test_a_retry_that_is_not_ascii_digits_is_ignored() -> None:
     """``²`` is a digit to ``str.isdigit`` but not to ``int()``: the stream raised."""
     assert await parse("retry: \u00b2\ndata: x\n\n") == [SSEEvent("message", "x")]
+
+
+def test_lines_end_only_at_cr_lf_and_crlf_whatever_the_chunks() -> None:
+    chunks = ["data: a\u2028b\u2029c\x85d\r", "\ndata: e\rdata: f", "\n\n", "data: tail"]
+    assert list(sse_lines(chunks)) == [
+        "data: a\u2028b\u2029c\x85d",
+        "data: e",
+        "data: f",
+        "",
+        "data: tail",
+    ]
+    splitter = LineSplitter()
+    assert splitter.feed("x\r") == []  # a CRLF may be split between chunks
+    assert splitter.feed("\ny") == ["x"]
+    assert splitter.close() == ["y"]
 
 
 async def test_an_event_still_open_when_the_stream_ends_is_dropped() -> None:

@@ -82,6 +82,10 @@ def test_the_longest_id_is_admitted_and_one_more_character_is_not(server: Thread
         b'{"message": "\\udc00 alone"}',
         b'{"message": "ok", "idempotency_key": "k\\uDFFF"}',
         b'{"signal": {"type": "t", "attributes": {"a": ["\\ud800"]}}}',
+        # parsed, but too deep to encode again later: admitted, it made every read of the
+        # conversation, and the admin view of all submissions, answer 500
+        b'{"signal": {"type": "t", "attributes": {"a": ' + b"[" * 962 + b"]" * 962 + b"}}}",
+        b'{"signal": {"type": "t", "attributes": {"a": ' + b"[" * 300 + b"]" * 300 + b"}}}",
     ],
 )
 def test_unparseable_bodies_are_400_and_admit_nothing(server: ThreadServer, body: bytes) -> None:
@@ -89,6 +93,16 @@ def test_unparseable_bodies_are_400_and_admit_nothing(server: ThreadServer, body
         r = http.post("/agents/echo/c-1", content=body, headers=JSON)
         assert refused(r) in ("invalid_json", "invalid_request")
         assert admitted_count(http) == 0
+
+
+def test_nesting_up_to_the_limit_is_admitted_and_read_back(server: ThreadServer) -> None:
+    nested = b"[" * 250 + b"]" * 250
+    body = b'{"signal": {"type": "t", "attributes": {"a": ' + nested + b"}}}"
+    with server.client() as http:
+        r = http.post("/agents/echo/c-1", content=body, headers=JSON)
+        assert r.status_code == 202, r.text
+        assert http.get("/agents/echo/c-1/stream?offset=-1").status_code == 200
+        assert http.get("/admin/submissions").status_code == 200
 
 
 def test_a_surrogate_pair_escaped_in_json_is_one_character_and_admitted(

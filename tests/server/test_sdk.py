@@ -125,6 +125,22 @@ def test_signal_history_snapshot_and_stream(server: ThreadServer) -> None:
         assert streamed == records[2:]
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_record_holding_a_unicode_line_separator_is_read_and_streamed(
+    server: ThreadServer, separator: str
+) -> None:
+    """JSON leaves these unescaped inside strings; the SDK's lines also ended at them (as
+    ``str.splitlines`` does), so read, stream and ``hearth tail`` raised on the cut record,
+    every time."""
+    text = f"line{separator}separator"
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        assert conv.read(conv.send(text), timeout=10).text == f"echo: {text}"
+        records = conv.history()
+        streamed = list(itertools.islice(conv.stream(), len(records)))
+        assert streamed == records
+
+
 @pytest.mark.anyio
 async def test_async_client_has_the_same_methods(server: ThreadServer) -> None:
     async with hearth.AsyncClient(server.url) as client:

@@ -18,7 +18,7 @@ from hearth.attachments import Attachment
 from hearth.client._core import BaseClient, BaseConversation, Call, Reading, T, Tail
 from hearth.client._errors import check, error_from
 from hearth.receipts import AbortResult, Receipt, Reply
-from hearth.sse import parse_sse
+from hearth.sse import async_sse_lines, parse_sse
 
 __all__ = ["AsyncClient", "AsyncConversation"]
 
@@ -155,7 +155,7 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
             if response.status_code >= 400:
                 await response.aread()
                 raise error_from(response)
-            async for event in parse_sse(response.aiter_lines()):
+            async for event in parse_sse(async_sse_lines(response.aiter_text())):
                 record = tail.record(event)
                 if record is not None:
                     yield record

@@ -20,7 +20,7 @@ from hearth.attachments import Attachment
 from hearth.client._core import BaseClient, BaseConversation, Call, Reading, T, Tail
 from hearth.client._errors import check, error_from
 from hearth.receipts import AbortResult, Receipt, Reply
-from hearth.sse import iter_sse
+from hearth.sse import iter_sse, sse_lines
 
 __all__ = ["Client", "Conversation"]
 
@@ -154,7 +154,7 @@ class Conversation(BaseConversation[httpx2.Client]):
                 response.read()
                 raise error_from(response)
             with _cut_off_at(tail.deadline, response):
-                for event in iter_sse(response.iter_lines()):
+                for event in iter_sse(sse_lines(response.iter_text())):
                     record = tail.record(event)
                     if record is not None:
                         yield record

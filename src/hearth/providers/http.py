@@ -28,7 +28,7 @@ from hearth.providers.base import (
 )
 from hearth.providers.failures import transport_failure
 from hearth.providers.windows import context_window_for
-from hearth.sse import SSEEvent, parse_sse
+from hearth.sse import SSEEvent, async_sse_lines, parse_sse
 
 __all__ = ["ClientSlot", "HTTPProvider", "StreamedAnswer", "post_sse"]
 
@@ -58,7 +58,7 @@ async def post_sse(
                 raise on_error(
                     response.status_code, raw.decode("utf-8", "replace"), response.headers
                 )
-            async for event in parse_sse(response.aiter_lines()):
+            async for event in parse_sse(async_sse_lines(response.aiter_text())):
                 yield event
     except httpx2.HTTPError as exc:
         raise transport_failure(provider, url, exc) from exc
