@@ -141,6 +141,33 @@ def test_a_record_holding_a_unicode_line_separator_is_read_and_streamed(
         assert streamed == records
 
 
+@pytest.mark.parametrize("id", [".", ".."])
+def test_dot_ids_reach_the_server_as_ids_not_as_path_steps(server: ThreadServer, id: str) -> None:
+    """A client drops a ``.`` segment and goes up for ``..``: the calls reached other routes
+    (the snapshot of a conversation named "stream"; a stream that reconnected for ever)."""
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", id)
+        for call in (
+            lambda: conv.send("hi"),
+            conv.history,
+            conv.snapshot,
+            lambda: next(conv.stream()),
+        ):
+            with pytest.raises(hearth.InvalidId):
+                call()
+
+
+def test_channel_and_delivery_names_cannot_reach_other_routes(server: ThreadServer) -> None:
+    """They went into the path as given: a delivery id of ``../../../admin/gc?dry_run=1#``
+    replayed nothing and ran the attachments' garbage collection instead."""
+    with hearth.Client(server.url) as client:
+        with pytest.raises(HTTPError) as replayed:
+            client.replay("x", "../../../admin/gc?dry_run=1#")
+        with pytest.raises(HTTPError) as listed:
+            client.deliveries("../admin/submissions#")
+    assert replayed.value.status == listed.value.status == 404
+
+
 @pytest.mark.anyio
 async def test_async_client_has_the_same_methods(server: ThreadServer) -> None:
     async with hearth.AsyncClient(server.url) as client:

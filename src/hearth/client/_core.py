@@ -210,8 +210,16 @@ class History:
         self.complete = bool(page["up_to_date"])
 
 
+def segment(value: str) -> str:
+    """``value`` as one segment of a path: every ``/``, ``?`` and ``#`` escaped, and ``.`` or
+    ``..`` too (a client drops such a segment, or goes up one, so the request would reach
+    another route); the server judges what is left."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
+
+
 def submission_path(base: str, submission_id: str) -> str:
-    return f"{base}/submissions/{quote(submission_id, safe='')}"
+    return f"{base}/submissions/{segment(submission_id)}"
 
 
 class BaseClient(Generic[HTTP]):
@@ -250,10 +258,11 @@ class BaseClient(Generic[HTTP]):
 
     def _deliveries_call(self, channel: str, status: str | None) -> Call[dict[str, Any]]:
         params = {"status": status} if status else None
-        return Call(Request("GET", f"/channels/{channel}/deliveries", params=params), as_is)
+        path = f"/channels/{segment(channel)}/deliveries"
+        return Call(Request("GET", path, params=params), as_is)
 
     def _replay_call(self, channel: str, delivery_id: str) -> Call[dict[str, Any]]:
-        path = f"/channels/{channel}/deliveries/{delivery_id}/replay"
+        path = f"/channels/{segment(channel)}/deliveries/{segment(delivery_id)}/replay"
         return Call(Request("POST", path), as_is)
 
     def _gc_call(self, dry_run: bool) -> Call[dict[str, Any]]:
@@ -281,7 +290,7 @@ class BaseConversation(Generic[HTTP]):
         self._http: HTTP = client._http
         self.agent, self.id = agent, id
         self.conversation_id = f"{agent}/{id}"
-        self._base = f"/agents/{quote(agent, safe='')}/{quote(id, safe='')}"
+        self._base = f"/agents/{segment(agent)}/{segment(id)}"
 
     def _send_call(
         self,
@@ -315,7 +324,7 @@ class BaseConversation(Generic[HTTP]):
         return Call(Request("GET", self._base), as_is)
 
     def _resolve_call(self, wait_id: str, value: Any) -> Call[dict[str, Any]]:
-        path = f"{self._base}/waits/{quote(wait_id, safe='')}"
+        path = f"{self._base}/waits/{segment(wait_id)}"
         return Call(Request("POST", path, json={"value": value}), as_is)
 
     def _waits_call(self) -> Call[list[dict[str, Any]]]:
