@@ -3,6 +3,7 @@ environment (``HEARTH_*``), which wins over the default."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 from hearth.errors import ConfigurationError
 
 LOG_FORMATS = ("text", "json")
+MAX_SECONDS = 86_400.0 * 365  # a lease, a heartbeat, a scan or a shutdown: a year at most
+MAX_COUNT = 1_000_000  # workers, connections, streams: beyond, a typo (and past SQLite's ints)
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,28 @@ class Settings:
 
     def check(self) -> None:
         for name in ("lease_s", "heartbeat_s", "scan_s", "shutdown_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(f"{name} must be positive")
-        if self.workers < 1:
-            raise ConfigurationError("workers must be at least 1")
-        if self.pg_pool < 1:
-            raise ConfigurationError("pg_pool must be at least 1 connection")
-        if self.max_streams < 1:
-            raise ConfigurationError("max_streams must be at least 1")
+            value = getattr(self, name)
+            # (NaN passes every comparison's "not": it is refused by name.)
+            if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+                raise ConfigurationError(
+                    f"{name} must be a number of seconds above 0 and at most"
+                    f" {MAX_SECONDS:,.0f} (a year), not {value!r}"
+                )
+        if not 0 <= self.port <= 65535:
+            raise ConfigurationError(f"port must be from 0 to 65535, not {self.port}")
+        if not 1 <= self.workers <= MAX_COUNT:
+            raise ConfigurationError(f"workers must be from 1 to {MAX_COUNT:,}")
+        if not 1 <= self.pg_pool <= MAX_COUNT:
+            raise ConfigurationError(f"pg_pool must be from 1 to {MAX_COUNT:,} connections")
+        if not 1 <= self.max_streams <= MAX_COUNT:
+            raise ConfigurationError(f"max_streams must be from 1 to {MAX_COUNT:,}")
+        if self.token is not None and not (
+            self.token.isascii() and self.token.isprintable() and self.token.strip() == self.token
+        ):
+            raise ConfigurationError(
+                "token must be printable ASCII without spaces at its ends: it travels in an"
+                " HTTP header (Authorization: Bearer ...)"
+            )
         if self.log_format not in LOG_FORMATS:
             raise ConfigurationError(
                 f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}"

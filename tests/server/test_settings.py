@@ -35,6 +35,30 @@ def test_a_bad_hearth_pg_pool_is_a_configuration_error(value: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("HEARTH_SHUTDOWN_S", "inf"),  # a traceback from hearth serve
+        ("HEARTH_SHUTDOWN_S", "nan"),
+        ("HEARTH_LEASE_S", "nan"),  # taken silently: no comparison holds for NaN
+        ("HEARTH_HEARTBEAT_S", "nan"),
+        ("HEARTH_SCAN_S", "inf"),
+        ("HEARTH_PORT", "70000"),  # a traceback from bind()
+        ("HEARTH_PORT", "-1"),
+        ("HEARTH_WORKERS", "100000000000000000000"),  # admitted, then no work ever ran
+        ("HEARTH_MAX_STREAMS", "100000000000000000000"),
+        ("HEARTH_TOKEN", "s\u00e9cret"),  # the SDK and the CLI could not send it
+        ("HEARTH_TOKEN", " padded "),
+    ],
+)
+def test_a_setting_that_would_break_the_server_later_is_refused_now(
+    variable: str, value: str
+) -> None:
+    name = variable.removeprefix("HEARTH_").lower()
+    with pytest.raises(ConfigurationError, match=name):
+        Settings.resolve(env={variable: value})
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "postgresql://u:pw@db.internal:54x32/app",
