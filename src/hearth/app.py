@@ -188,8 +188,10 @@ def load_app(ref: str, app_dir: str | None = ".") -> App:
     finds ``./myapp.py``.
     """
     module_name, _, attr = ref.partition(":")
-    if not module_name:
-        raise ConfigurationError(f"{ref!r}: name the app as module:attribute, e.g. myapp:app")
+    if not module_name or module_name.startswith("."):
+        raise ConfigurationError(
+            f"{ref!r}: name the app as module:attribute, e.g. myapp:app (not a relative module)"
+        )
     if app_dir is not None:
         folder = os.path.abspath(app_dir)
         if folder not in sys.path:

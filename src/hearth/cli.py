@@ -58,6 +58,13 @@ def friendly(fn: F) -> F:
             fail(f"cannot reach {url}: is `hearth serve` running there? (--url, HEARTH_URL)")
         except httpx2.TransportError as exc:
             fail(f"the connection to the server failed: {exc or type(exc).__name__}")
+        except httpx2.InvalidURL as exc:
+            fail(f"the server's URL is not usable: {exc} (--url, HEARTH_URL)")
+        except UnicodeEncodeError as exc:
+            if exc.encoding == "ascii":
+                fail("the token must be ASCII: it goes in an HTTP header (--token, HEARTH_TOKEN)")
+            # An argument no UTF-8 can carry: bytes the terminal did not decode, say.
+            fail(f"an argument has text that is not UTF-8, so it cannot be sent ({exc.reason})")
         except HearthError as exc:
             fail(str(exc) or type(exc).__name__)
         except TimeoutError as exc:
@@ -511,6 +518,7 @@ def resolve(
         fail(
             f"VALUE must be JSON, such as true, 42, '\"text\"' or '{{\"ok\": true}}'; got {value!r}"
         )
+    parsed = _resolution(parsed)  # checked here as the runtime checks it, whichever way it goes
     if db is not None:
         wait = asyncio.run(_resolve_in(db, agent, id, wait_id, parsed))
         submission_id = wait.submission_id
@@ -521,12 +529,16 @@ def resolve(
     click.echo(f"{wait_id} resolved; submission {submission_id} of {agent}/{id} runs again")
 
 
+def _resolution(value: Any) -> Any:
+    from hearth.runtime.waits import resolution
+
+    return resolution(value)
+
+
 async def _resolve_in(db: str, agent: str, id: str, wait_id: str, value: Any) -> Any:
     from hearth.app import open_database
     from hearth.receipts import check_id
-    from hearth.runtime.waits import resolution
 
-    value = resolution(value)  # what the runtime's resolve checks, checked the same
     store = await open_database(db, pg_pool=1)
     try:
         return await store.resolve_wait(f"{agent}/{check_id(id)}", wait_id, value)

@@ -110,11 +110,22 @@ def test_client_errors_are_one_line(server: ThreadServer) -> None:
     assert code == 1 and "cannot reach" in one_line_error(out)
     code, out = run("tail", "echo", "never", "--url", server.url, "--no-follow")
     assert code == 1 and "no conversation" in one_line_error(out)
+    # Each of these was a traceback.
+    code, out = run("send", "echo", "c-1", "hi", "--url", "http://[::1")
+    assert code == 1 and "URL is not usable" in one_line_error(out)
+    code, out = run("send", "echo", "c-1", "hi", "--url", server.url, "--token", "s\u00e9cret")
+    assert code == 1 and "token must be ASCII" in one_line_error(out)
+    code, out = run("send", "echo", "c-1", "caf\udce9", "--url", server.url)  # argv not UTF-8
+    assert code == 1 and "not UTF-8" in one_line_error(out)
+    code, out = run("resolve", "echo", "c-1", "w_1", '"\\ud800"', "--url", server.url)
+    assert code == 1 and "surrogate" in one_line_error(out)
 
 
 def test_serve_errors_are_one_line(tmp_path: Path) -> None:
     code, out = run("serve", "no_such_module:app", "--db", str(tmp_path / "h.db"))
     assert code == 1 and "cannot import 'no_such_module'" in one_line_error(out)
+    code, out = run("serve", ".serverapp:app", "--db", str(tmp_path / "h.db"))
+    assert code == 1 and "not a relative module" in one_line_error(out)
     code, out = run("serve", "serverapp:AGENTS", "--db", str(tmp_path / "h.db"))
     assert code == 1 and "is not a hearth.App" in one_line_error(out)
     code, out = run("serve", "serverapp:app", "--db", "mysql://nope", "--port", "0")
