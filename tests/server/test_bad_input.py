@@ -276,3 +276,19 @@ def test_a_query_parameter_given_twice_or_empty_is_400(server: ThreadServer, que
     with server.client() as http:
         http.post("/agents/echo/c-1", json={"message": "hi"})
         assert refused(http.get(f"/agents/echo/c-1/stream?{query}")) == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["offset=1_0", "offset=%2B5", "offset=%207%20", "offset=%D9%A3", "limit=%EF%BC%90%EF%BC%92"],
+)
+def test_a_number_that_is_not_plain_ascii_digits_is_400(server: ThreadServer, query: str) -> None:
+    """``int()`` read these (``1_0`` as 10, ``+5``, `` 7 ``, an Arabic-Indic 3, full-width 02):
+    a parameter that is not a number must be refused, not guessed at."""
+    with server.client() as http:
+        http.post("/agents/echo/c-1", json={"message": "hi"})
+        assert refused(http.get(f"/agents/echo/c-1/stream?{query}")) == "invalid_request"
+        assert (
+            refused(http.get("/agents/echo/c-1/stream", headers={"last-event-id": "2_0"}))
+            == "invalid_request"
+        )

@@ -6,6 +6,7 @@ Each endpoint is ``async (server, request) -> Response``; errors are raised (``A
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -39,6 +40,8 @@ MAX_CONVERSATION_PAGE = 500
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})  # + attachments
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
+
+_INTEGER = re.compile("-?[0-9]{1,20}")
 
 
 def routes() -> list[tuple[str, Endpoint, list[str]]]:
@@ -339,12 +342,10 @@ def _int_param(
 ) -> int:
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(
-            400, "invalid_request", f"{name} must be an integer", {"field": name}
-        ) from None
+    # Plain ASCII digits only: ``int()`` also reads "1_0", "+5", " 7 " and other scripts' digits.
+    if not _INTEGER.fullmatch(raw):
+        raise ApiError(400, "invalid_request", f"{name} must be an integer", {"field": name})
+    value = int(raw)
     if not low <= value <= high:
         raise ApiError(
             400, "invalid_request", f"{name} must be between {low} and {high}", {"field": name}
