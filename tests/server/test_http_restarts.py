@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -151,3 +153,25 @@ def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
         assert again.submission(receipt.submission_id)["attempt"] == 2
     finally:
         server.kill()
+
+
+def test_sigterm_while_a_body_is_arriving_answers_503_and_exits_at_once(tmp_path: Path) -> None:
+    """The read of the body waited until the server's grace ran out and was cancelled: the
+    client got a bare 500 (not JSON), the log a traceback, and the shutdown waited for it."""
+    server = ServerProcess(tmp_path / "h.db", env={"HEARTH_SHUTDOWN_S": "10"}).start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /agents/echo/b-1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 40\r\n\r\n{"message":'  # the rest of the body is still on its way
+        )
+        time.sleep(0.5)
+        started = time.monotonic()
+        server.terminate()
+        assert server.wait(timeout=15) == 0
+        took = time.monotonic() - started
+        answer = sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower()
+    assert json.loads(body)["error"]["type"] == "shutting_down"
+    assert took < 5
+    assert "Traceback" not in server.log.read_text()

@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from hearth.config import Settings
 from hearth.runtime.runtime import Runtime
 from hearth.server import console
-from hearth.server.context import Closing, Endpoint
+from hearth.server.context import CLOSING_KEY, Closing, Endpoint
 from hearth.server.errors import ApiError, api_error, error_response
 from hearth.server.host import RuntimeHost
 from hearth.server.routes import admit, routes
@@ -249,6 +249,7 @@ class HearthASGI:
 
     def _endpoint(self, fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
+            request.scope[CLOSING_KEY] = self.closing  # a body still arriving ends with it
             try:
                 return await fn(self, request)
             except Exception as exc:

@@ -8,6 +8,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 
 from hearth.jsontext import parsed_unpaired_surrogate, strict_json
+from hearth.server.context import CLOSING_KEY, Closing
 from hearth.server.errors import ApiError
 
 # Past the limit the rest of a body is read and dropped up to this many bytes, so that an
@@ -57,8 +58,14 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
             raise too_big
     chunks: list[bytes] = []
     size = 0
+    closing: Closing | None = request.scope.get(CLOSING_KEY)
+    undo = None
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
+        async with asyncio.timeout(BODY_TIMEOUT_S) as deadline:
+            if closing is not None:
+                # A shutdown does not wait for a slow body (the server would cancel the read
+                # past its grace and answer a bare 500): it ends the read at once.
+                undo = closing.on_set(lambda: deadline.reschedule(0))
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > max_body:
@@ -69,12 +76,22 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
     except ClientDisconnect:
         raise ApiError(400, "invalid_request", "the client went away mid-body") from None
     except TimeoutError:
+        if closing is not None and closing.is_set():
+            raise ApiError(
+                503,
+                "shutting_down",
+                "the server is shutting down and admits no new work",
+                headers={"Retry-After": "1", "Connection": "close"},
+            ) from None
         raise ApiError(
             408,
             "request_timeout",
             f"the body did not arrive within {BODY_TIMEOUT_S:g} s",
             headers={"Connection": "close"},
         ) from None
+    finally:
+        if undo is not None:
+            undo()
     if size > max_body:
         raise too_big
     return b"".join(chunks)

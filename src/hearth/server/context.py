@@ -13,6 +13,9 @@ from starlette.responses import Response
 from hearth.config import Settings
 from hearth.runtime.runtime import Runtime
 
+# Where a request's scope holds the server's ``Closing`` (for the reading of its body).
+CLOSING_KEY = "hearth.closing"
+
 
 class Closing:
     """Set once when the server begins to shut down; readers end their answers then."""
