@@ -5,9 +5,11 @@ confinement test first runs the same command unsandboxed, to show that it would 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import shutil
+import signal
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -203,6 +205,23 @@ async def test_unsandboxed_run_ends_with_its_command_and_its_background_children
             break
         await asyncio.sleep(0.01)
     assert not alive(child)
+
+
+async def test_unsandboxed_a_child_that_left_the_session_does_not_hold_the_run(
+    tmp_path: Path,
+) -> None:
+    """A ``setsid`` child holds the output pipe after the command exits: the run waited for it
+    until its timeout and reported the command as timed out, its exit code lost. (Unsandboxed,
+    a child that leaves the session outlives the command: nothing hearth can track it by.)"""
+    ws = await opened(tmp_path, sandbox=False)
+    try:
+        result = await ws.run(
+            "setsid sleep 60 & echo $! > child.pid; echo started; exit 3", timeout=30
+        )
+        assert (result.exit_code, result.timed_out, result.output) == (3, False, "started\n")
+    finally:
+        with contextlib.suppress(Exception):
+            os.kill(int((await ws.read_file("child.pid")).strip()), signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:

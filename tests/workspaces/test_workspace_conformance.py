@@ -249,8 +249,10 @@ async def test_a_pipe_is_refused_instead_of_blocking_for_ever(
         await asyncio.wait_for(ws.read_file("pipe"), 5)
     with pytest.raises(hearth.WorkspaceError, match="not a regular file"):
         await asyncio.wait_for(ws.write_file("pipe", "x"), 5)
-    with pytest.raises(hearth.WorkspaceError, match="is a directory"):
-        await ws.write_file(".", "x")
+    for directory in (".", "new/", "new/."):  # the last two made a file named "new"
+        with pytest.raises(hearth.WorkspaceError, match="is a directory"):
+            await ws.write_file(directory, "x")
+    assert await ws.list_files() == ["pipe"]
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:

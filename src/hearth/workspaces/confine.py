@@ -83,7 +83,8 @@ def read_text(top: str, path: str) -> str:
 
 def write_text(top: str, path: str, content: str) -> int:
     parts = parts_inside(top, path)
-    if not parts:
+    if not parts or _names_a_directory(path):
+        # ("dir/" or "dir/." resolve to "dir": they would have made a file of that name.)
         raise WorkspaceError(f"{path!r} is a directory")
     data = content.encode("utf-8")
     name = parts[-1]
@@ -106,6 +107,10 @@ def write_text(top: str, path: str, content: str) -> int:
         except OSError as exc:
             raise _explain(exc, path) from None
     return len(data)
+
+
+def _names_a_directory(path: str) -> bool:
+    return path.endswith(("/", "/.", "/..")) or path in (".", "..")
 
 
 def _regular(fd: int, path: str) -> None:

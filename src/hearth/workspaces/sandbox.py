@@ -128,6 +128,9 @@ async def _check_sandbox(bwrap: str, limits: RunLimits) -> None:
         )
 
 
+OUTPUT_GRACE_S = 1.0  # how long output is read after the command exits, for its last bytes
+
+
 def _kill_session(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -203,10 +206,17 @@ async def run_command(
             # What the command left running in the background ends with it (inside bubblewrap
             # its pid namespace is gone already), so the output pipe closes.
             _kill_session(proc.pid)
-            await reading
+            # Unsandboxed, a child that left the session (setsid) may hold the pipe open for
+            # ever: what came within a moment is the output, and the command's exit stands.
+            await asyncio.wait({reading}, timeout=OUTPUT_GRACE_S)
             await proc.wait()
         finally:
             reading.cancel()
+            # The pipe an escaped child still holds: closed on this side, not left to the
+            # garbage collector (asyncio's Process keeps its transport private).
+            transport = getattr(proc, "_transport", None)
+            if transport is not None and proc.returncode is not None:
+                transport.close()
 
     timed_out = False
     try:
