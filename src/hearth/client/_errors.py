@@ -52,7 +52,9 @@ class Unauthorized(HTTPError):
 
 
 class ServerUnavailable(HTTPError):
-    """The server failed (5xx) or could not be reached."""
+    """The server answered 5xx: it failed, or cannot serve now (shutting down, its database
+    away). A server that cannot be reached at all raises httpx2's ``TransportError``s
+    (``ConnectError``, ``ReadTimeout``, ...), which ``read`` and ``stream`` retry."""
 
 
 _BY_TYPE: dict[str, type[HearthError]] = {
