@@ -9,6 +9,7 @@ import random
 import string
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,14 @@ def test_postgres_urls_open_a_postgres_store_with_its_schema() -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["postgresql://localhost/app?schema=", "postgresql://localhost/app?schema=1bad-name"]
+    "url",
+    [
+        "postgresql://localhost/app?schema=",
+        "postgresql://localhost/app?schema=1bad-name",
+        # Upper case was created quoted and searched folded: migrate reported it current, then
+        # the store found no tables (or another deployment's lower-case ones).
+        "postgresql://localhost/app?schema=Tenant_x",
+    ],
 )
 def test_a_bad_schema_name_is_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError, match="schema"):
@@ -88,6 +96,42 @@ async def test_a_connection_string_the_driver_rejects_is_a_configuration_error(
     store = PostgresStore(f"{pg_cluster.conninfo}?sslmod=require")  # a misspelt option
     with pytest.raises(ConfigurationError, match="bad PostgreSQL URL"):
         await store.open()
+
+
+async def test_the_urls_own_options_and_spaces_reach_the_server(pg_cluster: Cluster) -> None:
+    """Spaces went as "+" (libpq read "billing+worker"), and hearth's own ``options`` replaced
+    the URL's (a statement_timeout given there was lost)."""
+    query = "application_name=billing%20worker&options=-c%20statement_timeout%3D4321"
+    store = open_store(f"{pg_cluster.conninfo}?{query}&schema={new_schema()}")
+    assert isinstance(store, PostgresStore)
+    await store.open()
+    try:
+        assert store._transactions is not None
+        async with store._transactions.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT current_setting('application_name') AS a,"
+                " current_setting('statement_timeout') AS t, current_setting('search_path') AS p"
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            assert (row["a"], row["t"], row["p"]) == ("billing worker", "4321ms", store.schema)
+    finally:
+        await store.close()
+
+
+async def test_a_role_that_owns_its_schema_needs_no_create_on_the_database(
+    pg_cluster: Cluster,
+) -> None:
+    """``CREATE SCHEMA IF NOT EXISTS`` asks for the database's CREATE privilege even when the
+    schema exists: a role given only its own schema could not open the store."""
+    schema, role = new_schema(), f"r_{uuid.uuid4().hex[:12]}"
+    pg_cluster.sql(f"CREATE ROLE {role} LOGIN; CREATE SCHEMA {schema} AUTHORIZATION {role}")
+    try:
+        conninfo = pg_cluster.conninfo.replace("postgres@", f"{role}@", 1)
+        async with opened(conninfo, schema) as store:
+            await store.admit(NewSubmission("a/c", "a", "message", {"message": "hi"}))
+    finally:
+        pg_cluster.sql(f"DROP SCHEMA {schema} CASCADE; DROP ROLE {role}")
 
 
 async def test_ping_answers_while_the_server_is_up(pg_cluster: Cluster) -> None:

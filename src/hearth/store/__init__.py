@@ -8,7 +8,7 @@ Example::
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from hearth.errors import ConfigurationError
 from hearth.store.base import (
@@ -86,7 +86,8 @@ def _postgres(url: str, pool_size: int) -> Store:
     schemas = [value for key, value in options if key == "schema"]
     if len(schemas) > 1 or (schemas and not schemas[0]):
         raise ConfigurationError(f"give ?schema= once, with a name, in {_masked(url)}")
-    rest = urlencode([(key, value) for key, value in options if key != "schema"])
+    # (Spaces as %20: libpq reads no "+" as a space.)
+    rest = urlencode([(key, value) for key, value in options if key != "schema"], quote_via=quote)
     conninfo = urlunsplit(parts._replace(query=rest))
     return PostgresStore(conninfo, schema=schemas[0] if schemas else "hearth", pool_size=pool_size)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 
 from hearth import _faults
@@ -80,7 +81,9 @@ from hearth.store.rows import (
 
 T = TypeVar("T")
 
-SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+# Lower case only: PostgreSQL folds an unquoted name to lower case (the search_path given at
+# connect time is one), so "Tenant" would be created as one schema and searched as another.
+SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
 IDLE_IN_TRANSACTION_MS = 10_000
 _SKEW_TTL_S = 30.0
@@ -90,6 +93,16 @@ _TAILS_KEPT = 4096
 # SQLSTATEs of a server shutting down or starting up (admin_shutdown, crash_shutdown,
 # cannot_connect_now): its connections end, and nothing is wrong with what was asked.
 _SERVER_GOING = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _user_options(conninfo: str) -> str:
+    """The ``options`` the database URL gives (server settings, ``-c name=value``), followed by
+    a space; "" when it gives none or cannot be read (the connection then says why)."""
+    try:
+        given = conninfo_to_dict(conninfo).get("options")
+    except psycopg.ProgrammingError:
+        return ""
+    return f"{given} " if given else ""
 
 
 class PostgresStore(Store):
@@ -106,7 +119,8 @@ class PostgresStore(Store):
     ) -> None:
         if not SCHEMA_RE.fullmatch(schema):
             raise ConfigurationError(
-                f"schema {schema!r} must be 1-63 letters, digits or _, not starting with a digit"
+                f"schema {schema!r} must be 1-63 lower-case letters, digits or _, not starting"
+                " with a digit"
             )
         if pool_size < 1:
             raise ConfigurationError("the PostgreSQL pool needs at least 1 connection")
@@ -123,7 +137,8 @@ class PostgresStore(Store):
             # A process frozen inside a transaction (SIGSTOP, a stalled VM) would hold its row
             # locks, and so block the peer that takes its work over, for as long as it is
             # frozen: the server ends such a transaction after a while instead.
-            "options": f"-c search_path={schema}"
+            # After the URL's own options (given as keyword, these would replace them).
+            "options": _user_options(conninfo) + f"-c search_path={schema}"
             f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             "connect_timeout": CONNECT_TIMEOUT_S,
         }

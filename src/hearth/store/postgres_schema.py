@@ -174,7 +174,11 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Create the schema and its tables, or check the version of the ones that exist."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        # Created only when missing: ``CREATE SCHEMA IF NOT EXISTS`` asks for the database's
+        # CREATE privilege even when the schema is there (owned by a role that has no more).
+        cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+        if await cur.fetchone() is None:
+            await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         await conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
         found = await _version(conn, schema)
         if found is not None and found > SCHEMA_VERSION:
