@@ -263,3 +263,12 @@ def test_a_delivery_id_that_is_not_an_id_is_the_senders_error() -> None:
     headers = {"x-signature": sign("k", b"{}"), "x-delivery-id": "../etc"}
     with pytest.raises(hearth.InvalidInput, match="X-Delivery-Id"):
         verify(headers, b"{}")
+
+
+def test_a_body_with_nul_is_kept_as_text_every_store_takes() -> None:
+    """PostgreSQL's text holds no NUL: the same delivery was 202 on SQLite and a 503 on
+    PostgreSQL, which senders retry for ever."""
+    from hearth.runtime.deliveries import _kept
+
+    kept = _kept("bin", hearth.Delivery(id="d-1", type="t", data={}), b"ab\x00cd\xff")
+    assert kept.body == "ab\ufffdcd\ufffd"

@@ -1035,3 +1035,24 @@ async def test_an_attempt_that_a_bug_ends_is_retried_after_a_pause_not_at_once(
     finally:
         await store.close()
     assert after is not None and (after.attempt, after.lease_expires_at) == (1, 0)
+
+
+async def test_a_step_inside_a_step_transaction_function_is_refused_at_once() -> None:
+    """It waited for the submission's row that the transaction holds locked, on another
+    connection: a deadlock no database sees, until the idle-in-transaction timeout (10 s)."""
+    from hearth.steps import Steps
+
+    async def record(name: str, value: Any) -> None:
+        pass
+
+    async def transact(name: str, fn: Any) -> Any:
+        return await fn(None)  # the store would run fn inside its transaction
+
+    steps = Steps("call_1", {}, record, transact=transact)
+
+    async def nested(conn: Any) -> int:
+        return int(await steps.do("inner", lambda: 41)) + 1
+
+    with pytest.raises(hearth.StepError, match="cannot be nested"):
+        await steps.transaction("outer", nested)
+    assert await steps.do("inner", lambda: 41) == 41  # outside it, the name is still free

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import inspect
 import math
@@ -24,6 +25,12 @@ Transact = Callable[[str, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 # The longest timeout a wait takes: its expiry is a date, and dates end in the year 9999 (a
 # timeout of ``sys.maxsize`` failed every attempt of the submission computing it).
 MAX_WAIT_S = 100 * 365 * 86400
+
+# Set while a ``step.transaction`` function runs: a step inside it would wait for the row its
+# transaction holds locked, on another connection (a deadlock no database can see).
+_IN_TRANSACTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "hearth_step_transaction", default=None
+)
 
 # Values that come back from a JSON round trip as they went in (exact types: a subclass, such as
 # an ``IntEnum``, comes back as its base type, so it takes the round trip).
@@ -113,6 +120,13 @@ class Steps:
         self._transact = transact
 
     def _claim_name(self, name: str) -> None:
+        inside = _IN_TRANSACTION.get()
+        if inside is not None:
+            raise StepError(
+                f"step {name!r} is inside the function of step.transaction {inside!r}: steps"
+                " cannot be nested in it (do the work on its connection, or make it a step of"
+                " its own before or after)"
+            )
         if not is_name(name) and not (isinstance(name, str) and name in self._recorded):
             # (A recorded name always replays: one recorded before names had a length limit
             # stays readable.)
@@ -154,7 +168,11 @@ class Steps:
             raise ConfigurationError("step.transaction needs hearth's store on PostgreSQL")
         with self._around(name):
             _faults.reached(f"step:{name}")
-            value = await self._transact(name, fn)
+            token = _IN_TRANSACTION.set(name)
+            try:
+                value = await self._transact(name, fn)
+            finally:
+                _IN_TRANSACTION.reset(token)
         self._recorded[name] = value
         return value
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -147,3 +148,32 @@ async def test_a_record_that_exists_fails_the_transaction_instead_of_a_no_op(sto
     with pytest.raises(IntegrityError):
         await store.transact(CONV, sub.fence, app.insert, lambda v: [done], ids=[done.id])
     assert app.ran == 1 and await app.rows() == []  # its write rolled back with the insert
+
+
+@ON_POSTGRES
+async def test_what_the_work_sets_for_the_session_does_not_outlive_the_transaction(
+    store: Store,
+) -> None:
+    """A plain ``SET search_path`` (not ``SET LOCAL``) in the work outlived the commit on the
+    pooled connection: every later use of it failed ("relation ... does not exist")."""
+    sub = await running(store)
+
+    async def work(conn: Any) -> str:
+        await conn.execute("SET search_path TO pg_catalog")
+        await conn.execute("SET statement_timeout TO 1")
+        return "set"
+
+    await store.transact(
+        CONV, sub.fence, work, lambda v: [step(sub.id, sub.attempt)], ids=["m:step:t1:book"]
+    )
+    pool = store._transactions.pool  # type: ignore[attr-defined]
+    async with contextlib.AsyncExitStack() as held:  # every connection of the pool, at once
+        conns = [await held.enter_async_context(pool.connection()) for _ in range(pool.max_size)]
+        for conn in conns:
+            cur = await conn.execute(
+                "SELECT current_setting('search_path') AS p,"
+                " current_setting('statement_timeout') AS t"
+            )
+            row = await cur.fetchone()
+            assert (row["p"], row["t"]) == (store.schema, "0")  # type: ignore[attr-defined]
+    assert len(await store.read(CONV)) > 0

@@ -225,7 +225,8 @@ def _kept(name: str, delivery: Any, body: bytes) -> NewDelivery:
         delivery_id=delivery.id,
         type=delivery.type,
         data=data,
-        body=body.decode("utf-8", "replace"),
+        # Kept as text every store takes (PostgreSQL's text holds no NUL): a label of what came.
+        body=storable_text(body.decode("utf-8", "replace")),
         headers=headers,
         received_at=float(delivery.received_at),
     )

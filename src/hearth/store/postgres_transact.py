@@ -60,6 +60,10 @@ async def run(
         batch = list(records(value))
     except Exception as exc:
         raise AppFailure(exc) from exc
+    # What the work set for the session (a plain SET search_path, SET ROLE) would outlive the
+    # commit on this pooled connection, and every later use of it would fail: back to the
+    # connection's own settings (hearth's records are written as hearth's role, too).
+    await conn.execute("RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL")
     await conn.execute("SELECT set_config('search_path', %(p)s, true)", {"p": hearth_search_path})
     return await insert_new(conn, conversation_id, batch, outbox, now)
 
