@@ -81,3 +81,27 @@ async def test_a_read_after_dispatch_hears_a_peers_settlement_or_looks_for_it(
         assert done.text == "heard"
         assert front.settled_looks.looks >= 1
         assert worker.env.metrics.settled_by_outcome.get("completed", 0) == 2
+
+
+async def test_in_a_rolling_redeploy_the_older_release_leaves_a_new_agents_work_alone(
+    pg_cluster: Cluster,
+) -> None:
+    """A process of the older release claimed some of the new agent's submissions and settled
+    them ``agent_missing`` (9 of 20 in one run), though a process that declares it was up."""
+
+    def agent(name: str) -> hearth.Agent:
+        def render(ctx: hearth.AgentContext) -> str:
+            ctx.use_model("scripted/m")
+            return ""
+
+        return hearth.Agent(render, name=name)
+
+    def release(*names: str) -> hearth.App:
+        model = ScriptedModel("m", [reply("ok")], repeat_last=True)
+        return hearth.App([agent(n) for n in names], db=url, providers=[model])
+
+    url = pg_cluster.url()
+    async with release("support").run(), release("support", "billing").run() as rt_new:
+        receipts = [await rt_new.dispatch("billing", f"b{i}", "invoice?") for i in range(20)]
+        outcomes = [(await rt_new.read(r, timeout=30)).outcome for r in receipts]
+    assert outcomes == ["completed"] * 20

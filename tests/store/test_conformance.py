@@ -638,6 +638,35 @@ async def test_claim_skips_excluded_conversations(store: Store) -> None:
     assert [c.id for c in claimed] == [b1.id]
 
 
+async def test_claim_leaves_other_agents_work_to_those_declaring_them_for_a_while(
+    store: Store, clock: ManualClock
+) -> None:
+    """During a rolling redeploy a process of the older release claimed the new agent's
+    submissions and settled them ``agent_missing`` (9 of 20 in one run), though a process of
+    the newer release that declares it was running."""
+    clock.set(1000.0)
+    ours = await admitted(store, CONV)
+    new_agent = await admitted(store, "billing/c-1")
+    old_release = ["support"]
+    claimed = await store.claim("old", 3600.0, 10, agents=old_release, others_after=300.0)
+    assert [c.id for c in claimed] == [ours.id]
+    clock.set(1299.0)
+    assert await store.claim("old", 3600.0, 10, agents=old_release, others_after=300.0) == []
+    clock.set(1300.0)  # nobody took it: the agent may have been removed, settle it
+    [late] = await store.claim("old", 3600.0, 10, agents=old_release, others_after=300.0)
+    assert late.id == new_agent.id
+
+
+async def test_claim_with_the_agents_declared_takes_their_work_at_once(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(1000.0)
+    await admitted(store, CONV)
+    await admitted(store, "billing/c-1")
+    both = await store.claim("new", 30.0, 10, agents=["support", "billing"], others_after=300.0)
+    assert sorted(c.conversation_id for c in both) == ["billing/c-1", CONV]
+
+
 async def test_claim_leaves_a_live_lease_alone(store: Store, clock: ManualClock) -> None:
     clock.set(1000.0)
     await running(store)

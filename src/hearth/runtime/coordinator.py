@@ -28,6 +28,11 @@ log = logging.getLogger("hearth.coordinator")
 # Marks the log line of an exception the runtime did not expect (a bug), in an attempt or while
 # claiming; crash harnesses fail a run that logs it.
 UNEXPECTED = "hearth: unexpected exception"
+# How long a submission of an agent this process does not declare is left to processes that do
+# (a newer release's, during a rolling redeploy) before this one takes it: to settle it
+# ``agent_missing`` when no process declares it any more. (Claim loops look again at least every
+# ``scan_s``.)
+OTHER_AGENTS_AFTER_S = 300.0
 BUG_PAUSE_S = 1.0  # the pause before retrying an attempt that a bug of hearth's ended, doubled
 
 
@@ -177,7 +182,13 @@ class Coordinator:
         busy = [c.sub.conversation_id for c in self._claims.values()]
         _faults.reached("before:store.claim")
         subs = await self.store.claim(
-            self.owner, self.settings.lease_s, capacity, exclude_conversations=busy
+            self.owner,
+            self.settings.lease_s,
+            capacity,
+            exclude_conversations=busy,
+            # Shared with other releases: another agent's work goes first to those declaring it.
+            agents=list(self.env.agents) if self.store.shared else None,
+            others_after=OTHER_AGENTS_AFTER_S,
         )
         _faults.reached("after:store.claim")
         for sub in subs:

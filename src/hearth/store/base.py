@@ -55,6 +55,9 @@ class Store(ABC):
     store's ``settle_batch``."""
 
     events: StoreEvents
+    # Whether processes of different releases may share this store at once (a rolling
+    # redeploy): then each claims work of the agents it declares first (``claim``'s ``agents``).
+    shared: bool = False
 
     @abstractmethod
     async def open(self) -> None:
@@ -241,9 +244,16 @@ class Store(ABC):
         limit: int,
         *,
         exclude_conversations: Sequence[str] = (),
+        agents: Sequence[str] | None = None,
+        others_after: float = 0.0,
     ) -> list[Submission]:
         """Claim up to ``limit`` runnable submissions, at most one per conversation, oldest
         first, and return them in admission order.
+
+        With ``agents`` (the names the claimer declares), a submission of another agent is
+        claimed only once ``others_after`` seconds have passed since it was accepted: during a
+        rolling redeploy, a process of the release that declares a new agent takes its work, and
+        one of the older release (which would settle it ``agent_missing``) only when none did.
 
         Runnable: the oldest unsettled submission of its conversation, when it is ``queued``,
         or ``running`` with an expired lease, and no other submission of its conversation is

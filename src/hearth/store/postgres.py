@@ -108,6 +108,8 @@ def _user_options(conninfo: str) -> str:
 class PostgresStore(Store):
     """The ``Store`` on one PostgreSQL database, all tables in ``schema``."""
 
+    shared = True  # any number of processes, of one release or two
+
     def __init__(
         self,
         conninfo: str,
@@ -599,6 +601,8 @@ class PostgresStore(Store):
         limit: int,
         *,
         exclude_conversations: Sequence[str] = (),
+        agents: Sequence[str] | None = None,
+        others_after: float = 0.0,
     ) -> list[Submission]:
         token = uuid.uuid4().hex  # names this claim's rows, so an unknown outcome is read back
         params = {
@@ -606,6 +610,8 @@ class PostgresStore(Store):
             "lease_s": lease_s,
             "limit": limit,
             "excluded": list(exclude_conversations),
+            "agents": None if agents is None else list(agents),
+            "others_after": others_after,
             "token": token,
             "now": self._now(),
         }

@@ -314,8 +314,11 @@ class SQLiteStore(Store):
         limit: int,
         *,
         exclude_conversations: Sequence[str] = (),
+        agents: Sequence[str] | None = None,
+        others_after: float = 0.0,
     ) -> list[Submission]:
         excluded = json.dumps(list(exclude_conversations))
+        declared = None if agents is None else json.dumps(list(agents))
 
         def work(conn: sqlite3.Connection, _: Outbox) -> list[Submission]:
             at = self.clock()
@@ -325,6 +328,8 @@ class SQLiteStore(Store):
                 "now": at,
                 "limit": limit,
                 "excluded": excluded,
+                "agents": declared,
+                "others_before": at - others_after,
             }
             rows = conn.execute(ops.CLAIM, params).fetchall()
             return sorted((submission_from_row(row) for row in rows), key=lambda s: s.seq)
