@@ -130,6 +130,67 @@ async def test_a_render_function_or_hook_that_exits_fails_its_submission() -> No
     assert hooked.value.type == "hook_error" and "SystemExit: 4" in str(hooked.value)
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+class ForeignBase(BaseException):
+    """What ``pytest.fail`` raises in a test double: a BaseException, not an Exception."""
+
+
+@pytest.mark.parametrize("raised", [Unprintable, ForeignBase])
+async def test_what_cannot_be_printed_or_is_a_foreign_base_exception_fails_its_work_once(
+    raised: type[BaseException],
+) -> None:
+    """Rendering raised past every boundary (formatting the message raised again, or the class
+    was no Exception): the submission was retried for ever, an abort included, never settled.
+    In a tool the call was marked interrupted; in a hook the submission ran out of attempts."""
+
+    def fail() -> None:
+        raise raised("a double")
+
+    @hearth.agent
+    def renders(ctx: hearth.AgentContext) -> str:
+        fail()
+        return ""
+
+    @hearth.agent
+    def hooks(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        ctx.on_agent_start(lambda event: fail())
+        return ""
+
+    @hearth.tool
+    def failing() -> str:
+        """Fail."""
+        fail()
+        return ""
+
+    @hearth.agent
+    def tools(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/t")
+        ctx.use_tool(failing)
+        return ""
+
+    models = [
+        ScriptedModel("m", [reply("fine")]),
+        ScriptedModel("t", [calls(call("failing")), reply("handled")]),
+    ]
+    said = f"{raised.__name__}: " + ("a double" if raised is ForeignBase else "<its message")
+    async with hearth.App([renders, hooks, tools], db="memory", providers=models).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as rendered:
+            await rt.read(await rt.dispatch("renders", "c", "go"), timeout=10)
+        with pytest.raises(hearth.SubmissionFailed) as hooked:
+            await rt.read(await rt.dispatch("hooks", "c", "go"), timeout=10)
+        assert (await rt.read(await rt.dispatch("tools", "c", "go"), timeout=10)).text == "handled"
+        [outcome] = [r for r in await rt.history("tools", "c") if isinstance(r, ToolOutcome)]
+        assert [s.attempt for s in await rt.submissions()] == [1, 1, 1]
+    assert rendered.value.type == "agent_error" and said in str(rendered.value)
+    assert hooked.value.type == "hook_error" and said in str(hooked.value)
+    assert outcome.content["type"] == "exception" and outcome.content["message"].startswith(said)
+
+
 @hearth.agent
 def inbox(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/m")

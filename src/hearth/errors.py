@@ -6,18 +6,40 @@ import asyncio
 import math
 from typing import Any
 
-# What the application's own code (a tool, a step's function, a render function, a hook, a
-# channel's verify or receive, a reconcile, a model provider of its own) may raise and hearth
-# reports as that code's failure: any
-# Exception, and SystemExit too. A tool that calls ``sys.exit`` (argparse does, on arguments it
-# cannot parse) fails its call; it does not end the process, and with it every other
-# conversation (a durable tool would end it again on every recovery).
-APP_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+class Interruption(BaseException):
+    """hearth's own way out of the application's code (a durable wait's pause): a
+    ``BaseException``, so that the code's ``except Exception`` lets it by, and never counted as
+    that code's failure."""
 
 
-# The same, with ``CancelledError``: what to catch around the application's own code, passing on
-# what ``stopping`` says is hearth stopping the work.
-APP_CODE_RAISES: tuple[type[BaseException], ...] = (*APP_CODE_ERRORS, asyncio.CancelledError)
+def app_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, out of the application's own code (a tool, a step's function, a render
+    function, a hook, a channel's verify or receive, a reconcile, a model provider of its own),
+    is that code's failure, which hearth reports and goes on: any exception; ``SystemExit`` (a
+    tool that calls ``sys.exit``, as argparse does on arguments it cannot parse, fails its call
+    and does not end the process); any other ``BaseException`` a library raises (pytest's
+    ``Failed``, say); and a ``CancelledError`` nothing cancelled (a library's, leaked). Not:
+    hearth stopping the work (``stopping``), ``KeyboardInterrupt``, ``GeneratorExit``, or
+    hearth's own ``Interruption``, which go on up."""
+    if isinstance(exc, KeyboardInterrupt | GeneratorExit | Interruption):
+        return False
+    return not stopping(exc)
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying it cannot be had when its ``__str__`` raises (an error
+    that cannot be printed must still be reported, not raise a second time)."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<its message cannot be printed>"
+
+
+def described(exc: BaseException) -> str:
+    """``Name: message`` of ``exc`` (``message_of``)."""
+    text = message_of(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def stopping(exc: BaseException) -> bool:

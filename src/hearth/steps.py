@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
-from hearth.errors import ConfigurationError, StepError, WaitTimedOut
+from hearth.errors import ConfigurationError, Interruption, StepError, WaitTimedOut
 from hearth.ids import is_name, name_rule
 from hearth.jsontext import json_round_trip
 
@@ -62,7 +62,7 @@ class WaitOutcome:
     aborted: bool = False
 
 
-class WaitPending(BaseException):
+class WaitPending(Interruption):
     """Raised by ``step.wait`` while its value has not arrived: the tool call stops here and the
     attempt pauses once the rest of its batch has recorded outcomes. A ``BaseException``, so that
     a tool's own ``except Exception`` does not swallow it."""

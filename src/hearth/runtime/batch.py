@@ -22,7 +22,7 @@ from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.attachments import ConversationAttachments, parts_of
 from hearth.effects import NOT_DONE, Done, NotDone
-from hearth.errors import APP_CODE_ERRORS, FencedOut, StepError, stopping
+from hearth.errors import FencedOut, StepError, app_failure, described, stopping
 from hearth.records import (
     AssistantToolCall,
     Record,
@@ -220,8 +220,10 @@ class ToolBatch:
             raise
         except pydantic.ValidationError as exc:
             return error_outcome(call, "validation", _validation_message(exc), ms())
-        except APP_CODE_ERRORS as exc:
-            return error_outcome(call, "exception", f"{type(exc).__name__}: {exc}", ms())
+        except BaseException as exc:
+            if not app_failure(exc):
+                raise  # hearth's own: a durable wait's pause, an interrupt
+            return error_outcome(call, "exception", described(exc), ms())
         finally:
             current_unit.reset(token)
         return call_outcome(call, content, ms())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hearth import _faults, logs, telemetry
 from hearth.config import Settings
-from hearth.errors import FencedOut, StoreUnavailable
+from hearth.errors import FencedOut, StoreUnavailable, app_failure
 from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
@@ -305,8 +305,11 @@ class Coordinator:
             log.warning("attempt %d of %s stopped: %s; releasing it", sub.attempt, sub.id, exc)
             with contextlib.suppress(Exception):
                 await self._release(sub)
-        except Exception:
-            # Not fenced out, not the store away, not cancelled: a bug in the runtime. It still
+        except BaseException as exc:
+            if not app_failure(exc):
+                raise  # (KeyboardInterrupt, GeneratorExit: on up)
+            # Not fenced out, not the store away, not cancelled: a bug in the runtime (or a
+            # foreign BaseException that no boundary took for the app's failure). It still
             # releases the work, but says so loudly (crash harnesses fail a run that logs it).
             # A bug that the next attempt meets again (the same records, the same path) would
             # spin through attempts with no pause, for ever if it is on the way to settling:

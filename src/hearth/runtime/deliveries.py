@@ -21,14 +21,14 @@ from typing import Any
 from hearth import _faults
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.errors import (
-    APP_CODE_RAISES,
     ChannelFailed,
     DeliveryNotFound,
     HearthError,
     InvalidInput,
     InvalidSignature,
     UnknownChannel,
-    stopping,
+    app_failure,
+    message_of,
 )
 from hearth.ids import ID_RE
 from hearth.jsontext import json_round_trip, storable_text
@@ -81,8 +81,8 @@ class Deliveries:
             raise
         except InvalidInput:
             raise
-        except APP_CODE_RAISES as exc:
-            if stopping(exc):
+        except BaseException as exc:
+            if not app_failure(exc):
                 raise
             log.error("channel %s: verify raised", name, exc_info=exc)
             raise ChannelFailed(
@@ -138,8 +138,8 @@ class Deliveries:
             subs = [
                 self._submission(name, delivery.id, i, d) for i, d in enumerate(_listed(routed))
             ]
-        except APP_CODE_RAISES as exc:
-            if stopping(exc):
+        except BaseException as exc:
+            if not app_failure(exc):
                 raise
             # A routing bug is fixed in code, then the delivery replayed: keep it meanwhile.
             ours = isinstance(exc, HearthError)
@@ -147,7 +147,7 @@ class Deliveries:
                 log.error(
                     "channel %s: receive raised on delivery %s", name, new.delivery_id, exc_info=exc
                 )
-            error = {"type": type(exc).__name__, "message": str(exc)}
+            error = {"type": type(exc).__name__, "message": message_of(exc)}
             _faults.reached("before:store.fail_delivery")
             await self.env.store.fail_delivery(new, error)
             _faults.reached("after:store.fail_delivery")

@@ -14,7 +14,7 @@ from typing import Any
 
 from hearth import _faults
 from hearth.agent import MAX_CONTINUATIONS, Hook, Rendered, StateBuffer, current_unit
-from hearth.errors import APP_CODE_RAISES, stopping
+from hearth.errors import app_failure, described
 from hearth.records import HookSeamCommitted, Record, Signal, StateWrite, UserMessage
 from hearth.runtime.recovery import (
     CONTINUATION,
@@ -90,13 +90,11 @@ async def run_seam(
                 result = fn(event)
                 if inspect.isawaitable(result):
                     await result
-            except APP_CODE_RAISES as exc:
-                if stopping(exc):
+            except BaseException as exc:
+                if not app_failure(exc):
                     raise
                 name = getattr(fn, "__name__", "callback")
-                raise HookFailure(
-                    f"{hook} callback {name} raised {type(exc).__name__}: {exc}"
-                ) from exc
+                raise HookFailure(f"{hook} callback {name} raised {described(exc)}") from exc
     finally:
         current_unit.reset(token)
     _faults.reached(f"hook-done:{hook}")

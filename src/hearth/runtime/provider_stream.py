@@ -9,7 +9,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 
-from hearth.errors import APP_CODE_ERRORS, ProviderError, stopping
+from hearth.errors import ProviderError, app_failure, described, stopping
 from hearth.jsontext import json_round_trip
 from hearth.providers.base import (
     Finished,
@@ -55,9 +55,11 @@ async def provider_events(
         if stopping(exc):
             raise
         raise _raised(provider, "raised CancelledError (nothing cancelled it)") from None
-    except APP_CODE_ERRORS as exc:
+    except BaseException as exc:
+        if not app_failure(exc):
+            raise
         log.warning("model provider %r raised", provider.name, exc_info=exc)
-        raise _raised(provider, f"raised {type(exc).__name__}: {exc}") from exc
+        raise _raised(provider, f"raised {described(exc)}") from exc
 
 
 def _paired(held: str, text: str) -> tuple[str, str]:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from hearth.effects import Answer, Done, NotDone, ReconcileCall
-from hearth.errors import APP_CODE_RAISES, stopping
+from hearth.errors import app_failure
 from hearth.records import AssistantToolCall
 from hearth.tools import Tool, thread_still_running, to_json_value
 
@@ -61,8 +61,8 @@ async def ask(tool: Tool, call: ReconcileCall) -> Answer:
             tool.reconcile_timeout,
         )
         return None
-    except APP_CODE_RAISES as exc:
-        if stopping(exc):
+    except BaseException as exc:
+        if not app_failure(exc):
             raise
         log.warning(
             "reconcile of %s (%s) raised; its outcome stays unknown",

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from hearth.effects import Done, NotDone
-from hearth.errors import APP_CODE_ERRORS
+from hearth.errors import app_failure
 from hearth.records import Record, Signal, ToolOutcome
 from hearth.runtime.journal import Journal
 from hearth.runtime.outcomes import (
@@ -139,7 +139,9 @@ async def settlement_at_rest(
             return None
         try:
             rendered = agent.render(id, await env.store.get_state(conversation_id))
-        except APP_CODE_ERRORS:
+        except BaseException as exc:
+            if not app_failure(exc):
+                raise
             return None  # its agent cannot render: the calls keep their markers
         return reconciler_for(rendered.tools, conversation_id)
 

@@ -14,11 +14,12 @@ from typing import Any
 from hearth import _faults, telemetry
 from hearth.agent import Agent, Rendered
 from hearth.errors import (
-    APP_CODE_ERRORS,
     AbortRequested,
     ConfigurationError,
     FencedOut,
     ProviderError,
+    app_failure,
+    described,
 )
 from hearth.providers.base import estimate_tokens
 from hearth.records import Compaction, Record, ToolOutcome
@@ -342,10 +343,10 @@ class Attempt:
             return agent.render(self.id, state)
         except ConfigurationError:
             raise
-        except APP_CODE_ERRORS as exc:
-            raise _AgentFailure(
-                f"rendering {self.agent_name!r} raised {type(exc).__name__}: {exc}"
-            ) from exc
+        except BaseException as exc:
+            if not app_failure(exc):
+                raise
+            raise _AgentFailure(f"rendering {self.agent_name!r} raised {described(exc)}") from exc
 
     async def _tool_batch(self, message_id: str, rendered: Rendered) -> None:
         views = assemble_messages(self.submission_records())
