@@ -159,3 +159,24 @@ async def test_a_child_runs_under_the_parents_deadline() -> None:
             "child_conversation_id": link.child_conversation_id,
         }
     ]
+
+
+async def test_a_delegated_tasks_conversation_takes_no_input_from_outside() -> None:
+    """A message admitted to it ran beside the parent's task, in the same stream, and the
+    task's answer became the answer to that message."""
+    models = [ScriptedModel("lead", lead_script), ScriptedModel("researcher", researcher_script)]
+    app = hearth.App([lead, researcher], db="memory", providers=models)
+    async with app.run() as rt:
+        await rt.read(await rt.dispatch("lead", "p1", "go"), timeout=10)
+        parent = await rt.history("lead", "p1")
+        (link,) = [r for r in parent if isinstance(r, ChildConversationLinked)]
+        _, _, id = link.child_conversation_id.partition("/")
+        assert id == child_id("lead/p1", link.tool_call_id)
+        for refused in (
+            lambda: rt.dispatch("researcher", id, "hello child"),
+            lambda: rt.dispatch("researcher", id, signal={"type": "poke"}),
+        ):
+            with pytest.raises(hearth.InvalidInput, match="delegated task"):
+                await refused()
+        # An id that only looks a little like one is anyone's.
+        assert (await rt.read(await rt.dispatch("researcher", "notes.task-1", "q"), 10)).outcome

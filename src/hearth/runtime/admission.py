@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,9 @@ from hearth.ids import check_id
 from hearth.jsontext import unpaired_surrogate
 from hearth.signals import BadSignal, checked_signal
 from hearth.store.base import Blob, NewSubmission
+
+# The ids ``tasks.child_id`` makes for the conversations of delegated tasks.
+TASK_ID = re.compile(r"\.task-[0-9a-f]{16}$")
 
 
 def check_attachments(attachments: Any, limit: int) -> list[Checked]:
@@ -96,7 +100,17 @@ def new_submission(
     traceparent: str | None = None,
     blobs: tuple[Blob, ...] = (),
 ) -> NewSubmission:
-    """The row to admit for ``agent``'s conversation ``id``, with the agent's durability."""
+    """The row to admit for ``agent``'s conversation ``id``, with the agent's durability.
+
+    A delegated task's conversation (its id ends in ``.task-`` and 16 hex digits) takes no
+    input from outside: it runs only inside its parent's attempt, and a message admitted to it
+    would run beside the parent's, in the same stream, and change the task's answer."""
+    if TASK_ID.search(check_id(id)):
+        raise InvalidInput(
+            f"{agent}/{id} is the conversation of a delegated task: it runs inside its parent's"
+            " attempt and takes no input of its own (read it, or send to the parent)",
+            "id",
+        )
     durability = declared(agents, agent).durability
     return NewSubmission(
         conversation_id=f"{agent}/{check_id(id)}",
