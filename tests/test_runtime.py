@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import json
 import random
+import re
 import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -460,7 +463,153 @@ def test_agent_names_default_from_the_function_and_must_be_valid() -> None:
         hearth.Durability(max_attempt=3)  # type: ignore[call-arg]
 
 
+def _positional_only(a: int, /) -> int:
+    return a
+
+
+def _two_contexts(a: hearth.ToolContext, b: hearth.ToolContext) -> int:
+    return 1
+
+
+def _underscore(_x: int) -> int:
+    return _x
+
+
+def _pydantic_name(model_config: int) -> int:
+    return model_config
+
+
+def _callable_param(fn: Callable[[int], int]) -> int:
+    return fn(1)
+
+
+def _nan_default(x: float = float("nan")) -> float:
+    return x
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (_positional_only, "positional-only"),
+        (_two_contexts, "one parameter may take hearth.ToolContext"),
+        (_underscore, "start with _ or model_"),
+        (_pydantic_name, "start with _ or model_"),
+        (_callable_param, "no JSON schema"),
+        (_nan_default, "no JSON schema"),
+        (functools.partial(_underscore, 1), "tool name None"),
+    ],
+)
+def test_a_tool_no_model_could_call_is_refused_when_declared(fn: Any, says: str) -> None:
+    """Each was accepted: a schema pydantic could not make failed every turn as a runtime bug
+    (until the attempts ran out, naming no tool); the others were told to the model wrongly
+    (an argument left out, an empty schema, a NaN default) and every call failed."""
+    with pytest.raises(hearth.ConfigurationError, match=re.escape(says)):
+        hearth.tool(fn)
+
+
+def test_durability_takes_only_what_the_stores_can_keep() -> None:
+    """NaN passed ``timeout <= 0`` and failed every admission at the store (a 503); huge
+    values raised OverflowError from inside it (a 500)."""
+    for bad in (
+        {"timeout": float("nan")},
+        {"timeout": float("inf")},
+        {"timeout": 10**400},
+        {"timeout": True},
+        {"max_attempts": 10**30},
+        {"max_attempts": True},
+    ):
+        with pytest.raises(hearth.ConfigurationError, match="Durability"):
+            hearth.Durability(**bad)
+    assert hearth.Durability(max_attempts=2**31 - 1, timeout=86400 * 365).max_attempts == 2**31 - 1
+
+
+async def test_a_tool_named_task_beside_subagents_is_refused_when_rendered() -> None:
+    """Every call named task went to the subagents (the tool never ran), and the model was
+    offered two tools of that name."""
+
+    @hearth.tool
+    def task(what: str) -> str:
+        """Note a task."""
+        return what
+
+    helper = simple_agent("h")
+
+    @hearth.agent
+    def planner(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/p")
+        ctx.use_tool(task)
+        ctx.use_subagent(helper, description="helps")
+        return ""
+
+    async with app_with(planner, helper, models=[ScriptedModel("p", [reply("x")])]).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed, match="rename its own tool 'task'"):
+            await rt.read(await rt.dispatch("planner", "c", "go"), timeout=10)
+
+
 # --- state -----------------------------------------------------------------------------------
+
+
+async def test_state_set_to_an_equal_python_value_of_another_json_is_written() -> None:
+    """0 == False and 1 == 1.0 in Python: the second write was taken for the current value and
+    dropped, and the state stayed 0."""
+
+    @hearth.agent
+    def flagger(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/f")
+        _, set_flag = ctx.use_state("flag", None)
+
+        @hearth.tool
+        def flag(to: Any) -> str:
+            """Set the flag."""
+            set_flag(to)
+            return "set"
+
+        ctx.use_tool(flag)
+        return ""
+
+    model = ScriptedModel(
+        "f", [calls(call("flag", to=0)), calls(call("flag", to=False)), reply("ok")]
+    )
+    async with app_with(flagger, models=[model]).run() as rt:
+        await rt.read(await rt.dispatch("flagger", "c", "go"), timeout=10)
+        assert await rt.store.get_state("flagger/c") == {"flag": False}
+        flags = [r.value for r in await rt.history("flagger", "c") if r.type == "state_write"]
+    assert flags == [0, False] and type(flags[1]) is bool
+
+
+async def test_state_set_after_its_tool_returned_is_refused_not_lost() -> None:
+    """A task the tool left running set state after the tool's writes were committed: nothing
+    was stored and nothing said so."""
+    late: list[str] = []
+    done = asyncio.Event()
+
+    @hearth.agent
+    def counter(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/c")
+        _, set_count = ctx.use_state("count", 0)
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            try:
+                set_count(99)
+            except hearth.HearthError as exc:
+                late.append(str(exc))
+            done.set()
+
+        @hearth.tool
+        async def bump() -> str:
+            """Start counting."""
+            asyncio.get_running_loop().create_task(later())
+            return "started"
+
+        ctx.use_tool(bump)
+        return ""
+
+    model = ScriptedModel("c", [calls(call("bump")), reply("ok")])
+    async with app_with(counter, models=[model]).run() as rt:
+        await rt.read(await rt.dispatch("counter", "c", "go"), timeout=10)
+        await asyncio.wait_for(done.wait(), 10)
+    assert late and "after its tool call or event hook ended" in late[0]
 
 
 async def test_state_written_by_a_tool_is_visible_to_the_next_render() -> None:

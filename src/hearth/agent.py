@@ -19,13 +19,15 @@ from typing import Any, overload
 
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
 from hearth.ids import is_name, name_rule
-from hearth.jsontext import json_round_trip
+from hearth.jsontext import canonical_json, json_round_trip
 from hearth.tools import Tool
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
 from hearth.workspaces.base import Workspace
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 MAX_CONTINUATIONS = 32
+MAX_ATTEMPTS = 2**31 - 1  # (bounded as the stores' columns are)
+MAX_TIMEOUT_S = 100 * 365 * 86400.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,10 +41,23 @@ class Durability:
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigurationError("Durability.max_attempts must be an integer ≥ 1")
-        if not isinstance(self.timeout, int | float) or self.timeout <= 0:
-            raise ConfigurationError("Durability.timeout must be a positive number of seconds")
+        if (
+            not isinstance(self.max_attempts, int)
+            or isinstance(self.max_attempts, bool)
+            or not 1 <= self.max_attempts <= MAX_ATTEMPTS
+        ):
+            raise ConfigurationError(
+                f"Durability.max_attempts must be an integer from 1 to {MAX_ATTEMPTS:,}"
+            )
+        if (
+            not isinstance(self.timeout, int | float)
+            or isinstance(self.timeout, bool)
+            or not 0 < self.timeout <= MAX_TIMEOUT_S  # (False for NaN too)
+        ):
+            raise ConfigurationError(
+                "Durability.timeout must be a number of seconds above 0 and at most"
+                f" {MAX_TIMEOUT_S:,.0f} (100 years)"
+            )
         if self.max_tokens is not None and (
             not isinstance(self.max_tokens, int)
             or isinstance(self.max_tokens, bool)
@@ -57,10 +72,18 @@ class StateBuffer:
     def __init__(self, committed: dict[str, Any]) -> None:
         self.committed = committed
         self.writes: dict[str, Any] = {}
+        self.closed = False  # its writes were taken to be committed: later ones would be lost
 
     def set(self, name: str, value: Any) -> None:
+        if self.closed:
+            raise HearthError(
+                f"state {name!r} was set after its tool call or event hook ended (from a task it"
+                " left running, say): set state before the tool or hook returns"
+            )
         current = self.writes.get(name, self.committed.get(name, _MISSING))
-        if current is not _MISSING and current == value:
+        # The same JSON, not only equal in Python: 0 == False and 1 == 1.0, but each is stored
+        # as what it is.
+        if current is not _MISSING and canonical_json(current) == canonical_json(value):
             return
         self.writes[name] = value
 
@@ -143,6 +166,9 @@ class AgentContext:
         """Let the model delegate to ``agent`` through the built-in ``task`` tool."""
         if not isinstance(agent, Agent):
             raise ConfigurationError(f"use_subagent expects a @hearth.agent, got {agent!r}")
+        known = self._subagents.get(agent.name)
+        if known is not None and known.agent is not agent:
+            raise ConfigurationError(f"two different subagents are named {agent.name!r}")
         self._subagents[agent.name] = Subagent(agent, description)
 
     def use_state(self, name: str, default: Any = None) -> tuple[Any, Callable[[Any], None]]:
@@ -216,6 +242,13 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r} must return the system prompt (a str)")
         if ctx._model is None:
             raise ConfigurationError(f"agent {self.name!r} did not call ctx.use_model(...)")
+        if ctx._subagents and "task" in ctx._tools:
+            # Every call named "task" goes to the subagents, and the model would be offered two
+            # tools of one name (which providers refuse).
+            raise ConfigurationError(
+                f"agent {self.name!r} uses subagents, whose built-in tool is named 'task': rename"
+                " its own tool 'task'"
+            )
         return Rendered(
             system=system,
             model=ctx._model[0],

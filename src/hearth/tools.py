@@ -83,12 +83,17 @@ class Tool:
         reconcile: Callable[..., Any] | None = None,
         reconcile_timeout: float = RECONCILE_TIMEOUT_S,
     ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"a tool must be a function, not {type(fn).__name__}")
         self.fn = fn
-        self.name = name or fn.__name__
-        if not isinstance(self.name, str) or not _TOOL_NAME_RE.fullmatch(self.name):
+        given = name or getattr(fn, "__name__", None)  # (a partial has none: give name=)
+        if not isinstance(given, str) or not _TOOL_NAME_RE.fullmatch(given):
             raise ConfigurationError(
-                f"tool name {self.name!r} must be 1-{_TOOL_NAME_LIMIT} letters, digits, _ or -"
+                f"tool name {given!r} must be 1-{_TOOL_NAME_LIMIT} letters, digits, _ or -"
             )
+        self.name: str = given
+        if description is not None and not isinstance(description, str):
+            raise ConfigurationError(f"tool {self.name!r}: description must be a string")
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.durable = durable
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -112,6 +117,7 @@ class Tool:
             )
         self.reconcile = reconcile
         self.reconcile_timeout = float(reconcile_timeout)
+        self.spec()  # now: a schema pydantic cannot make fails the declaration, not every turn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -123,8 +129,15 @@ class Tool:
         """What the model is told of the tool. Built once: every model request carries it, and
         pydantic's schema generation costs far more than the request itself."""
         if self._spec is None:
-            schema = self.input_model.model_json_schema()
-            schema.pop("title", None)
+            try:
+                schema = self.input_model.model_json_schema()
+                schema.pop("title", None)
+                # What a provider is sent: JSON as JSON gives it back (a default of NaN has none)
+                schema = json_round_trip(schema)
+            except (pydantic.PydanticUserError, TypeError, ValueError, RecursionError) as exc:
+                raise ConfigurationError(
+                    f"tool {self.name!r}: no JSON schema can describe its parameters: {exc}"
+                ) from None
             self._spec = ToolSpec(self.name, self.description, schema)
         return self._spec
 
@@ -190,15 +203,38 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[py
             raise ConfigurationError(
                 f"tool {name!r}: *args/**kwargs cannot be described to a model"
             )
+        # Arguments are passed by name: these could never be given one.
+        if param.kind is param.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"tool {name!r}: parameter {param.name!r} is positional-only; the model's"
+                " arguments are passed by name"
+            )
         annotation = hints.get(param.name, Any)
         if annotation is ToolContext:
+            if context_param is not None:
+                raise ConfigurationError(
+                    f"tool {name!r}: one parameter may take hearth.ToolContext, not"
+                    f" {context_param!r} and {param.name!r}"
+                )
             context_param = param.name
             continue
+        if param.name.startswith(("_", "model_")):
+            # pydantic leaves out a name with a leading _ and keeps model_ for its own: the
+            # model would be told of no such argument, and any it sent would be refused.
+            raise ConfigurationError(
+                f"tool {name!r}: parameter {param.name!r} cannot be an argument (names that"
+                " start with _ or model_ are not); rename it"
+            )
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
-    model = pydantic.create_model(
-        f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
-    )
+    try:
+        model = pydantic.create_model(
+            f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+        )
+    except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as exc:
+        raise ConfigurationError(
+            f"tool {name!r}: its parameters cannot be described to a model: {exc}"
+        ) from None
     return context_param, model
 
 

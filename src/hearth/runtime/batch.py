@@ -129,9 +129,11 @@ class ToolBatch:
         if self.waiting is not None:
             # Every other call has its outcome recorded: the batch stays open, the attempt pauses,
             # and the batch's uncommitted state writes travel in its wait records.
+            buffer.closed = True
             self.waiting.carry_state(self.scope.conversation_id, buffer.writes)
             raise self.waiting
         _faults.reached("batch:commit")
+        buffer.closed = True
         writes: list[Record] = [
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
             for name, value in buffer.writes.items()

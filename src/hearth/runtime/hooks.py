@@ -97,6 +97,7 @@ async def run_seam(
                 raise HookFailure(f"{hook} callback {name} raised {described(exc)}") from exc
     finally:
         current_unit.reset(token)
+        buffer.closed = True
     _faults.reached(f"hook-done:{hook}")
     records: list[Record] = [
         StateWrite(id=f"{key}:{hook}:state:{name}", name=name, value=value)
