@@ -26,6 +26,7 @@ from hearth.providers.base import (
     ToolCallEvent,
     ToolResult,
 )
+from hearth.receipts import Receipt
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantTextDelta,
@@ -1205,3 +1206,33 @@ async def test_a_step_inside_a_step_transaction_function_is_refused_at_once() ->
     with pytest.raises(hearth.StepError, match="cannot be nested"):
         await steps.transaction("outer", nested)
     assert await steps.do("inner", lambda: 41) == 41  # outside it, the name is still free
+
+
+async def test_misdeclared_apps_agents_and_receipts_say_what_is_wrong() -> None:
+    """Each was a raw TypeError, KeyError or IndexError, or taken silently: an async agent
+    failed every submission later, and a receipt with ``"deduplicated": "false"`` read true."""
+
+    async def sleepy(ctx: hearth.AgentContext) -> str:
+        return ""
+
+    with pytest.raises(hearth.ConfigurationError, match="not async"):
+        hearth.agent(sleepy)
+    agent = simple_agent("a")
+    for agents in (agent, None):
+        with pytest.raises(hearth.ConfigurationError, match=r"list of @hearth\.agent"):
+            hearth.App(agents, db="memory")  # type: ignore[arg-type]
+    good = {"submission_id": "s_1", "conversation_id": "a/c", "offset": 0, "accepted_at": 1.0}
+    assert Receipt.from_json(good).agent == "a"
+    for bad, says in (
+        ({}, "'submission_id' must be a string"),
+        ({**good, "deduplicated": "false"}, "'deduplicated' must be true or false"),
+        ({**good, "submission_id": None}, "'submission_id' must be a string"),
+        ({**good, "conversation_id": "x"}, "agent/id"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            Receipt.from_json(bad)
+    async with app_with(agent, models=[ScriptedModel("a", [reply("x")])]).run() as rt:
+        await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+        for after in (None, float("nan"), 10**30, True):
+            with pytest.raises(hearth.InvalidInput, match="after"):
+                await rt.history("a", "c", after=after)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -218,9 +219,15 @@ class Agent:
         name: str | None = None,
         durability: Durability | None = None,
     ) -> None:
+        if not callable(fn) or inspect.iscoroutinefunction(fn):
+            # An async one returns a coroutine, not the prompt: every submission would fail.
+            raise ConfigurationError(
+                f"an agent is a plain (not async) function of its context returning the system"
+                f" prompt, not {fn!r}"
+            )
         self.fn = fn
-        self.name = name or fn.__name__.replace("_", "-")
-        if not NAME_RE.fullmatch(self.name):
+        self.name = name or getattr(fn, "__name__", "").replace("_", "-")
+        if not isinstance(self.name, str) or not NAME_RE.fullmatch(self.name):
             raise ConfigurationError(
                 f"agent name {self.name!r} must match {NAME_RE.pattern} (lowercase, dashes)"
             )

@@ -66,6 +66,10 @@ class App:
         max_streams: int | None = None,
         log_format: str | None = None,
     ) -> None:
+        if isinstance(agents, Agent) or not isinstance(agents, Sequence | set | frozenset):
+            raise ConfigurationError(
+                f"App expects a list of @hearth.agent functions, got {agents!r}"
+            )
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if not isinstance(agent, Agent):

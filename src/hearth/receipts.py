@@ -43,12 +43,31 @@ class Receipt:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Receipt:
+        """The receipt ``to_json`` gave; ``ValueError`` saying what is wrong with anything else
+        (a missing field, a field of another type: ``"false"`` is no boolean)."""
+        fields: dict[str, tuple[Any, str]] = {
+            "submission_id": (str, "a string"),
+            "conversation_id": (str, "a string"),
+            "offset": (int, "an integer"),
+            "accepted_at": (int | float, "a number"),
+            "deduplicated": (bool, "true or false"),
+        }
+        if not isinstance(data, dict):
+            raise ValueError(f"a receipt is a JSON object, not {type(data).__name__}")
+        for name, (kind, what) in fields.items():
+            value = data.get(name, False if name == "deduplicated" else None)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"a receipt's {name!r} must be {what}, not {value!r}")
+        if "/" not in data["conversation_id"]:
+            raise ValueError(
+                f"a receipt's conversation_id is agent/id, not {data['conversation_id']!r}"
+            )
         return cls(
-            submission_id=str(data["submission_id"]),
-            conversation_id=str(data["conversation_id"]),
-            offset=int(data["offset"]),
+            submission_id=data["submission_id"],
+            conversation_id=data["conversation_id"],
+            offset=data["offset"],
             accepted_at=float(data["accepted_at"]),
-            deduplicated=bool(data.get("deduplicated", False)),
+            deduplicated=data.get("deduplicated", False),
         )
 
 

@@ -345,6 +345,8 @@ class Runtime:
 
     async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:
         """The conversation's canonical stream (records after ``after``)."""
+        if not isinstance(after, int) or isinstance(after, bool) or not -1 <= after < 2**62:
+            raise InvalidInput("after must be an offset: an integer from -1", "after")
         self.agent(agent)
         check_id(id)
         conversation_id = f"{agent}/{id}"
