@@ -214,6 +214,37 @@ async def test_an_admission_gives_up_quickly_when_connections_are_stuck_and_noth
             await asyncio.gather(*holders)
 
 
+@pytest.mark.parametrize("operation", ["fork", "abort", "resolve"])
+async def test_what_a_caller_asks_for_gives_up_as_an_admission_does(
+    pg_cluster: Cluster, operation: str
+) -> None:
+    """A fork, an abort or a wait's resolve while the server did not answer took the whole
+    write budget (30 s) before the HTTP answer said 503."""
+    async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
+        store.write_retry_s = 3600.0  # the fenced writes' budget: the call must not wait it out
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        pool = store._tx().pool
+        release = asyncio.Event()
+
+        async def stuck() -> None:
+            async with pool.connection():
+                await release.wait()
+
+        holders = [asyncio.create_task(stuck()) for _ in range(2)]
+        await asyncio.sleep(1.6)  # nothing has finished for longer than the budget
+        calls = {
+            "fork": lambda: store.fork(CONV, 0, "support/forked"),
+            "abort": lambda: store.request_abort(CONV),
+            "resolve": lambda: store.resolve_wait(CONV, "w_1", True),
+        }
+        try:
+            with pytest.raises(StoreUnavailable, match="is unreachable"):
+                await asyncio.wait_for(calls[operation](), 120)
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+
+
 # --- migrations ------------------------------------------------------------------------------
 
 

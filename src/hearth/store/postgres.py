@@ -461,6 +461,7 @@ class PostgresStore(Store):
         return await self._write(
             lambda conn, outbox: ops.fork(conn, source, offset, target, outbox, self._now()),
             resolve=lambda conn: readback.forked(conn, source, offset, target),
+            budget_s=ADMIT_WAIT_S,  # asked for by a caller, who hears 503 soon, as admissions
         )
 
     # --- submissions ----------------------------------------------------------------------------
@@ -653,7 +654,8 @@ class PostgresStore(Store):
 
     async def request_abort(self, conversation_id: str) -> list[str]:
         return await self._write(
-            lambda conn, outbox: ops.request_abort(conn, conversation_id, outbox, self._now())
+            lambda conn, outbox: ops.request_abort(conn, conversation_id, outbox, self._now()),
+            budget_s=ADMIT_WAIT_S,  # asked for by a caller, who hears 503 soon, as admissions
         )
 
     async def settle_batch(self, fence: Fence, batch: list[Record], result: Result) -> int:
@@ -848,7 +850,8 @@ class PostgresStore(Store):
         return await self._write(
             lambda conn, outbox: ops.resolve_wait(
                 conn, conversation_id, wait_id, value, outbox, self._now()
-            )
+            ),
+            budget_s=ADMIT_WAIT_S,  # asked for by a caller, who hears 503 soon, as admissions
         )
 
     async def expire_waits(self, limit: int = LIST_LIMIT) -> list[Wait]:
