@@ -539,7 +539,7 @@ async def _resolve_in(db: str, agent: str, id: str, wait_id: str, value: Any) ->
     from hearth.app import open_database
     from hearth.receipts import check_id
 
-    store = await open_database(db, pg_pool=1)
+    store = await open_database(db, pg_pool=1, existing=True)
     try:
         return await store.resolve_wait(f"{agent}/{check_id(id)}", wait_id, value)
     finally:
@@ -583,7 +583,7 @@ async def _waits_in(db: str) -> list[Any]:
     from hearth.app import open_database
     from hearth.store.base import LIST_LIMIT
 
-    store = await open_database(db, pg_pool=1)
+    store = await open_database(db, pg_pool=1, existing=True)
     try:
         found: list[Any] = []
         while True:
@@ -667,7 +667,7 @@ async def _gc_database(db: str | None, dry_run: bool) -> dict[str, Any]:
     from hearth.config import shown_db
 
     try:
-        store = await open_database(db, pg_pool=1)
+        store = await open_database(db, pg_pool=1, existing=True)
     except StoreError as exc:
         if "another process owns" in str(exc):
             fail(

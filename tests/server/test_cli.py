@@ -121,6 +121,19 @@ def test_client_errors_are_one_line(server: ThreadServer) -> None:
     assert code == 1 and "surrogate" in one_line_error(out)
 
 
+def test_commands_on_a_database_file_that_is_not_there_make_none(tmp_path: Path) -> None:
+    """``hearth waits --db`` (and resolve, gc) with a mistyped path made an empty database."""
+    missing = tmp_path / "typo.db"
+    for args in (
+        ("waits", "--db", f"sqlite:///{missing}"),
+        ("resolve", "a", "c", "w_1", "true", "--db", str(missing)),
+        ("gc", "--db", str(missing)),
+    ):
+        code, out = run(*args)
+        assert code == 1 and "there is no database at" in one_line_error(out), (args, out)
+    assert not missing.exists()
+
+
 def test_serve_errors_are_one_line(tmp_path: Path) -> None:
     code, out = run("serve", "no_such_module:app", "--db", str(tmp_path / "h.db"))
     assert code == 1 and "cannot import 'no_such_module'" in one_line_error(out)
