@@ -3,6 +3,7 @@ a traceback, and a refused request admits nothing."""
 
 from __future__ import annotations
 
+import gzip
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -292,3 +293,14 @@ def test_a_number_that_is_not_plain_ascii_digits_is_400(server: ThreadServer, qu
             refused(http.get("/agents/echo/c-1/stream", headers={"last-event-id": "2_0"}))
             == "invalid_request"
         )
+
+
+def test_a_compressed_body_is_415_saying_so(server: ThreadServer) -> None:
+    """It was read as sent and refused as bad JSON: "'utf-8' codec can't decode byte 0x8b"."""
+    body = gzip.compress(b'{"message": "hi"}')
+    with server.client() as http:
+        r = http.post(
+            "/agents/echo/c-1", content=body, headers={**JSON, "content-encoding": "gzip"}
+        )
+        assert refused(r, 415) == "unsupported_media_type" and "gzip" in r.text
+        assert admitted_count(http) == 0

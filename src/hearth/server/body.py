@@ -45,6 +45,14 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
         f"the body is over the limit of {max_body} bytes ({setting})",
         {"max_body": max_body},
     )
+    encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
+    if encoding != "identity":
+        # Read as sent, a compressed body would be reported as bad JSON (or bad UTF-8).
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+        )
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
