@@ -176,7 +176,7 @@ async def test_a_delegated_tasks_conversation_takes_no_input_from_outside() -> N
             lambda: rt.dispatch("researcher", id, "hello child"),
             lambda: rt.dispatch("researcher", id, signal={"type": "poke"}),
         ):
-            with pytest.raises(hearth.InvalidInput, match="delegated task"):
+            with pytest.raises(hearth.DelegatedConversation, match="delegated task"):
                 await refused()
         # An id that only looks a little like one is anyone's.
         assert (await rt.read(await rt.dispatch("researcher", "notes.task-1", "q"), 10)).outcome

@@ -112,6 +112,11 @@ class ConversationExists(HearthError):
     """A fork names a conversation that already exists (HTTP 409); pick another ``new_id``."""
 
 
+class DelegatedConversation(HearthError):
+    """Input sent to the conversation of a delegated task (HTTP 409): it runs inside its
+    parent's attempt and takes no input of its own; read it, or send to the parent."""
+
+
 class NotARestPoint(HearthError):
     """A fork's offset is not a rest point of the conversation (HTTP 409): the offset of a
     settlement with no submission still open at it, or 0 (before any submission).

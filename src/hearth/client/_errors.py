@@ -15,6 +15,7 @@ from hearth.errors import (
     AttachmentTooLarge,
     ConversationExists,
     ConversationNotFound,
+    DelegatedConversation,
     HearthError,
     IdempotencyConflict,
     InvalidId,
@@ -67,6 +68,7 @@ _BY_TYPE: dict[str, type[HearthError]] = {
     "wait_not_found": WaitNotFound,
     "wait_conflict": WaitConflict,
     "conversation_exists": ConversationExists,
+    "delegated_conversation": DelegatedConversation,
     "attachment_not_found": AttachmentNotFound,
 }
 

@@ -9,14 +9,29 @@ from typing import Any
 
 from hearth.agent import Agent
 from hearth.attachments import MAX_ATTACHMENTS, Attachment, Checked, check
-from hearth.errors import InvalidInput, UnknownAgent
+from hearth.errors import DelegatedConversation, InvalidInput, UnknownAgent
 from hearth.ids import check_id
 from hearth.jsontext import unpaired_surrogate
 from hearth.signals import BadSignal, checked_signal
-from hearth.store.base import Blob, NewSubmission
+from hearth.store.base import Blob, NewSubmission, Store
 
 # The ids ``tasks.child_id`` makes for the conversations of delegated tasks.
 TASK_ID = re.compile(r"\.task-[0-9a-f]{16}$")
+
+
+async def refuse_delegated(store: Store, conversation_id: str) -> None:
+    """``DelegatedConversation`` when ``conversation_id`` is a delegated task's conversation: it
+    takes no input from outside, as it runs only inside its parent's attempt (a message admitted
+    to it ran beside the parent's task, in the same stream, and changed the task's answer). Only
+    ids of that form (``tasks.child_id``'s) cost a read."""
+    if not TASK_ID.search(conversation_id):
+        return
+    info = await store.get_conversation(conversation_id)
+    if info is not None and info.parent is not None:
+        raise DelegatedConversation(
+            f"{conversation_id} is the conversation of a delegated task: it runs inside its"
+            " parent's attempt and takes no input of its own (read it, or send to the parent)"
+        )
 
 
 def check_attachments(attachments: Any, limit: int) -> list[Checked]:
@@ -100,17 +115,7 @@ def new_submission(
     traceparent: str | None = None,
     blobs: tuple[Blob, ...] = (),
 ) -> NewSubmission:
-    """The row to admit for ``agent``'s conversation ``id``, with the agent's durability.
-
-    A delegated task's conversation (its id ends in ``.task-`` and 16 hex digits) takes no
-    input from outside: it runs only inside its parent's attempt, and a message admitted to it
-    would run beside the parent's, in the same stream, and change the task's answer."""
-    if TASK_ID.search(check_id(id)):
-        raise InvalidInput(
-            f"{agent}/{id} is the conversation of a delegated task: it runs inside its parent's"
-            " attempt and takes no input of its own (read it, or send to the parent)",
-            "id",
-        )
+    """The row to admit for ``agent``'s conversation ``id``, with the agent's durability."""
     durability = declared(agents, agent).durability
     return NewSubmission(
         conversation_id=f"{agent}/{check_id(id)}",

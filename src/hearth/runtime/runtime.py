@@ -39,6 +39,7 @@ from hearth.runtime.admission import (
     declared,
     input_payload,
     new_submission,
+    refuse_delegated,
 )
 from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.deliveries import Deliveries, DeliveryReceipt
@@ -160,6 +161,7 @@ class Runtime:
             "hearth.submission", parent=parent, kind=telemetry.SpanKind.PRODUCER,
             attributes=attributes,
         ) as span:  # fmt: skip
+            await refuse_delegated(self.store, f"{agent}/{id}")
             _faults.reached("before:store.admit")
             admission = await self.store.admit(
                 new_submission(

@@ -39,7 +39,8 @@ _ERROR_WORDS = {
     403: "a request made with the console's cookie from another origin",
     404: "unknown agent, conversation or submission",
     408: "the body did not arrive in time",
-    409: "idempotency key reused with another payload",
+    409: "idempotency key reused with another payload, or input sent to a delegated task's"
+    " conversation",
     413: "body over HEARTH_MAX_BODY (HEARTH_MAX_UPLOAD with attachments), or a file over"
     " HEARTH_MAX_ATTACHMENT (named in the message)",
     415: "Content-Type is not JSON (nor multipart/form-data where files are taken)",
