@@ -1236,3 +1236,44 @@ async def test_misdeclared_apps_agents_and_receipts_say_what_is_wrong() -> None:
         for after in (None, float("nan"), 10**30, True):
             with pytest.raises(hearth.InvalidInput, match="after"):
                 await rt.history("a", "c", after=after)  # type: ignore[arg-type]
+
+
+async def test_a_lease_whose_release_failed_is_given_back_while_other_work_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a disk-full error, the release failed too: the row stayed running under this
+    process, and each heartbeat (which renews all of an owner's leases) kept it so for as long
+    as any other work ran here. The submission never finished."""
+    from hearth.runtime import coordinator, model_turn
+
+    build = model_turn.build_request
+    failed: list[str] = []
+
+    def once(scope: Any, rendered: Any, model: str) -> Any:
+        if scope.conversation_id == "echo/c" and not failed:
+            failed.append("turn")
+            raise hearth.StoreError("the disk is full (planted)")
+        return build(scope, rendered, model)
+
+    release = coordinator.Coordinator._release
+
+    async def release_once(self: Any, sub: Any) -> None:
+        if sub.conversation_id == "echo/c" and len(failed) == 1:
+            failed.append("release")
+            raise hearth.StoreError("the disk is still full (planted)")
+        await release(self, sub)
+
+    monkeypatch.setattr(model_turn, "build_request", once)
+    monkeypatch.setattr(coordinator.Coordinator, "_release", release_once)
+    monkeypatch.setattr(coordinator, "BUG_PAUSE_S", 0.0)
+    busy = simple_agent("busy")
+    echo = simple_agent("echo")
+    models = [ScriptedModel("busy", [stall()]), ScriptedModel("echo", [reply("heard")])]
+    app = hearth.App(
+        [busy, echo], db="memory", providers=models, lease_s=2, heartbeat_s=0.1, scan_s=0.2
+    )
+    async with app.run() as rt:
+        await rt.dispatch("busy", "b", "hold a lease")  # other work: the heartbeat runs
+        answer = await rt.read(await rt.dispatch("echo", "c", "hi"), timeout=15)
+    assert answer.text == "heard" and failed == ["turn", "release"]
+    assert "gave back the lease" in caplog.text

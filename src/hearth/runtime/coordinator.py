@@ -21,7 +21,7 @@ from hearth.errors import FencedOut, StoreUnavailable, app_failure
 from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
-from hearth.store.base import LIST_LIMIT, WAITING, Submission
+from hearth.store.base import LIST_LIMIT, WAITING, Fence, Submission
 from hearth.store.events import ABORT, APPENDED, SETTLED, Event
 
 log = logging.getLogger("hearth.coordinator")
@@ -57,6 +57,7 @@ class Coordinator:
         self.settings = settings
         self.owner = owner or current_owner()
         self._claims: dict[str, _Claim] = {}
+        self._strays: set[Fence] = set()  # leases renewed at the last beat with no claim here
         self._supervisors: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -223,6 +224,24 @@ class Coordinator:
                     continue
                 log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
                 claim.interrupt("lost")
+            await self._give_back_strays(held)
+
+    async def _give_back_strays(self, held: set[Fence]) -> None:
+        """Release the leases this owner holds with no attempt here: a release that failed
+        (the disk full, the database away) left the row running under this owner, and every
+        renewal (all of an owner's leases in one statement) kept it so for as long as other
+        work ran here. A stray at two beats running is released (at one, it may be a claim
+        that is committed and not yet taken in)."""
+        mine = {c.sub.fence for c in self._claims.values()}
+        strays = {fence for fence in held if fence not in mine}
+        again, self._strays = strays & self._strays, strays - self._strays
+        for fence in again:
+            log.warning(
+                "gave back the lease of %s, which no attempt here held (its release had failed)",
+                fence.submission_id,
+            )
+            with contextlib.suppress(Exception):
+                await self.store.release(fence, self.owner)
 
     async def _ended_by_this_attempt(self, claim: _Claim) -> bool:
         """The row's word, for a settlement whose event has not reached this loop yet (a store
