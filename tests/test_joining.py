@@ -61,6 +61,8 @@ async def test_a_message_admitted_while_busy_joins_at_the_next_turn_boundary() -
         replies = [await rt.read(r, timeout=10) for r in (host, joiner, third)]
         history = await rt.history("busy", "c")
         subs = {s.id: s for s in await rt.store.list_submissions("busy/c")}
+        # The joined ones are settled submissions too (admitted 3, settled 1 in the metric).
+        assert rt.env.metrics.settled_by_outcome == {"completed": 3}
     assert {r.text for r in replies} == {"answered: first + second + third"}
     assert [r.outcome for r in replies] == ["completed"] * 3
     assert subs[joiner.submission_id].status == "joined"

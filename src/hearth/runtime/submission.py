@@ -71,7 +71,14 @@ class SubmissionPolicy:
         await scope.journal.settle(
             outcome=s.outcome, reply=s.reply, error=s.error, records_before=s.records
         )
-        scope.env.metrics.settled(s.outcome)
+        # The messages joined to it settle with it, each a submission of its own to count.
+        joined = sum(
+            1
+            for r in scope.submission_records()
+            if isinstance(r, UserMessage) and r.id.endswith(":input") and r.id != self.input_id
+        )
+        for _ in range(1 + joined):
+            scope.env.metrics.settled(s.outcome)
 
 
 def _input_id(sub: Submission) -> str:
