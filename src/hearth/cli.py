@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -19,6 +20,7 @@ import httpx2
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 import hearth
 from hearth.client import Client
@@ -38,6 +40,21 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[red]hearth:[/red] {escape(message)}", soft_wrap=True)
     sys.exit(code)
+
+
+def _add_row(table: Table, *cells: str) -> None:
+    """A row of literal text: what users wrote (a wait's prompt, a delivery's type, ids) is
+    neither rich markup (``[admin]`` would vanish, ``[/]`` raise) nor terminal control
+    sequences (an ESC could clear the screen or hide text from the person approving)."""
+    table.add_row(*(Text(_visible(str(cell))) for cell in cells))
+
+
+def _visible(text: str) -> str:
+    """``text`` with control and format characters (ESC, CR, bidi overrides) shown escaped."""
+    return "".join(
+        ch if ch == "\t" or unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1]
+        for ch in text
+    )
 
 
 def friendly(fn: F) -> F:
@@ -323,16 +340,17 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
     counts.add_column("status")
     counts.add_column("count", justify="right")
     for status in ("queued", "running", "waiting", "settled", "joined"):
-        counts.add_row(status, str(data["counts"].get(status, 0)))
+        _add_row(counts, status, str(data["counts"].get(status, 0)))
     for outcome, n in sorted(data["outcomes"].items()):
-        counts.add_row(f"  {outcome}", str(n))
+        _add_row(counts, f"  {outcome}", str(n))
     out.print(counts)
     if data["unsettled"]:
         table = Table(title="unsettled", title_justify="left")
         for col in ("submission", "conversation", "kind", "source", "status", "attempt", "owner"):
             table.add_column(col)
         for sub in data["unsettled"]:
-            table.add_row(
+            _add_row(
+                table,
                 sub["id"],
                 sub["conversation_id"],
                 sub.get("kind", ""),
@@ -348,7 +366,8 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
         for col in ("submission", "conversation", "kind", "source", "outcome"):
             table.add_column(col)
         for sub in sourced:
-            table.add_row(
+            _add_row(
+                table,
                 sub["id"],
                 sub["conversation_id"],
                 sub["kind"],
@@ -359,13 +378,13 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
     for lease in data["leases"]:
         out.print(
             f"lease {lease['submission_id']} ({lease['conversation_id']}) held by"
-            f" {lease['owner']}, expires in {lease['expires_in_s']:.1f} s"
+            f" {escape(_visible(str(lease['owner'])))}, expires in {lease['expires_in_s']:.1f} s"
         )
     if data["stuck"]:
         for item in data["stuck"]:
             out.print(
                 f"[yellow]stuck[/yellow] {item['submission_id']} ({item['conversation_id']}):"
-                f" {escape(item['reason'])}"
+                f" {escape(_visible(item['reason']))}"
             )
     else:
         out.print("no stuck work")
@@ -403,7 +422,8 @@ def schedules(url: str, token: str | None, as_json: bool) -> None:
     for col in ("name", "conversation", "cron", "tz", "last occurrence", "next occurrence"):
         table.add_column(col)
     for s in data["schedules"]:
-        table.add_row(
+        _add_row(
+            table,
             s["name"],
             f"{s['agent']}/{s['id']}",
             s["cron"],
@@ -450,15 +470,14 @@ def deliveries(
         table.add_column(col)
     for d in data["deliveries"]:
         error = d["error"] or {}
-        table.add_row(
+        _add_row(
+            table,
             d["delivery_id"],
             d["type"],
             d["status"],
             str(d["attempts"]),
             ", ".join(d["submission_ids"]),
-            escape(f"{error.get('type')}: {_short(error.get('message') or '', 60)}")
-            if error
-            else "",
+            f"{error.get('type')}: {_short(error.get('message') or '', 60)}" if error else "",
         )
     out.print(table)
 
@@ -569,7 +588,8 @@ def waits(url: str, token: str | None, db: str | None, as_json: bool) -> None:
     for col in ("wait", "conversation", "name", "prompt", "expires"):
         table.add_column(col)
     for w in pending:
-        table.add_row(
+        _add_row(
+            table,
             w["wait_id"],
             w["conversation_id"],
             w["name"],
@@ -732,7 +752,7 @@ def demo() -> None:
 def describe(record: dict[str, Any]) -> str:
     """A record as one line of rich markup: offset, type, and what it says."""
     kind = str(record.get("type"))
-    summary = escape(_summary(kind, record))
+    summary = escape(_visible(_summary(kind, record)))  # what a model or a user wrote
     colour = {"submission_settled": "green", "signal": "yellow"}.get(kind, "cyan")
     if kind == "tool_outcome" and record.get("is_error"):
         colour = "red"

@@ -176,3 +176,24 @@ def test_demo_shows_a_crash_and_a_recovery(tmp_path: Path) -> None:
     assert "step 1 ran once" in out and "interrupted" in out
     assert "hearth tail shop order-1" in out
     assert str(tmp_path) in out  # the database path, to look at later
+
+
+def test_what_users_wrote_is_printed_as_text_not_markup_or_terminal_codes() -> None:
+    """A wait's prompt with "[/]" made ``hearth waits`` raise MarkupError; "Grant [admin] role"
+    showed as "Grant  role"; an ESC sequence in it cleared the screen of the person approving.
+    ``hearth tail`` printed a model's escape codes as they came."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from hearth.cli import _add_row, describe
+
+    table = Table("prompt", "type")
+    _add_row(table, "Grant [admin] role to [bold]bob? [/]", "push\x1b[2J\x1b]0;pwned\x07")
+    console = Console(record=True, width=200, color_system=None)
+    console.print(table)
+    shown = console.export_text()
+    assert "Grant [admin] role to [bold]bob? [/]" in shown
+    assert "\x1b" not in shown and "push\\x1b[2J\\x1b]0;pwned\\x07" in shown
+    line = describe({"type": "assistant_text_delta", "offset": 3, "delta": "hi\x1b[8m\u202e"})
+    console.print(line)
+    assert "hi\\x1b[8m\\u202e" in console.export_text()
