@@ -42,6 +42,9 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
 def _add_row(table: Table, *cells: str) -> None:
     """A row of literal text: what users wrote (a wait's prompt, a delivery's type, ids) is
     neither rich markup (``[admin]`` would vanish, ``[/]`` raise) nor terminal control
@@ -148,7 +151,13 @@ def main() -> None:
 )
 @click.option("--reload", is_flag=True, help="Restart when code changes (development).")
 @click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
-@click.option("--log-level", default="warning", show_default=True, help="uvicorn's log level.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="The level of hearth's log lines and the server's.",
+)
 @click.option("--access-log", is_flag=True, help="Log every request.")
 @click.option(
     "--strict",

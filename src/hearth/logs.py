@@ -100,21 +100,37 @@ def redact(*secrets: str | None) -> None:
         handler.addFilter(Redact(keep))
 
 
+TRACE = 5  # uvicorn's level below DEBUG
+
+
 def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
     """Send hearth's log lines (and every other library's) to stderr in ``log_format``.
 
     Returns the logging config to give uvicorn for its own loggers in that format (None for
     text: uvicorn keeps its own).
     """
+    number = TRACE if level.lower() == "trace" else logging.getLevelName(level.upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}")
+    root = logging.getLogger()
     if log_format != "json":
+        # hearth's own lines, at that level, with their level and logger (without a handler,
+        # Python's last resort printed warnings alone, as bare messages, whatever the level).
+        hearth_log = logging.getLogger("hearth")
+        for old in [h for h in hearth_log.handlers if getattr(h, "_hearth_text", False)]:
+            hearth_log.removeHandler(old)
+        text = logging.StreamHandler(sys.stderr)
+        text.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        text._hearth_text = True  # type: ignore[attr-defined]
+        hearth_log.addHandler(text)
+        hearth_log.setLevel(number)
         return None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h.formatter, JsonFormatter)]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level.upper())
+    root.setLevel(number)
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -127,8 +143,8 @@ def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
             }
         },
         "loggers": {
-            "uvicorn": {"handlers": ["json"], "level": level.upper(), "propagate": False},
-            "uvicorn.error": {"level": level.upper()},
+            "uvicorn": {"handlers": ["json"], "level": number, "propagate": False},
+            "uvicorn.error": {"level": number},
             "uvicorn.access": {"handlers": ["json"], "level": "INFO", "propagate": False},
         },
     }

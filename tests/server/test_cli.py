@@ -197,3 +197,27 @@ def test_what_users_wrote_is_printed_as_text_not_markup_or_terminal_codes() -> N
     line = describe({"type": "assistant_text_delta", "offset": 3, "delta": "hi\x1b[8m\u202e"})
     console.print(line)
     assert "hi\\x1b[8m\\u202e" in console.export_text()
+
+
+def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() -> None:
+    """A bad ``--log-level`` was a traceback (KeyError), ``trace`` one too in JSON format, and in
+    text format hearth's info lines never showed whatever the level."""
+    import logging
+
+    from hearth import logs
+
+    code, out = run("serve", "serverapp:app", "--log-level", "nope", "--port", "0")
+    assert code == 2 and "Invalid value for '--log-level'" in out
+    hearth_log, root = logging.getLogger("hearth"), logging.getLogger()
+    saved = (hearth_log.level, list(hearth_log.handlers), root.level, list(root.handlers))
+    try:
+        config = logs.configure("json", "trace")
+        assert config is not None and config["loggers"]["uvicorn"]["level"] == logs.TRACE
+        assert logs.configure("text", "info") is None
+        assert hearth_log.getEffectiveLevel() == logging.INFO
+        assert any(getattr(h, "_hearth_text", False) for h in hearth_log.handlers)
+    finally:
+        hearth_log.setLevel(saved[0])
+        hearth_log.handlers[:] = saved[1]
+        root.setLevel(saved[2])
+        root.handlers[:] = saved[3]
