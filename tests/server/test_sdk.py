@@ -193,3 +193,40 @@ async def test_async_client_has_the_same_methods(server: ThreadServer) -> None:
         with pytest.raises(hearth.UnknownAgent):
             await client.conversation("nobody", "c-1").send("hi")
         assert (await client.health()) == {"status": "ok"}
+
+
+@pytest.mark.parametrize("answer", ["redirect", "html", "list"])
+def test_a_url_that_is_not_hearths_server_is_one_clear_error(answer: str) -> None:
+    """A redirect (http to https), a page of HTML or JSON of another shape came out of the SDK
+    and the CLI as JSONDecodeError, KeyError or TypeError tracebacks."""
+    import http.server
+    import threading
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if answer == "redirect":
+                self.send_response(301)
+                self.send_header("Location", "https://example.invalid/")
+                self.end_headers()
+                return
+            body = b"<html>a login page</html>" if answer == "html" else b"[1, 2]"
+            self.send_response(200)
+            self.send_header(
+                "Content-Type", "text/html" if answer == "html" else "application/json"
+            )
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with hearth.Client(f"http://127.0.0.1:{server.server_address[1]}") as client:
+            with pytest.raises(HTTPError) as caught:
+                client.waits()
+        assert caught.value.type == "not_hearth"
+    finally:
+        server.shutdown()

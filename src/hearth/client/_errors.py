@@ -108,10 +108,29 @@ def error_from(response: httpx2.Response) -> HearthError:
 
 
 def check(response: httpx2.Response) -> dict[str, Any]:
-    """The JSON object of a successful answer; the typed error of any other."""
+    """The JSON object of a successful answer; the typed error of any other, and an
+    ``HTTPError`` for an answer that is not hearth's (a redirect, a page of HTML: the URL names
+    something else)."""
     if response.status_code >= 400:
         raise error_from(response)
-    data: dict[str, Any] = response.json()
+    if response.is_redirect:
+        where = response.headers.get("location", "elsewhere")
+        raise HTTPError(
+            response.status_code,
+            "not_hearth",
+            f"{response.url} redirects to {where}: give the URL of hearth's server itself",
+        )
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        kind = response.headers.get("content-type", "no content type")
+        raise HTTPError(
+            response.status_code,
+            "not_hearth",
+            f"{response.url} did not answer as hearth's server does (a JSON object; got {kind})",
+        )
     return data
 
 
