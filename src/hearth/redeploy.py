@@ -30,7 +30,10 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sqlite3
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -365,24 +368,56 @@ async def check_database(db: str | None, agents: Mapping[str, Agent]) -> Report:
     from hearth.store.sqlite import SQLiteStore
 
     probe = open_store(db, pg_pool=1)
-    if isinstance(probe, SQLiteStore):
-        if probe.path == ":memory:" or not _exists(probe.path):
-            raise StoreError(f"no database at {shown_db(db)}: there is nothing to check")
-        try:
-            store = await open_database(db, pg_pool=1)
-        except StoreError as exc:
-            if "another process owns" in str(exc):
-                raise StoreError(
-                    f"a running process holds the SQLite file {shown_db(db)}; stop the server"
-                    " first (one process owns a SQLite file), then check"
-                ) from None
-            raise
-    else:
+    if not isinstance(probe, SQLiteStore):
+        # (Opening migrates an older schema, as the new release's first process would: the
+        # older processes carry on with it, as in any rolling redeploy.)
         store = await open_database(db, pg_pool=1)
+        try:
+            return await check_store(store, agents)
+        finally:
+            await store.close()
+    if probe.path == ":memory:" or not _exists(probe.path):
+        raise StoreError(f"no database at {shown_db(db)}: there is nothing to check")
+    # A copy is checked: opening the file itself would migrate an older schema in place, and
+    # the release still running it would then refuse to start ("made by a newer hearth").
+    with tempfile.TemporaryDirectory(prefix=".hearth-check-", dir=_folder(probe.path)) as tmp:
+        copy = os.path.join(tmp, "copy.db")
+        await asyncio.to_thread(_copy_sqlite, probe.path, copy, shown_db(db))
+        store = await open_database(f"sqlite:///{copy}", pg_pool=1)
+        try:
+            return await check_store(store, agents)
+        finally:
+            await store.close()
+
+
+def _folder(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _copy_sqlite(path: str, copy: str, shown: str) -> None:
+    """A consistent copy of the SQLite file at ``path`` (its WAL included), read only."""
     try:
-        return await check_store(store, agents)
-    finally:
-        await store.close()
+        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.5)
+        try:
+            # Read once first: held by a server, this raises "locked" (a backup would wait,
+            # retrying, for as long as the server runs).
+            source.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            target = sqlite3.connect(copy)
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+        finally:
+            source.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            raise StoreError(
+                f"a running process holds the SQLite file {shown}; stop the server first (one"
+                " process owns a SQLite file), then check"
+            ) from None
+        raise StoreError(f"cannot read the database {shown}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot read the database {shown}: {exc}") from None
 
 
 def _exists(path: str) -> bool:

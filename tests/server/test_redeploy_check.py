@@ -129,6 +129,28 @@ def contents(db: Path) -> list[Any]:
         ]
 
 
+def test_the_check_changes_nothing_in_the_file_not_even_an_older_schema(
+    killed_v1: Path, tmp_path: Path
+) -> None:
+    """It opened the file itself: an older schema was migrated in place (the release still
+    running would then refuse to start on it), and its open time was rewritten."""
+    older = tmp_path / "older.db"
+    with contextlib.closing(sqlite3.connect(killed_v1)) as source:
+        with contextlib.closing(sqlite3.connect(older)) as conn:
+            source.backup(conn)
+            conn.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+            conn.commit()
+    before = older.read_bytes()
+    done = check("deploy_v2:app", f"sqlite:///{older}")
+    assert done.returncode == 1, done.stderr  # the findings, on a copy
+    assert older.read_bytes() == before
+    # (Reading a file in WAL mode makes its -wal and -shm files: nothing else is left.)
+    assert {p.name for p in tmp_path.iterdir()} <= {"older.db", "older.db-wal", "older.db-shm"}
+    with contextlib.closing(sqlite3.connect(older)) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert version == ("8",)
+
+
 def test_the_code_that_accepted_the_work_withdraws_nothing(killed_v1: Path) -> None:
     done = check("deploy_v1:app", f"sqlite:///{killed_v1}", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
