@@ -171,7 +171,8 @@ async def test_a_delegated_tasks_conversation_takes_no_input_from_outside() -> N
         parent = await rt.history("lead", "p1")
         (link,) = [r for r in parent if isinstance(r, ChildConversationLinked)]
         _, _, id = link.child_conversation_id.partition("/")
-        assert id == child_id("lead/p1", link.tool_call_id)
+        message_id = link.id.split(":child:")[0]
+        assert id == child_id("lead/p1", link.tool_call_id, message_id)
         for refused in (
             lambda: rt.dispatch("researcher", id, "hello child"),
             lambda: rt.dispatch("researcher", id, signal={"type": "poke"}),
@@ -180,3 +181,31 @@ async def test_a_delegated_tasks_conversation_takes_no_input_from_outside() -> N
                 await refused()
         # An id that only looks a little like one is anyone's.
         assert (await rt.read(await rt.dispatch("researcher", "notes.task-1", "q"), 10)).outcome
+
+
+async def test_a_tool_call_id_used_again_in_a_later_turn_gets_a_child_of_its_own() -> None:
+    """The child was named by the parent and the call id alone: a model that used an id again
+    in a later turn (a local server counting from 0 each turn) had the second task answered by
+    the first one's child, silently; in a later submission it failed with IntegrityError."""
+    asked: list[str] = []
+
+    def lead_again(request: ModelRequest) -> Step:
+        last_user = max(i for i, m in enumerate(request.messages) if isinstance(m, UserTurn))
+        results = [m for m in request.messages[last_user:] if isinstance(m, ToolResult)]
+        if len(results) >= 2:
+            return reply(" | ".join(str(r.content) for r in results))
+        prompt = f"question {len(results) + 1}"
+        return calls(call("task", agent="researcher", prompt=prompt, id="t1"))
+
+    def answer(request: ModelRequest) -> Step:
+        prompt = next(str(m.content) for m in request.messages if isinstance(m, UserTurn))
+        asked.append(prompt)
+        return reply(f"answer to {prompt}")
+
+    models = [ScriptedModel("lead", lead_again), ScriptedModel("researcher", answer)]
+    app = hearth.App([lead, researcher], db="memory", providers=models)
+    async with app.run() as rt:
+        first = await rt.read(await rt.dispatch("lead", "p1", "go"), timeout=10)
+        second = await rt.read(await rt.dispatch("lead", "p1", "again"), timeout=10)
+    assert first.text == second.text == "answer to question 1 | answer to question 2"
+    assert asked == ["question 1", "question 2", "question 1", "question 2"]

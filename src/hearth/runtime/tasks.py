@@ -35,9 +35,18 @@ class TaskPreempted(Exception):
     own classification settles it next."""
 
 
-def child_id(parent_conversation_id: str, tool_call_id: str) -> str:
-    """A deterministic conversation id for the child of one task call, valid as an HTTP id."""
-    digest = hashlib.sha256(f"{parent_conversation_id}\n{tool_call_id}".encode()).hexdigest()[:16]
+def child_id(parent_conversation_id: str, tool_call_id: str, message_id: str = "") -> str:
+    """A deterministic conversation id for the child of one task call, valid as an HTTP id.
+
+    The call's message is part of it: a model may use one tool-call id again in a later turn
+    (a scripted one after a compaction, a local server counting from 0 each turn), and the
+    second task got the first one's child, and its answer."""
+    key = (
+        f"{parent_conversation_id}\n{message_id}\n{tool_call_id}"
+        if message_id
+        else (f"{parent_conversation_id}\n{tool_call_id}")
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     parent_id = parent_conversation_id.split("/", 1)[-1]
     return f"{_UNSAFE.sub('-', parent_id)[:80]}.task-{digest}"
 
@@ -76,10 +85,21 @@ async def run_child_task(
         )
     if parent.depth >= MAX_DEPTH:
         return error_outcome(call, "depth_exceeded", f"delegation is limited to {MAX_DEPTH} levels")
-    child_conversation = f"{sub.agent.name}/{child_id(parent.conversation_id, call.tool_call_id)}"
+    link_id = f"{call.message_id}:child:{call.tool_call_id}"
+    linked = next(
+        (r for r in parent.journal.records if r.id == link_id),
+        None,
+    )
+    if isinstance(linked, ChildConversationLinked):
+        # Resumed: its child, whatever the rule that named it (an earlier release named it
+        # without the message).
+        child_conversation = linked.child_conversation_id
+    else:
+        named = child_id(parent.conversation_id, call.tool_call_id, call.message_id)
+        child_conversation = f"{sub.agent.name}/{named}"
     await parent.journal.append(
         ChildConversationLinked(
-            id=f"{call.message_id}:child:{call.tool_call_id}",
+            id=link_id,
             tool_call_id=call.tool_call_id,
             child_conversation_id=child_conversation,
         )
