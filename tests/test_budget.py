@@ -175,3 +175,64 @@ async def test_a_compaction_summary_carries_its_usage_and_counts() -> None:
         counted = await Spending(rt.store, second.submission_id, journal).count()
     turns = sum(spent(records, second.submission_id))
     assert counted == turns + usage_tokens(compaction.usage)
+
+
+@pytest.mark.anyio
+async def test_the_children_of_one_batch_are_each_counted_once() -> None:
+    """The children of a batch run at once and count at their turn boundaries; two counts
+    reading a child's new records at once each added them, so a budget that the records fit
+    ran out early ("spent 2032 tokens; its budget is 1708", with 1,076 recorded)."""
+    import asyncio
+
+    from hearth.providers.base import ToolResult
+    from hearth.testing import call, calls, stream
+
+    def boss_script(request: ModelRequest) -> Step:
+        if any(isinstance(m, ToolResult) for m in request.messages):
+            return reply("both done")
+        return calls(
+            call("task", agent="helper", prompt="job A", id="ta"),
+            call("task", agent="helper", prompt="job B", id="tb"),
+        )
+
+    @hearth.tool
+    async def work(i: int) -> str:
+        """Work a while."""
+        await asyncio.sleep(0.01)
+        return "r" * 200
+
+    def helper_script(request: ModelRequest) -> Step:
+        done = sum(1 for m in request.messages if isinstance(m, ToolResult))
+        if done >= 4:
+            return stream("fin", "ished", delay=0.01)
+        return calls(call("work", i=done, id=f"w{done}"))
+
+    def render_helper(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/child")
+        ctx.use_tool(work)
+        return "helper"
+
+    helper = hearth.Agent(render_helper, name="helper")
+
+    def boss(budget: int | None) -> hearth.Agent:
+        def render(ctx: hearth.AgentContext) -> str:
+            ctx.use_model("scripted/parent")
+            ctx.use_subagent(helper, description="helps")
+            return "boss"
+
+        return hearth.Agent(render, name="boss", durability=hearth.Durability(max_tokens=budget))
+
+    async def run(budget: int | None) -> tuple[str, int]:
+        models = [ScriptedModel("parent", boss_script), ScriptedModel("child", helper_script)]
+        async with hearth.App([boss(budget), helper], db="memory", providers=models).run() as rt:
+            receipt = await rt.dispatch("boss", "c", "do both")
+            answer = await rt.read(receipt, timeout=60)
+            records = await rt.history("boss", "c")
+            total = sum(spent(records, receipt.submission_id))
+            for linked in [r for r in records if r.type == "child_conversation_linked"]:
+                agent, _, id = linked.child_conversation_id.partition("/")
+                total += sum(spent(await rt.history(agent, id), receipt.submission_id))
+            return answer.text, total
+
+    _, total = await run(None)
+    assert (await run(total))[0] == "both done"  # the whole recorded spend fits the budget

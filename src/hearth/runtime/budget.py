@@ -9,6 +9,7 @@ parent's claim. ``Spending`` sums them incrementally as the attempt reads record
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,9 @@ class Spending:
         self.total = 0
         self._counted = 0  # how many of the attempt's records are counted
         self._children: dict[str, int] = {}  # child conversation → last offset counted
+        # The children of one batch run at once and count at their turn boundaries: two counts
+        # reading a child's new records at once each added them (a budget spent twice as fast).
+        self._counting = asyncio.Lock()
 
     def _add(self, records: Sequence[Record]) -> None:
         for r in records:
@@ -58,14 +62,16 @@ class Spending:
 
     async def count(self) -> int:
         """The total so far."""
-        records = self.journal.records  # grows as the attempt reads and appends
-        self._add(records[self._counted :])
-        self._counted = len(records)
-        read: set[str] = set()
-        while todo := [c for c in self._children if c not in read]:  # grandchildren too
-            for child in todo:
-                read.add(child)
-                while new := await self.store.read(child, after=self._children[child], limit=1000):
-                    self._add(new)
-                    self._children[child] = new[-1].offset
-        return self.total
+        async with self._counting:
+            records = self.journal.records  # grows as the attempt reads and appends
+            self._add(records[self._counted :])
+            self._counted = len(records)
+            read: set[str] = set()
+            while todo := [c for c in self._children if c not in read]:  # grandchildren too
+                for child in todo:
+                    read.add(child)
+                    after = self._children[child]
+                    while new := await self.store.read(child, after=after, limit=1000):
+                        self._add(new)
+                        after = self._children[child] = new[-1].offset
+            return self.total
