@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from httpharness import ThreadServer, make_app
+from httpharness import ThreadServer, make_app, wait_until
 
 from hearth.server import body
 from hearth.server.protocol import BoundedHeadProtocol
@@ -148,3 +148,33 @@ def test_a_head_under_the_size_bound_is_served(stalled_server: ThreadServer) -> 
         pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad * 40 + b"\r\n")
         assert whole_response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_streams_pipelined_on_a_connection_that_closes_give_back_their_slots(
+    tmp_path: Path,
+) -> None:
+    """uvicorn told only the newest request of a connection that its client went away: a
+    stream requested before it, on the same connection, wrote into the closed connection for
+    ever, and with HEARTH_MAX_STREAMS streams held so, every new follower got a 503."""
+    server = ThreadServer(make_app(tmp_path / "h.db", max_streams=3)).start()
+    try:
+        httpx2.post(f"{server.url}/agents/echo/e-1", json={"message": "go"}, timeout=10)
+        get = (
+            b"GET /agents/echo/e-1/stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n"
+        )
+        for _ in range(3):
+            with connect(server.url) as sock:
+                sock.sendall(get + get)
+                assert sock.recv(200).startswith(b"HTTP/1.1 200")
+
+        def streams() -> int:
+            text = httpx2.get(f"{server.url}/metrics", timeout=10).text
+            gauge = next(x for x in text.splitlines() if x.startswith("hearth_sse_streams "))
+            return int(gauge.split()[1])
+
+        wait_until(lambda: streams() == 0, timeout=10)
+        with connect(server.url) as sock:
+            sock.sendall(get)
+            assert sock.recv(200).startswith(b"HTTP/1.1 200")  # not 503 too_many_streams
+    finally:
+        server.stop()

@@ -45,6 +45,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     _head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._open_cycles: list[Any] = []  # its requests whose answers may still be going out
         super().connection_made(transport)
         self._arm()
 
@@ -71,10 +72,21 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
+        if cycle is not None:
+            self._open_cycles = [c for c in self._open_cycles if not c.response_complete]
+            self._open_cycles.append(cycle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        # uvicorn tells only the newest request that its client went away: with two requests
+        # pipelined on one connection, an earlier one still streaming (an SSE follower) wrote
+        # into the closed connection for ever, holding its stream's slot.
+        for cycle in self._open_cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.message_event.set()
+        self._open_cycles = []
 
     def _arm(self) -> None:
         self._disarm()
