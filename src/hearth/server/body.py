@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -73,7 +75,7 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
             if closing is not None:
                 # A shutdown does not wait for a slow body (the server would cancel the read
                 # past its grace and answer a bare 500): it ends the read at once.
-                undo = closing.on_set(lambda: deadline.reschedule(0))
+                undo = closing.on_set(functools.partial(_end_now, deadline))
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > max_body:
@@ -103,6 +105,11 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
     if size > max_body:
         raise too_big
     return b"".join(chunks)
+
+
+def _end_now(deadline: asyncio.Timeout) -> None:
+    with contextlib.suppress(RuntimeError):  # (the read is over: nothing to end)
+        deadline.reschedule(0)
 
 
 async def _drain(request: Request) -> None:
