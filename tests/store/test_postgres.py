@@ -197,21 +197,29 @@ async def test_an_admission_gives_up_quickly_when_connections_are_stuck_and_noth
     """Every connection in use but no work finishing (a server that stopped answering): the
     1.5 s budget holds and the error names the server."""
     async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
-        pool = store._tx().pool
-        release = asyncio.Event()
-
-        async def stuck() -> None:
-            async with pool.connection():
-                await release.wait()
-
-        holders = [asyncio.create_task(stuck()) for _ in range(2)]
-        await asyncio.sleep(1.6)  # nothing has finished for longer than the budget
-        try:
+        async with every_connection_stuck(store):
             with pytest.raises(StoreUnavailable, match="is unreachable"):
                 await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
-        finally:
-            release.set()
-            await asyncio.gather(*holders)
+
+
+@contextlib.asynccontextmanager
+async def every_connection_stuck(store: PostgresStore) -> AsyncIterator[None]:
+    """Every connection of ``store``'s pool (of 2) in use, and nothing finished for longer than
+    the admission's budget: the server seems to have stopped answering."""
+    pool = store._tx().pool
+    release = asyncio.Event()
+
+    async def stuck() -> None:
+        async with pool.connection():
+            await release.wait()
+
+    holders = [asyncio.create_task(stuck()) for _ in range(2)]
+    await asyncio.sleep(1.6)
+    try:
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*holders)
 
 
 @pytest.mark.parametrize("operation", ["fork", "abort", "resolve"])
@@ -223,26 +231,14 @@ async def test_what_a_caller_asks_for_gives_up_as_an_admission_does(
     async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
         store.write_retry_s = 3600.0  # the fenced writes' budget: the call must not wait it out
         await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
-        pool = store._tx().pool
-        release = asyncio.Event()
-
-        async def stuck() -> None:
-            async with pool.connection():
-                await release.wait()
-
-        holders = [asyncio.create_task(stuck()) for _ in range(2)]
-        await asyncio.sleep(1.6)  # nothing has finished for longer than the budget
         calls = {
             "fork": lambda: store.fork(CONV, 0, "support/forked"),
             "abort": lambda: store.request_abort(CONV),
             "resolve": lambda: store.resolve_wait(CONV, "w_1", True),
         }
-        try:
+        async with every_connection_stuck(store):
             with pytest.raises(StoreUnavailable, match="is unreachable"):
                 await asyncio.wait_for(calls[operation](), 120)
-        finally:
-            release.set()
-            await asyncio.gather(*holders)
 
 
 # --- migrations ------------------------------------------------------------------------------
