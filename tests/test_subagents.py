@@ -8,8 +8,10 @@ import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.receipts import ID_RE
 from hearth.records import ChildConversationLinked, ConversationCreated, ToolOutcome
+from hearth.runtime.scheduler import Scheduler
 from hearth.runtime.tasks import MAX_DEPTH, child_id
 from hearth.testing import ScriptedModel, Step, call, calls, reply
+from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -181,6 +183,41 @@ async def test_a_delegated_tasks_conversation_takes_no_input_from_outside() -> N
                 await refused()
         # An id that only looks a little like one is anyone's.
         assert (await rt.read(await rt.dispatch("researcher", "notes.task-1", "q"), 10)).outcome
+
+
+async def test_channels_and_schedules_send_nothing_to_a_delegated_tasks_conversation() -> None:
+    """Only ``dispatch`` refused it: a channel's delivery or a schedule's occurrence routed to
+    it was admitted, and ran beside the parent's task."""
+    target: list[str] = []
+
+    def verify(headers: object, body: bytes) -> hearth.Delivery:
+        return hearth.Delivery(id="d-1", type="note", data={})
+
+    def receive(delivery: hearth.Delivery) -> hearth.Dispatch:
+        return hearth.Dispatch(researcher, target[0], message="hello child")
+
+    channel = hearth.Channel("notes", verify=verify, receive=receive)
+    models = [ScriptedModel("lead", lead_script), ScriptedModel("researcher", researcher_script)]
+    app = hearth.App([lead, researcher], channels=[channel], db="memory", providers=models)
+    async with app.run() as rt:
+        await rt.read(await rt.dispatch("lead", "p1", "go"), timeout=10)
+        (link,) = [
+            r for r in await rt.history("lead", "p1") if r.type == "child_conversation_linked"
+        ]
+        target.append(link.child_conversation_id.partition("/")[2])
+        with pytest.raises(hearth.ChannelFailed, match="delegated task"):
+            await rt.deliver("notes", {}, b"{}")
+        (kept,) = await rt.deliveries("notes")
+        assert kept.status == "failed" and kept.submission_ids == []
+
+        clock = ManualClock(1_800_000_000.0)
+        every = hearth.Schedule("poke", researcher, target[0], cron="* * * * *", message="m")
+        scheduler = Scheduler(rt.env, [every], clock)
+        await scheduler.tick()
+        clock.advance(120)
+        await scheduler.tick()
+        assert scheduler.cursors["poke"] is None  # this process stopped firing it
+        assert len(await rt.submissions()) == 1  # the parent's alone
 
 
 async def test_a_tool_call_id_used_again_in_a_later_turn_gets_a_child_of_its_own() -> None:

@@ -21,6 +21,7 @@ from typing import Any, overload
 from hearth.errors import ConfigurationError, HearthError, StateWriteDuringRender
 from hearth.ids import is_name, name_rule
 from hearth.jsontext import canonical_json, json_round_trip
+from hearth.steps import MAX_TIMEOUT_S
 from hearth.tools import Tool
 from hearth.workspace_tools import FILE_TOOLS, RUN_TOOL
 from hearth.workspaces.base import Workspace
@@ -28,7 +29,6 @@ from hearth.workspaces.base import Workspace
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 MAX_CONTINUATIONS = 32
 MAX_ATTEMPTS = 2**31 - 1  # (bounded as the stores' columns are)
-MAX_TIMEOUT_S = 100 * 365 * 86400.0
 
 
 @dataclass(frozen=True, kw_only=True)

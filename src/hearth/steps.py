@@ -22,9 +22,10 @@ from hearth.jsontext import json_round_trip
 Transact = Callable[[str, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
-# The longest timeout a wait takes: its expiry is a date, and dates end in the year 9999 (a
-# timeout of ``sys.maxsize`` failed every attempt of the submission computing it).
-MAX_WAIT_S = 100 * 365 * 86400
+# The longest timeout hearth takes, a wait's or a submission's: each is stored as the date it
+# expires, and dates end in the year 9999 (a wait's timeout of ``sys.maxsize`` failed every
+# attempt of the submission computing it).
+MAX_TIMEOUT_S = 100 * 365 * 86400
 
 # Set while a ``step.transaction`` function runs: a step inside it would wait for the row its
 # transaction holds locked, on another connection (a deadlock no database can see).
@@ -195,11 +196,11 @@ class Steps:
         if timeout is not None and (
             not isinstance(timeout, int | float)
             or not math.isfinite(timeout)
-            or not 0 <= timeout <= MAX_WAIT_S
+            or not 0 <= timeout <= MAX_TIMEOUT_S
         ):
             raise StepError(
                 f"the timeout of wait {name!r} must be a number of seconds from 0 to"
-                f" {MAX_WAIT_S:,} (100 years); None waits for ever"
+                f" {MAX_TIMEOUT_S:,} (100 years); None waits for ever"
             )
         wait_id = self.wait_id(name)
         ended = self._waits_ended.get(wait_id)

@@ -32,7 +32,7 @@ from hearth.errors import (
 )
 from hearth.ids import ID_RE
 from hearth.jsontext import json_round_trip, storable_text
-from hearth.runtime.admission import input_payload, new_submission
+from hearth.runtime.admission import input_payload, new_submission, refuse_delegated
 from hearth.runtime.env import Env
 from hearth.store.base import LIST_LIMIT, NewDelivery, NewSubmission, StoredDelivery
 from hearth.store.rows import DELIVERY_ADMITTED
@@ -138,6 +138,8 @@ class Deliveries:
             subs = [
                 self._submission(name, delivery.id, i, d) for i, d in enumerate(_listed(routed))
             ]
+            for sub in subs:  # a delegated task takes input only from its parent's attempt
+                await refuse_delegated(self.env.store, sub.conversation_id)
         except BaseException as exc:
             if not app_failure(exc):
                 raise

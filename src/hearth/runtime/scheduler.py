@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 
 from hearth import _faults
 from hearth._tasks import cancel_and_wait
-from hearth.runtime.admission import new_submission
+from hearth.errors import DelegatedConversation
+from hearth.runtime.admission import new_submission, refuse_delegated
 from hearth.runtime.env import Env
 from hearth.schedules import Schedule, iso
 from hearth.store.base import ScheduleCursor
@@ -124,6 +125,11 @@ class Scheduler:
         self, s: Schedule, cursor: ScheduleCursor, occurrence: float
     ) -> ScheduleCursor | None:
         when = iso(occurrence)
+        try:
+            await refuse_delegated(self.env.store, f"{s.agent}/{s.id}")
+        except DelegatedConversation as exc:
+            log.error("schedule %s no longer fires: %s", s.name, exc)
+            return None
         new = new_submission(
             self.env.agents,
             s.agent,
