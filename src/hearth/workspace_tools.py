@@ -27,10 +27,11 @@ def _workspace(ctx: ToolContext) -> OpenWorkspace:
 @tool(name="read_file")
 async def read_file(path: Relative, ctx: ToolContext) -> str:
     """Read a text file of the workspace."""
-    text = await _workspace(ctx).read_file(path)
-    if len(text) > READ_LIMIT:
-        cut = len(text) - READ_LIMIT
-        return text[:READ_LIMIT] + f"\n[file truncated: {cut} more characters were cut]"
+    # Only the head is read: a file of a gigabyte cost two of memory, to keep 200,000
+    # characters of it.
+    text, cut = await _workspace(ctx).read_file_head(path, READ_LIMIT)
+    if cut:
+        return text + f"\n[file truncated: {cut} more bytes were cut]"
     return text
 
 

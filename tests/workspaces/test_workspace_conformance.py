@@ -53,6 +53,20 @@ async def test_a_written_file_reads_back(ws: hearth.OpenWorkspace) -> None:
     assert await ws.read_file("notes.txt") == "héllo\n"
 
 
+async def test_the_head_of_a_file_is_its_first_characters_and_the_bytes_left(
+    ws: hearth.OpenWorkspace,
+) -> None:
+    await ws.write_file("short.txt", "héllo")
+    assert await ws.read_file_head("short.txt", 100) == ("héllo", 0)
+    assert await ws.read_file_head("short.txt", 5) == ("héllo", 0)
+    await ws.write_file("euros.txt", "a" + "€" * 5)  # € is three bytes
+    assert await ws.read_file_head("euros.txt", 2) == ("a€", 12)
+    await ws.write_file("empty.txt", "")
+    assert await ws.read_file_head("empty.txt", 10) == ("", 0)
+    with pytest.raises(hearth.WorkspaceError, match="does not exist"):
+        await ws.read_file_head("nope.txt", 10)
+
+
 async def test_writing_replaces_a_file_and_makes_missing_directories(
     ws: hearth.OpenWorkspace,
 ) -> None:

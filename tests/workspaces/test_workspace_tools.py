@@ -4,6 +4,7 @@ a tool of your own, and every refusal reaching the model as an error outcome."""
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import hearth
 from hearth.providers.base import ModelRequest, ToolResult
 from hearth.records import Record, SubmissionSettled, ToolOutcome
 from hearth.testing import ScriptedModel, Step, call, calls, reply
+from hearth.workspace_tools import READ_LIMIT
 
 pytestmark = pytest.mark.anyio
 
@@ -76,6 +78,28 @@ async def test_the_built_in_tools_work_in_the_conversations_directory(tmp_path: 
     assert (tmp_path / "ws" / "coder" / "c-1" / "src" / "a.txt").read_text() == "hello"
     (done,) = [r for r in records if isinstance(r, SubmissionSettled)]
     assert done.outcome == "completed" and done.reply == "w=ok r=ok l=ok"
+
+
+async def test_read_file_reads_only_the_head_of_a_big_file(tmp_path: Path) -> None:
+    """It read the whole file, then kept 200,000 characters: a 1 GB file took two of memory."""
+    top = tmp_path / "ws" / "coder" / "c-1"
+    top.mkdir(parents=True)
+    size = 64 * 2**20
+    (top / "big.log").write_bytes(b"a" * (size - 2) + b"\xff\xfe")  # a tail never read
+    tracemalloc.start()
+    try:
+        records = await play(
+            coder(hearth.LocalWorkspace(tmp_path / "ws")),
+            [calls(call("read_file", id="r", path="big.log")), seen],
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    shown = outcomes(records)["r"].content
+    assert (
+        shown == "a" * READ_LIMIT + f"\n[file truncated: {size - READ_LIMIT} more bytes were cut]"
+    )
+    assert peak < size / 4, f"reading the head of a 64 MiB file took {peak:,} bytes at its peak"
 
 
 @pytest.mark.parametrize("path", ["../../escape.txt", "/etc/passwd"])

@@ -79,6 +79,14 @@ class OpenWorkspace(abc.ABC):
     async def read_file(self, path: str) -> str:
         """The file's text (UTF-8)."""
 
+    async def read_file_head(self, path: str, limit: int) -> tuple[str, int]:
+        """The first ``limit`` characters of the file's text, and how many bytes of it are left
+        after them (0 when it is all there). The built-in ``read_file`` tool reads this way.
+        This default reads the whole file; a workspace whose files can be large reads only
+        what it returns."""
+        text = await self.read_file(path)
+        return text[:limit], len(text[limit:].encode("utf-8", "surrogatepass"))
+
     @abc.abstractmethod
     async def write_file(self, path: str, content: str) -> int:
         """Write ``content`` (UTF-8), making missing parent directories; return the bytes

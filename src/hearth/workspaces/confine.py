@@ -8,6 +8,7 @@ instead of being followed out.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import os
@@ -62,6 +63,13 @@ def open_dir(top: str, parts: list[str], *, create: bool = False) -> Iterator[in
 
 
 def read_text(top: str, path: str) -> str:
+    text, _ = read_head(top, path, None)
+    return text
+
+
+def read_head(top: str, path: str, limit: int | None) -> tuple[str, int]:
+    """The text (UTF-8) of the file at ``path``: all of it, or its first ``limit`` characters
+    read without the rest (at most four bytes each), with how many bytes are left unread."""
     parts = parts_inside(top, path)
     if not parts:
         raise WorkspaceError(f"{path!r} is a directory")
@@ -74,11 +82,17 @@ def read_text(top: str, path: str) -> str:
             raise _explain(exc, path) from None
         with os.fdopen(fd, "rb") as f:
             _regular(f.fileno(), path)
-            data = f.read()
+            data = f.read() if limit is None else f.read(4 * limit)
+            size = os.fstat(f.fileno()).st_size
     try:
-        return data.decode("utf-8")
+        if limit is None:
+            return data.decode("utf-8"), 0
+        # A character cut in two at the end of the head is not an error: it is left unread.
+        text = codecs.getincrementaldecoder("utf-8")().decode(data, final=len(data) >= size)
     except UnicodeDecodeError:
         raise WorkspaceError(f"{path!r} is not UTF-8 text") from None
+    text = text[:limit]
+    return text, max(0, size - len(text.encode("utf-8")))
 
 
 def write_text(top: str, path: str, content: str) -> int:

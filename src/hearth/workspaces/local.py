@@ -42,6 +42,9 @@ class LocalFiles(OpenWorkspace):
     async def read_file(self, path: str) -> str:
         return await asyncio.to_thread(confine.read_text, self._top, path)
 
+    async def read_file_head(self, path: str, limit: int) -> tuple[str, int]:
+        return await asyncio.to_thread(confine.read_head, self._top, path, limit)
+
     async def write_file(self, path: str, content: str) -> int:
         if not isinstance(content, str):
             raise WorkspaceError("content must be text")
