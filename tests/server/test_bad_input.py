@@ -280,6 +280,27 @@ def test_a_query_parameter_given_twice_or_empty_is_400(server: ThreadServer, que
 
 
 @pytest.mark.parametrize(
+    ("method", "target"),
+    [
+        ("POST", "/admin/gc?dry_run=1&dry_run=0"),
+        ("POST", "/admin/gc?dry_run=yes"),
+        ("GET", "/admin/submissions?conversation=echo/a&conversation=echo/b"),
+        ("GET", "/channels/mail/deliveries?limit=1&limit=2"),
+        ("GET", "/channels/mail/deliveries?status=failed&status=admitted"),
+        ("GET", "/channels/mail/deliveries?full=yes"),
+        ("GET", "/channels/mail/deliveries?limit=%D9%A3"),
+    ],
+)
+def test_every_route_reads_its_query_parameters_alike(
+    server: ThreadServer, method: str, target: str
+) -> None:
+    """These routes took the last of a repeated parameter (a garbage collection asked for a dry
+    run and ran for real) and read a flag other than 1 or true as no."""
+    with server.client() as http:
+        assert refused(http.request(method, target)) == "invalid_request"
+
+
+@pytest.mark.parametrize(
     "query",
     ["offset=1_0", "offset=%2B5", "offset=%207%20", "offset=%D9%A3", "limit=%EF%BC%90%EF%BC%92"],
 )

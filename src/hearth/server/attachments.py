@@ -24,6 +24,7 @@ from hearth.config import Settings
 from hearth.server.body import is_json_media_type, parse_json, read_body
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
+from hearth.server.params import flag
 
 _ENTRY_KEYS = frozenset({"name", "media_type", "data"})
 # As the OpenAPI description states it (parameters such as ``; charset=`` are not taken here).
@@ -31,7 +32,6 @@ MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#
 MEDIA_TYPE = re.compile(MEDIA_TYPE_PATTERN)
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$"
 _FORM_FIELDS = frozenset({"message", "idempotency_key"})
-_FLAGS = {"0": False, "1": True, "false": False, "true": True}
 
 
 class _InMemoryParser(MultiPartParser):
@@ -186,10 +186,7 @@ async def get_attachment(server: ServerContext, request: Request) -> Response:
 async def admin_gc(server: ServerContext, request: Request) -> Response:
     """Delete the attachments nothing references; ``?dry_run=1`` only lists them."""
     rt = await server.runtime()
-    flag = request.query_params.get("dry_run", "0")
-    if flag not in _FLAGS:
-        raise _bad("dry_run must be one of 0, 1, true, false", "dry_run")
-    dry_run = _FLAGS[flag]
+    dry_run = flag(request, "dry_run")
     freed = await rt.collect_attachments(dry_run=dry_run)
     return JSONResponse(
         {

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from hearth.server.body import read_body
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
+from hearth.server.params import flag, int_param, query
 
 MAX_LIST = 1000
 _STATUSES = ("admitted", "failed")
@@ -34,16 +35,14 @@ async def deliver(server: ServerContext, request: Request) -> Response:
 
 async def list_deliveries(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
-    status = request.query_params.get("status") or None
+    status = query(request, "status") or None
     if status is not None and status not in _STATUSES:
         raise ApiError(
             400, "invalid_request", "status must be admitted or failed", {"field": "status"}
         )
-    raw = request.query_params.get("limit") or "100"
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIST:
-        raise ApiError(400, "invalid_request", f"limit must be 1-{MAX_LIST}", {"field": "limit"})
-    full = request.query_params.get("full") in ("1", "true")
-    found = await rt.deliveries(request.path_params["name"], status=status, limit=int(raw))
+    limit = int_param(query(request, "limit") or None, "limit", default=100, low=1, high=MAX_LIST)
+    full = flag(request, "full")
+    found = await rt.deliveries(request.path_params["name"], status=status, limit=limit)
     return JSONResponse({"deliveries": [d.to_json(full=full) for d in found]})
 
 

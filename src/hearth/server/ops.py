@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.openapi import openapi_document
+from hearth.server.params import query
 from hearth.store.base import Submission
 
 RECENT = 20  # settled submissions listed by the admin view
@@ -48,7 +49,7 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     Counting reads every submission row: an operator's tool, not a hot path.
     """
     rt = await server.runtime()
-    conversation = request.query_params.get("conversation") or None
+    conversation = query(request, "conversation") or None
     subs = await rt.submissions(conversation)
     now = await rt.now()  # the clock the leases were stamped with
     unsettled = [s for s in subs if s.outcome is None]

@@ -6,7 +6,6 @@ Each endpoint is ``async (server, request) -> Response``; errors are raised (``A
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from starlette.requests import Request
@@ -18,6 +17,7 @@ from hearth.server import attachments, console, inputs, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
+from hearth.server.params import int_param, query
 from hearth.server.tail import (
     MAX_OFFSET,
     MAX_WAIT_S,
@@ -40,8 +40,6 @@ MAX_CONVERSATION_PAGE = 500
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})  # + attachments
 _SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
-
-_INTEGER = re.compile("-?[0-9]{1,20}")
 
 
 def routes() -> list[tuple[str, Endpoint, list[str]]]:
@@ -104,7 +102,7 @@ async def list_conversations(server: ServerContext, request: Request) -> Respons
             {"field": "status"},
         )
     before = decode_cursor(query(request, "after") or None)
-    limit = _int_param(
+    limit = int_param(
         query(request, "limit"), "limit", default=CONVERSATION_PAGE, low=1,
         high=MAX_CONVERSATION_PAGE,
     )  # fmt: skip
@@ -203,10 +201,10 @@ async def get_snapshot(server: ServerContext, request: Request) -> Response:
 async def stream(server: ServerContext, request: Request) -> Response:
     rt, agent, id = await _runtime_for(server, request)
     conversation_id = rt.conversation_id(agent, id)
-    after = _int_param(query(request, "offset"), "offset", default=-1, low=-1)
+    after = int_param(query(request, "offset"), "offset", default=-1, low=-1, high=MAX_OFFSET)
     resume = request.headers.get("last-event-id")
     if resume is not None and resume.strip():
-        after = _int_param(resume.strip(), "Last-Event-ID", default=-1, low=-1)
+        after = int_param(resume.strip(), "Last-Event-ID", default=-1, low=-1, high=MAX_OFFSET)
     await rt.require_conversation(conversation_id)
     if "text/event-stream" in request.headers.get("accept", "").lower():
         if server.shutting_down:
@@ -232,7 +230,7 @@ async def stream(server: ServerContext, request: Request) -> Response:
             server.sse_heartbeat_s,
             release=lambda: server.count_sse(-1),
         )
-    limit = _int_param(query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT)
+    limit = int_param(query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT)
     wait = _wait_param(request, server.max_wait_s)
     page = await json_page(rt, conversation_id, after, limit, wait, server.closing)
     return JSONResponse(page)
@@ -328,31 +326,6 @@ async def all_waits(server: ServerContext, request: Request) -> Response:
 
 
 # --- query parameters ------------------------------------------------------------------------
-def query(request: Request, name: str) -> str | None:
-    """The one value of a query parameter, or None when absent; given twice is a 400 (which
-    one would count?)."""
-    values = request.query_params.getlist(name)
-    if len(values) > 1:
-        raise ApiError(400, "invalid_request", f"give {name} once", {"field": name})
-    return values[0] if values else None
-
-
-def _int_param(
-    raw: str | None, name: str, *, default: int, low: int, high: int = MAX_OFFSET
-) -> int:
-    if raw is None:
-        return default
-    # Plain ASCII digits only: ``int()`` also reads "1_0", "+5", " 7 " and other scripts' digits.
-    if not _INTEGER.fullmatch(raw):
-        raise ApiError(400, "invalid_request", f"{name} must be an integer", {"field": name})
-    value = int(raw)
-    if not low <= value <= high:
-        raise ApiError(
-            400, "invalid_request", f"{name} must be between {low} and {high}", {"field": name}
-        )
-    return value
-
-
 def _wait_param(request: Request, longest: float = MAX_WAIT_S) -> float:
     raw = query(request, "wait")
     if raw is None:
