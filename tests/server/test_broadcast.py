@@ -306,3 +306,20 @@ async def test_heartbeats_go_out_while_idle_and_zero_turns_them_off(heartbeat_s:
         assert (pings >= 3) if heartbeat_s else (pings == 0)
         client.gone.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_shutdown_callback_that_raises_leaves_the_others_called(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first to raise stopped the rest: the streams after it stayed open past shutdown."""
+    closing, called = Closing(), []
+
+    def broken() -> None:
+        raise RuntimeError("broken")
+
+    closing.on_set(lambda: called.append("first"))
+    closing.on_set(broken)
+    closing.on_set(lambda: called.append("last"))
+    closing.set()
+    assert called == ["first", "last"]
+    assert "a shutdown callback raised" in caplog.text

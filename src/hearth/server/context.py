@@ -4,6 +4,7 @@ signal that ends open streams and long-polls when the server shuts down."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -12,6 +13,8 @@ from starlette.responses import Response
 
 from hearth.config import Settings
 from hearth.runtime.runtime import Runtime
+
+log = logging.getLogger("hearth.server")
 
 # Where a request's scope holds the server's ``Closing`` (for the reading of its body).
 CLOSING_KEY = "hearth.closing"
@@ -35,7 +38,10 @@ class Closing:
         self.event.set()
         callbacks, self._callbacks = self._callbacks, {}
         for callback in callbacks.values():
-            callback()
+            try:
+                callback()
+            except Exception:  # one that fails must not leave the others' answers open
+                log.exception("a shutdown callback raised")
 
     def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` when closing begins (at once if it has); returns the undo. Cheaper
