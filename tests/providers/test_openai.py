@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fakellm import Answer
 
 from hearth.errors import ProviderError
 from hearth.providers import OpenAIProvider, default_providers
@@ -390,6 +391,32 @@ async def test_client_errors_are_terminal_with_the_providers_message(
     _, error = await collect(provider, hello)
     assert (error.kind, error.status, error.retry_after) == ("terminal", status, None)
     assert message in str(error)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "says"),
+    [
+        (307, {"location": "https://api.example.test/v1/chat/completions"}, "a redirect to https"),
+        (301, {}, "answered HTTP 301 with nothing"),
+        (204, {}, "answered HTTP 204 with nothing"),
+    ],
+)
+async def test_a_redirect_or_no_content_is_a_terminal_error_naming_the_base_url(
+    server: Any,
+    provider: OpenAIProvider,
+    collect: Any,
+    hello: ModelRequest,
+    status: int,
+    headers: dict[str, str],
+    says: str,
+) -> None:
+    """Read as an empty stream, each was "the stream ended early": transient, retried until the
+    budget ran out, for a base URL that can never answer."""
+    server.answers.append(Answer(status=status, headers=headers))
+    _, error = await collect(provider, hello)
+    assert (error.kind, error.status) == ("terminal", status)
+    assert says in str(error) and "base URL" in str(error)
+    assert len(server.requests) == 1
 
 
 async def test_an_error_that_quotes_the_key_has_it_redacted(

@@ -53,6 +53,10 @@ async def post_sse(
     try:
         async with client.stream("POST", url, json=body, headers=dict(headers)) as response:
             content_type = response.headers.get("content-type", "")
+            if response.status_code == 204 or 300 <= response.status_code < 400:
+                raise ProviderError(
+                    _no_answer(provider, url, response), status=response.status_code
+                )
             if response.status_code >= 400 or "application/json" in content_type:
                 raw = await response.aread()
                 raise on_error(
@@ -68,6 +72,19 @@ async def post_sse(
         raise ProviderError(
             f"{provider}: the connection to {url} failed: {exc}", kind="transient"
         ) from exc
+
+
+def _no_answer(provider: str, url: str, response: httpx2.Response) -> str:
+    """Why a 204 or a redirect is no answer: the base URL is wrong (a redirect is not followed,
+    as it would send the key elsewhere). Read as a stream, it was an empty one, and retried."""
+    status = response.status_code
+    location = response.headers.get("location")
+    if status == 204 or not location:
+        return f"{provider}: {url} answered HTTP {status} with nothing; check the base URL"
+    return (
+        f"{provider}: {url} answered HTTP {status}, a redirect to {location}; redirects are not"
+        " followed (they would carry the API key): give the base URL it points to"
+    )
 
 
 def redact(text: str, secret: str | None) -> str:
