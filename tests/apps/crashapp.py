@@ -109,6 +109,8 @@ def durable(ctx: hearth.AgentContext) -> str:
 
 @hearth.agent
 def parallel(ctx: hearth.AgentContext) -> str:
+    if os.environ.get("RENDER_FAILS") == "parallel":  # a release with a bug in its render
+        raise RuntimeError("a bug in the render")
     ctx.use_model("scripted/parallel")
     ctx.use_tool(fast)
     ctx.use_tool(slow)

@@ -37,6 +37,8 @@ def checker(ctx: hearth.AgentContext) -> str:
 
 @hearth.agent
 def researcher(ctx: hearth.AgentContext) -> str:
+    if os.environ.get("RENDER_FAILS") == "researcher":  # a release with a bug in its render
+        raise RuntimeError("a bug in the render")
     ctx.use_model("scripted/researcher")
     ctx.use_tool(search)
     ctx.use_subagent(checker, description="Check a fact")

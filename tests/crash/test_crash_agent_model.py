@@ -146,6 +146,39 @@ def test_a_child_whose_agent_is_no_longer_declared_gets_an_error_outcome(
     assert done.outcome == "completed"
 
 
+def test_a_recovery_whose_agent_cannot_render_still_leaves_the_batch_at_rest(lab: Lab) -> None:
+    """The submission failed with its tool batch open and no call named in the error: every
+    later request carried calls without results, which a provider refuses, so the conversation
+    was broken for good, even once the render was fixed."""
+    assert lab.harness.run(dispatch=[("parallel", "c1", "go")], crash_at="tool:slow").killed
+    assert lab.harness.run(env={"RENDER_FAILS": "parallel"}).ok  # a release with a render bug
+    (failed,) = lab.harness.submissions("parallel/c1")
+    assert failed.outcome == "failed" and failed.error is not None
+    assert failed.error["type"] == "agent_error"
+    assert "slow" in [t["name"] for t in failed.error["interrupted_tools"]]
+    records = lab.harness.history("parallel/c1")
+    slow = next(r for r in of(records, ToolOutcome) if r.name == "slow")
+    assert slow.content["type"] == "interrupted"
+    assert lab.count("slow") == 0  # killed as it began: marked, never run again
+    # The render fixed, the next message runs as in any conversation.
+    assert lab.harness.run(dispatch=[("parallel", "c1", "again")], env={"SLOW_S": "0.1"}).ok
+    settled = of(lab.harness.history("parallel/c1"), SubmissionSettled)
+    assert [s.outcome for s in settled] == ["failed", "completed"]
+
+
+def test_a_child_whose_agent_cannot_render_in_recovery_is_left_at_rest(
+    lab_delegating: Lab,
+) -> None:
+    lab = lab_delegating
+    assert lab.harness.run(dispatch=[("lead", "p", "norway")], crash_at="tool:search").killed
+    assert lab.harness.run(env={"RENDER_FAILS": "researcher"}).ok
+    (child,) = children(lab, "lead/p")
+    (marked,) = of(lab.harness.history(child), ToolOutcome)  # its batch closed
+    assert marked.content["type"] == "interrupted"
+    (outcome,) = of(lab.harness.history("lead/p"), ToolOutcome)
+    assert outcome.is_error and outcome.content["type"] == "task_failed"
+
+
 def test_an_exhausted_parent_budget_marks_the_task_interrupted_with_the_child_id(
     lab_delegating: Lab,
 ) -> None:

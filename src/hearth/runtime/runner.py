@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from hearth import _faults, telemetry
@@ -39,6 +40,7 @@ from hearth.runtime.recovery import (
     assemble_messages,
     classify_recovery,
     close_open_messages,
+    unresolved_tools,
 )
 from hearth.runtime.rest import settlement_at_rest
 from hearth.runtime.scope import Settlement, TurnPolicy
@@ -46,6 +48,7 @@ from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
 from hearth.runtime.waits import PauseForWait
 from hearth.store.base import Submission
+from hearth.tools import Tool
 from hearth.workspaces.base import OpenWorkspace, Workspace, close_all
 
 
@@ -154,10 +157,12 @@ class Attempt:
                 if await self._step(decision, rendered):
                     return
             except (ConfigurationError, _AgentFailure) as exc:
-                await self._settle_failed({"type": "agent_error", "message": str(exc)})
+                tools = None if rendered is None else rendered.tools
+                await self._settle_failed({"type": "agent_error", "message": str(exc)}, tools)
                 return
             except HookFailure as exc:
-                await self._settle_failed({"type": "hook_error", "message": str(exc)})
+                tools = None if rendered is None else rendered.tools
+                await self._settle_failed({"type": "hook_error", "message": str(exc)}, tools)
                 return
             except TaskPreempted:
                 continue  # a child stopped for an abort or the deadline: classify again
@@ -330,9 +335,20 @@ class Attempt:
         await self.policy.finish(self, settlement)
         return True
 
-    async def _settle_failed(self, error: dict[str, Any]) -> None:
-        settlement = Settlement("failed", error={"interrupted_tools": [], **error})
-        await self.policy.finish(self, settlement)
+    async def _settle_failed(
+        self, error: dict[str, Any], tools: Mapping[str, Tool] | None = None
+    ) -> None:
+        """Settle failed for ``error``, with the conversation at rest as for every failure: a
+        recovered attempt whose agent cannot render left its tool batch open, and every later
+        request carried calls without results (refused by the provider, for good)."""
+        interrupted = unresolved_tools(assemble_messages(self.submission_records()))
+        decision = Decision(
+            Action.SETTLE_FAILED,
+            error={**error, "interrupted_tools": [t.to_json() for t in interrupted]},
+            interrupted=interrupted,
+            signal="submission_interrupted" if interrupted else None,
+        )
+        await self.policy.finish(self, await settlement_at_rest(self, decision, tools))
 
     # --- steps ----------------------------------------------------------------------------
     def _render(self, state: dict[str, Any]) -> Rendered:
