@@ -1129,6 +1129,27 @@ async def test_graceful_shutdown_releases_running_work_and_the_next_run_finishes
     assert [s.signal_type for s in of(history, Signal)] == ["stream_interrupted"]
 
 
+async def test_rolling_restarts_do_not_use_up_the_attempts(tmp_path: Path) -> None:
+    """Each graceful shutdown counted as a failed attempt: with ``max_attempts=1``, the first
+    restart failed the submission ``retry_exhausted`` though nothing had failed."""
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    cut = stream("part one, ", "part two", delays=[0, 30])
+    model = ScriptedModel("a", [cut, cut, cut, reply("the rest")])
+    agent = simple_agent("a", durability=hearth.Durability(max_attempts=1))
+    app = app_with(agent, models=[model], db=db)
+    for restarts in range(3):
+        async with app.run() as rt:
+            if restarts == 0:
+                receipt = await rt.dispatch("a", "c", "go")
+            async with asyncio.timeout(10):  # (the submission failed: no more deltas)
+                while len(of(await rt.history("a", "c"), AssistantTextDelta)) <= restarts:
+                    await asyncio.sleep(0.01)
+    async with app.run() as rt:
+        assert (await rt.read(receipt, timeout=10)).text == "the rest"
+        sub = await rt.submission(receipt.submission_id)
+    assert (sub.attempt, sub.releases, sub.interruptions) == (4, 3, 1)
+
+
 async def test_a_sync_tool_runs_off_the_event_loop() -> None:
     import threading
 

@@ -255,6 +255,7 @@ class _Reader:
             input_appended=bool(mine),
             attempt=sub.attempt + 1,  # the attempt recovery would start
             waits=sub.waits,
+            releases=sub.releases,
             max_attempts=sub.max_attempts,
             deadline_passed=deadline,
             abort_requested=sub.abort_requested_at is not None,

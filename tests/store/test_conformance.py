@@ -756,6 +756,21 @@ async def test_release_makes_the_submission_claimable_at_once(
     assert (again.id, again.attempt) == (sub.id, 2)
 
 
+async def test_a_graceful_release_does_not_count_toward_the_attempts(store: Store) -> None:
+    """A shutdown's release is counted in ``releases``, which ``interruptions`` leaves out: a
+    few rolling redeploys in a row failed a long submission ``retry_exhausted``."""
+    sub = await running(store, owner="owner-1")
+    assert await store.release(sub.fence, "owner-1", graceful=True)
+    [again] = await store.claim("owner-2", 30.0, 10)
+    assert (again.attempt, again.releases, again.interruptions) == (2, 1, 1)
+    assert await store.release(again.fence, "owner-2")  # a failed attempt's: counted
+    [third] = await store.claim("owner-1", 30.0, 10)
+    assert (third.attempt, third.releases, third.interruptions) == (3, 1, 2)
+    assert not await store.release(sub.fence, "owner-1", graceful=True)  # not its claim now
+    row = await store.get_submission(sub.id)
+    assert row is not None and row.releases == 1 and row.to_json()["releases"] == 1
+
+
 async def test_expire_owners_expires_only_their_leases(store: Store, clock: ManualClock) -> None:
     clock.set(1000.0)
     a = await running(store, CONV, owner="dead")

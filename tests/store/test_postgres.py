@@ -257,8 +257,34 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     assert version == str(SCHEMA_VERSION)
 
 
+def _as_version_8(pg_cluster: Cluster, schema: str) -> None:
+    """The submissions table as version 8 left it: no count of graceful releases."""
+    pg_cluster.sql(
+        f"ALTER TABLE {schema}.submissions DROP COLUMN releases;"
+        f" UPDATE {schema}.meta SET value = '8' WHERE key = 'schema_version'"
+    )
+
+
+async def test_a_version_8_schema_counts_graceful_releases_after_its_migration(
+    pg_cluster: Cluster,
+) -> None:
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        first = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+    _as_version_8(pg_cluster, schema)
+    async with opened(pg_cluster.conninfo, schema) as store:
+        assert await store.get_submission(first.id) == first  # releases 0
+        (claimed,) = await store.claim("owner-1", 30.0, 1)
+        assert await store.release(claimed.fence, "owner-1", graceful=True)
+        row = await store.get_submission(first.id)
+        assert row is not None and (row.attempt, row.releases, row.interruptions) == (1, 1, 0)
+    found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert found == str(SCHEMA_VERSION) == "9"
+
+
 def _as_version_7(pg_cluster: Cluster, schema: str) -> None:
     """The conversations table as version 7 left it: the list's indexes on last_activity."""
+    _as_version_8(pg_cluster, schema)
     pg_cluster.sql(
         f"ALTER TABLE {schema}.conversations DROP COLUMN activity_bucket;"
         f" CREATE INDEX conversations_by_activity ON {schema}.conversations"
@@ -451,7 +477,7 @@ async def test_a_version_6_schema_gets_the_partial_type_indexes(pg_cluster: Clus
         assert found is not None and (found.id, found.offset) == ("m1", 1)
         assert await store.last_of_type(CONV, Compaction.type) is None
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == str(SCHEMA_VERSION) == "8"
+    assert version == str(SCHEMA_VERSION) == "9"
     names = pg_cluster.sql(
         f"SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
         f" WHERE schemaname = '{schema}' AND tablename = 'records'"
@@ -888,7 +914,7 @@ async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster
         got = await store.get_attachment(b.sha256)
         assert got is not None and got.data == data
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "8"
+    assert found == str(SCHEMA_VERSION) == "9"
 
 
 # --- over the server's limits ------------------------------------------------------------------

@@ -198,8 +198,42 @@ async def reopened_as(
     return await opened(path, clock=clock)
 
 
+def _as_schema_9(conn: sqlite3.Connection) -> None:
+    """The submissions table as schema 9 left it: no count of graceful releases."""
+    conn.execute("ALTER TABLE submissions DROP COLUMN releases")
+    conn.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+
+
+async def test_a_schema_9_file_counts_graceful_releases_after_its_migration(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        first = (await store.admit(new("support/c-1"))).submission
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        _as_schema_9(conn)
+    conn.close()
+    store = await opened(path)
+    try:
+        assert await store.get_submission(first.id) == first  # releases 0
+        (claimed,) = await store.claim("owner-1", 30.0, 1)
+        assert await store.release(claimed.fence, "owner-1", graceful=True)
+        row = await store.get_submission(first.id)
+        assert row is not None and (row.attempt, row.releases, row.interruptions) == (1, 1, 0)
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert version == (str(SCHEMA_VERSION),) == ("10",)
+
+
 def _as_schema_8(conn: sqlite3.Connection) -> None:
     """The conversations table as schema 8 left it: the list's indexes on last_activity."""
+    _as_schema_9(conn)
     conn.execute("DROP TRIGGER conversations_bucket_on_insert")
     conn.execute("DROP TRIGGER conversations_bucket_on_update")
     conn.execute("DROP INDEX conversations_recent")
@@ -888,4 +922,4 @@ async def test_a_schema_6_file_gains_the_attachment_store(tmp_path: Path) -> Non
     with sqlite3.connect(path) as conn:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == (str(SCHEMA_VERSION),) == ("9",)
+    assert version == (str(SCHEMA_VERSION),) == ("10",)

@@ -256,10 +256,11 @@ class Coordinator:
         return row.outcome is not None or row.status in (WAITING, "queued")
 
     # --- one claim ------------------------------------------------------------------------
-    async def _release(self, sub: Submission) -> None:
-        """Give the claim back (every release goes through here, between its kill points)."""
+    async def _release(self, sub: Submission, *, graceful: bool = False) -> None:
+        """Give the claim back (every release goes through here, between its kill points); a
+        ``graceful`` one (a shutdown's) does not count toward the submission's attempts."""
         _faults.reached("before:store.release")
-        await self.store.release(sub.fence, self.owner)
+        await self.store.release(sub.fence, self.owner, graceful=graceful)
         _faults.reached("after:store.release")
 
     async def _supervise(self, claim: _Claim) -> None:
@@ -311,7 +312,7 @@ class Coordinator:
                 # The same claim concludes: the classifier now sees the intent or the deadline.
                 await Attempt(self.env, sub).run()
             elif claim.reason == "shutdown":
-                await self._release(sub)
+                await self._release(sub, graceful=True)
         except FencedOut:
             log.info("submission %s was taken over by another owner", sub.id)
         except asyncio.CancelledError:

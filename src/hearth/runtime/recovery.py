@@ -76,6 +76,7 @@ class Evidence:
     start_hooks: bool = False  # the current render declares on_agent_start callbacks
     finish_hooks: bool = False  # the current render declares on_agent_finish callbacks
     waits: int = 0  # attempts that ended by a durable wait: they do not count toward the budget
+    releases: int = 0  # attempts a graceful shutdown gave back: nor do these
     tokens_spent: int = 0  # model tokens the submission spent so far (all turns, all attempts)
     max_tokens: int | None = None  # its spending budget; None: unbounded
     # The next turn's request, rebuilt from the records, is estimated past the model's input
@@ -85,7 +86,7 @@ class Evidence:
     @property
     def interruptions(self) -> int:
         """The attempts that count toward ``max_attempts``, this one included."""
-        return counted_attempts(self.attempt, self.waits)
+        return counted_attempts(self.attempt, self.waits, self.releases)
 
 
 START_HOOK = "on_agent_start"

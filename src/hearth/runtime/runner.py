@@ -232,6 +232,7 @@ class Attempt:
             input_appended=bool(mine),
             attempt=self.sub.attempt,
             waits=self.sub.waits,
+            releases=self.sub.releases,
             max_attempts=self.sub.max_attempts,
             deadline_passed=deadline_passed,
             abort_requested=abort,

@@ -271,10 +271,11 @@ class Store(ABC):
         ...
 
     @abstractmethod
-    async def release(self, fence: Fence, owner: str) -> bool:
+    async def release(self, fence: Fence, owner: str, *, graceful: bool = False) -> bool:
         """Give the lease up without settling (graceful shutdown, a failed attempt), so the next
         owner takes over at once; False when ``owner`` no longer held that claim. Publishes
-        ``released``."""
+        ``released``. A ``graceful`` release (a shutdown's) counts in the row's ``releases``:
+        that attempt does not count toward ``max_attempts``."""
         ...
 
     @abstractmethod

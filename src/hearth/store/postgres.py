@@ -634,8 +634,10 @@ class PostgresStore(Store):
         )
         return [Fence(row["id"], int(row["attempt"])) for row in rows]
 
-    async def release(self, fence: Fence, owner: str) -> bool:
-        return await self._write(lambda conn, outbox: ops.release(conn, fence, owner, outbox))
+    async def release(self, fence: Fence, owner: str, *, graceful: bool = False) -> bool:
+        return await self._write(
+            lambda conn, outbox: ops.release(conn, fence, owner, outbox, graceful)
+        )
 
     async def expire_owners(self, owners: Sequence[str]) -> int:
         names = list(owners)

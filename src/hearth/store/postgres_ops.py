@@ -695,14 +695,18 @@ RETURNING conversation_id
 """
 
 
-async def release(conn: Conn, fence: Fence, owner: str, outbox: Outbox) -> bool:
+async def release(
+    conn: Conn, fence: Fence, owner: str, outbox: Outbox, graceful: bool = False
+) -> bool:
     row = await fetchone(
         conn,
-        "UPDATE submissions SET lease_expires_at = 0, lease_owner = NULL"
+        "UPDATE submissions SET lease_expires_at = 0, lease_owner = NULL,"
+        " releases = releases + %(g)s"
         " WHERE id = %(id)s AND status = %(r)s AND attempt = %(a)s AND lease_owner = %(o)s"
         " RETURNING conversation_id",
-        {"id": fence.submission_id, "r": RUNNING, "a": fence.attempt, "o": owner},
-    )
+        {"id": fence.submission_id, "r": RUNNING, "a": fence.attempt, "o": owner,
+         "g": int(graceful)},
+    )  # fmt: skip
     if row is None:
         return False
     outbox.append(Event(RELEASED, row["conversation_id"], submission_id=fence.submission_id))

@@ -13,12 +13,13 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew
 
-SCHEMA_VERSION = 8  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+SCHEMA_VERSION = 9  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 # 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
 # 7: records_by_type (every record's type) gives way to partial indexes of compactions and of
 #    settlements, the only types looked up by type: a step's record writes one index fewer
 # 8: the conversation list's indexes hold activity_bucket (a column generated from last_activity,
 #    to the 10 seconds) in place of last_activity: an append's update of the row is heap-only
+# 9: submissions.releases counts the attempts a graceful shutdown gave back (not counted)
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -85,6 +86,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     traceparent text,
     waits integer NOT NULL DEFAULT 0,
     waiting_since double precision,
+    releases integer NOT NULL DEFAULT 0,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -198,6 +200,11 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
             await conn.execute("DROP INDEX IF EXISTS records_by_type")
         if found is not None and found < 8:
             await _run(conn, _ADD_ACTIVITY_BUCKET)
+        if found is not None and found < 9:  # the attempts a graceful shutdown gave back
+            await conn.execute(
+                "ALTER TABLE submissions ADD COLUMN IF NOT EXISTS releases integer NOT NULL"
+                " DEFAULT 0"
+            )
         await _run(conn, _TABLES)
         if found is not None and found < 3:
             await _add_sources(conn)

@@ -24,10 +24,11 @@ DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admit
 DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
 
 
-def counted_attempts(attempt: int, waits: int) -> int:
-    """The attempts that count toward ``max_attempts``: an attempt that ended by a durable wait
-    was not interrupted, so it does not use up the retry budget."""
-    return attempt - waits
+def counted_attempts(attempt: int, waits: int, releases: int = 0) -> int:
+    """The attempts that count toward ``max_attempts``: an attempt that ended by a durable wait,
+    or that a graceful shutdown gave back, was not interrupted by a failure, so it does not use
+    up the retry budget."""
+    return attempt - waits - releases
 
 
 # The states of a wait row.
@@ -77,11 +78,14 @@ class Submission:
     # attempts interrupted so far are ``attempt - waits`` (the one running included).
     waits: int = 0
     waiting_since: float | None = None  # while waiting; the deadline moves on by the time waited
+    # Attempts a graceful shutdown gave back (``Store.release(graceful=True)``): nor do these
+    # count, or a few rolling redeploys in a row failed a long submission ``retry_exhausted``.
+    releases: int = 0
 
     @property
     def interruptions(self) -> int:
         """The attempts that count toward ``max_attempts`` (the current one included)."""
-        return counted_attempts(self.attempt, self.waits)
+        return counted_attempts(self.attempt, self.waits, self.releases)
 
     @property
     def agent(self) -> str:
@@ -116,6 +120,7 @@ class Submission:
             "traceparent": self.traceparent,
             "waits": self.waits,
             "waiting_since": self.waiting_since,
+            "releases": self.releases,
         }
 
 
@@ -302,6 +307,7 @@ def submission_from_row(row: Row) -> Submission:
         traceparent=row["traceparent"],
         waits=int(row["waits"]),
         waiting_since=_real(row["waiting_since"]),
+        releases=int(row["releases"]),
     )
 
 

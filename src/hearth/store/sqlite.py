@@ -347,8 +347,10 @@ class SQLiteStore(Store):
 
         return await self._write(work)
 
-    async def release(self, fence: Fence, owner: str) -> bool:
-        return await self._write(lambda conn, outbox: ops.release(conn, fence, owner, outbox))
+    async def release(self, fence: Fence, owner: str, *, graceful: bool = False) -> bool:
+        return await self._write(
+            lambda conn, outbox: ops.release(conn, fence, owner, outbox, graceful)
+        )
 
     async def expire_owners(self, owners: Sequence[str]) -> int:
         """Set the lease of every running submission of these owners to 0 (expired); return how

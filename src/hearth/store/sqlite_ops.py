@@ -356,12 +356,14 @@ def join(
     return True
 
 
-def release(conn: sqlite3.Connection, fence: Fence, owner: str, outbox: Outbox) -> bool:
+def release(
+    conn: sqlite3.Connection, fence: Fence, owner: str, outbox: Outbox, graceful: bool = False
+) -> bool:
     row = conn.execute(
-        "UPDATE submissions SET lease_expires_at = 0, lease_owner = NULL"
-        " WHERE id = ? AND status = ? AND attempt = ? AND lease_owner = ?"
+        "UPDATE submissions SET lease_expires_at = 0, lease_owner = NULL,"
+        " releases = releases + ? WHERE id = ? AND status = ? AND attempt = ? AND lease_owner = ?"
         " RETURNING conversation_id",
-        (fence.submission_id, RUNNING, fence.attempt, owner),
+        (int(graceful), fence.submission_id, RUNNING, fence.attempt, owner),
     ).fetchone()
     if row is None:
         return False

@@ -8,7 +8,7 @@ import time
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
@@ -19,6 +19,7 @@ SCHEMA_VERSION = 9
 #    of settlements, the only types looked up by type: a step's record writes one index fewer
 # 9: the conversation list's indexes hold activity_bucket (last_activity to the 10 seconds, kept
 #    by triggers) in place of last_activity: an append rewrites the conversation's row alone
+# 10: submissions.releases counts the attempts a graceful shutdown gave back (not counted)
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -97,6 +98,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     traceparent TEXT,
     waits INTEGER NOT NULL DEFAULT 0,
     waiting_since REAL,
+    releases INTEGER NOT NULL DEFAULT 0,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -249,6 +251,13 @@ def _add_waits(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE submissions ADD COLUMN waiting_since REAL")
 
 
+def _add_releases(conn: sqlite3.Connection) -> None:
+    """Schema 9 → 10: the attempts a graceful shutdown gave back (none counted before)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "releases" not in have:
+        conn.execute("ALTER TABLE submissions ADD COLUMN releases INTEGER NOT NULL DEFAULT 0")
+
+
 def _add_attachments(conn: sqlite3.Connection) -> None:
     """Schema 6 → 7: the attachment store and its references (no older row references one)."""
     for statement in _statements(_ATTACHMENT_TABLES):
@@ -311,6 +320,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 conn.execute("DROP INDEX IF EXISTS records_by_type")
             if found < 9:
                 _add_activity_bucket(conn)
+            if found < 10:
+                _add_releases(conn)
         for statement in _statements(_SCHEMA):
             conn.execute(statement)
         conn.execute(
