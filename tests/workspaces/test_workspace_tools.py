@@ -102,6 +102,20 @@ async def test_read_file_reads_only_the_head_of_a_big_file(tmp_path: Path) -> No
     assert peak < size / 4, f"reading the head of a 64 MiB file took {peak:,} bytes at its peak"
 
 
+@pytest.mark.parametrize("kind", ["durable", "ephemeral"])
+async def test_parallel_calls_of_one_batch_share_the_attempts_workspace(
+    tmp_path: Path, kind: str
+) -> None:
+    """Each call opened the workspace: an ephemeral one's opening wiped what a sibling call had
+    written (or failed with FileExistsError), so files the model was told were written were gone."""
+    ws = (hearth.LocalWorkspace if kind == "durable" else hearth.EphemeralWorkspace)(tmp_path)
+    writes = [call("write_file", id=f"w{n}", path=f"{n}.txt", content=str(n)) for n in range(4)]
+    records = await play(coder(ws), [calls(*writes), calls(call("list_files", id="l")), seen])
+    got = outcomes(records)
+    assert got["l"].content == {"files": ["0.txt", "1.txt", "2.txt", "3.txt"]}
+    assert not any(o.is_error for o in got.values())
+
+
 @pytest.mark.parametrize("path", ["../../escape.txt", "/etc/passwd"])
 async def test_a_path_outside_is_an_error_outcome_the_model_sees(tmp_path: Path, path: str) -> None:
     ws = hearth.LocalWorkspace(tmp_path / "ws")

@@ -84,8 +84,9 @@ class Attempt:
         self.spending = spending or Spending(env.store, sub.id, self.journal)
         self.paused = False  # the attempt ended by a durable wait (the submission waits)
         self.next_expiry: float | None = None  # the earliest expiry of the waits it began
-        # The workspaces this attempt opened, closed when it ends (an ephemeral one is removed).
-        self._workspaces: dict[Workspace, OpenWorkspace] = {}
+        # The workspaces this attempt opened (or is opening), closed when it ends (an ephemeral
+        # one is removed).
+        self._workspaces: dict[Workspace, asyncio.Future[OpenWorkspace]] = {}
         self._attachments: dict[str, bytes | None] = {}
 
     # --- the loop -------------------------------------------------------------------------
@@ -101,13 +102,17 @@ class Attempt:
             await self._close_workspaces()
 
     async def workspace(self, declared: Workspace) -> OpenWorkspace:
-        """``declared`` opened for this attempt at this conversation, once."""
-        opened = self._workspaces.get(declared)
-        if opened is None:
-            opened = self._workspaces[declared] = await declared.open(
-                self.conversation_id, submission_id=self.sub.id, attempt=self.sub.attempt
+        """``declared`` opened for this attempt at this conversation, once: the parallel calls
+        of a batch share one opening (each opened it, and an ephemeral workspace's opening
+        wiped what a sibling had written). One that failed is tried again by the next call."""
+        opening = self._workspaces.get(declared)
+        if opening is None or (opening.done() and opening.exception() is not None):
+            opening = self._workspaces[declared] = asyncio.ensure_future(
+                declared.open(
+                    self.conversation_id, submission_id=self.sub.id, attempt=self.sub.attempt
+                )
             )
-        return opened
+        return await asyncio.shield(opening)  # a call cancelled leaves the opening to the rest
 
     async def attachment(self, sha256: str) -> bytes | None:
         if sha256 not in self._attachments:
@@ -116,7 +121,13 @@ class Attempt:
         return self._attachments[sha256]
 
     async def _close_workspaces(self) -> None:
-        opened, self._workspaces = list(self._workspaces.values()), {}
+        openings, self._workspaces = list(self._workspaces.values()), {}
+        pending = [o for o in openings if not o.done()]
+        for opening in pending:  # (an opening whose every caller was cancelled)
+            opening.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        opened = [o.result() for o in openings if not o.cancelled() and o.exception() is None]
         await close_all(opened, self.log)
 
     def _turn(self, *, begin: bool) -> telemetry.Span:
