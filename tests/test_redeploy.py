@@ -14,12 +14,14 @@ from hearth.records import (
     AssistantMessageCompleted,
     AssistantMessageStarted,
     AssistantToolCall,
+    Compaction,
     Record,
     StateWrite,
     ToolStepSettled,
     UserMessage,
 )
 from hearth.redeploy import Report, check_store
+from hearth.runtime.outcomes import rerun_started
 from hearth.store import NewSubmission, Store, Submission
 from hearth.store.sqlite import SQLiteStore
 
@@ -126,6 +128,79 @@ async def test_an_ordinary_tool_still_declared_is_no_finding(store: Store) -> No
         return "Shop."
 
     assert kinds(await check_store(store, {"shop": hearth.Agent(render, name="shop")})) == []
+
+
+async def test_a_durable_tool_that_no_longer_takes_the_calls_arguments_is_withdrawn(
+    store: Store,
+) -> None:
+    """Recovery validates the recorded arguments again before it re-executes: a tool that now
+    requires another one gave the call a validation error and dropped its recorded steps, and
+    the check said nothing."""
+
+    @hearth.tool(name="ship", durable=True)
+    async def ship_by(carrier: str, ctx: hearth.ToolContext) -> str:
+        """Ship with a carrier."""
+        return carrier
+
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/x")
+        ctx.use_tool(ship_by)
+        return "Shop."
+
+    await in_flight(store)
+    report = await check_store(store, {"shop": hearth.Agent(render, name="shop")})
+    assert kinds(report) == ["durable_tool_withdrawn"] and report.withdrawn
+    (finding,) = report.submissions[0].findings
+    assert "no longer takes the arguments of call call-1" in finding.message
+    assert "carrier" in finding.message
+
+
+def plain_shop() -> dict[str, Agent]:
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/x")
+        ctx.use_tool(hearth.tool(name="ship")(ship_plain.fn))
+        return "Shop."
+
+    return {"shop": hearth.Agent(render, name="shop")}
+
+
+async def test_an_ordinary_call_run_again_after_not_done_is_no_evidence_of_durability(
+    store: Store,
+) -> None:
+    """The record that counts a reconciled call's one run again is a step record: it was read
+    as the tool having been durable, and the unchanged code was reported withdrawing it (and
+    ``serve --strict`` refused to start)."""
+    sub = await in_flight(store, step=False)
+    call = AssistantToolCall(
+        id="m1:call", message_id="m1", tool_call_id="call-1", name="ship", arguments={}
+    )
+    await store.append(CONV, [rerun_started(call).stamped(sub.id, 1)], fence=sub.fence)
+    assert kinds(await check_store(store, plain_shop())) == []
+
+
+async def test_a_submission_whose_own_loop_compacted_is_checked_from_its_input(
+    store: Store,
+) -> None:
+    """The check read from the compaction's cut, where the input is not: it found no input,
+    judged the work not started and reported nothing, while recovery marked the durable call
+    and dropped its recorded step."""
+    sub = (await store.admit(NewSubmission(CONV, "shop", "message", {"message": "go"}))).submission
+    [sub] = await store.claim("owner", 30.0, 1)
+    start = await store.last_offset(CONV) + 1
+    records: list[Record] = [
+        UserMessage(id=f"{sub.id}:input", message_id=sub.id, content="go"),  # start
+        AssistantMessageStarted(id="m0:started", message_id="m0", model="x"),
+        AssistantMessageCompleted(id="m0:completed", message_id="m0", stop_reason="length"),
+        Compaction(id="k1", summary="so far", first_kept_offset=start + 4, kept_offsets=[start]),
+        AssistantMessageStarted(id="m1:started", message_id="m1", model="x"),  # start + 4
+        AssistantToolCall(id="m1:call", message_id="m1", tool_call_id="call-1", name="ship",
+                          arguments={}),
+        AssistantMessageCompleted(id="m1:completed", message_id="m1", stop_reason="tool_use"),
+        ToolStepSettled(id="call-1:label", tool_call_id="call-1", step="label", value="ok"),
+    ]  # fmt: skip
+    await store.append(CONV, [r.stamped(sub.id, sub.attempt) for r in records], fence=sub.fence)
+    assert kinds(await check_store(store, shop("always"))) == []
+    assert kinds(await check_store(store, shop())) == ["durable_tool_withdrawn"]
 
 
 async def test_a_removed_agent_is_withdrawn_unless_the_work_ends_the_same_anyway(

@@ -42,12 +42,13 @@ from hearth.agent import Agent, Rendered
 from hearth.errors import StoreError
 from hearth.records import (
     AssistantToolCall,
-    Compaction,
     Record,
     ToolStepSettled,
     WaitStarted,
 )
+from hearth.runtime.journal import Journal
 from hearth.runtime.recovery import (
+    RERUN_STEP,
     TASK_TOOL,
     Action,
     CallPlan,
@@ -205,10 +206,9 @@ class _Reader:
     async def conversation(
         self, conversation_id: str, agent: Agent | None, input_id: str, *, depth: int
     ) -> None:
-        # What the runner loads: from the latest compaction's first kept record on.
-        compaction = await self.store.last_of_type(conversation_id, Compaction.type)
-        after = compaction.first_kept_offset - 1 if isinstance(compaction, Compaction) else -1
-        records = await self.store.read(conversation_id, after=after)
+        journal = Journal(self.store, conversation_id, self.sub.fence)
+        await journal.load_for(self.sub.id)  # what the runner loads
+        records = journal.records
         mine = _from_input(records, input_id)
         rendered: Rendered | None = None
         if agent is not None:
@@ -284,6 +284,10 @@ class _Reader:
                 sub = rendered.subagents.get(str(args.get("agent")))
                 if child is not None and sub is not None:
                     await self.conversation(child, sub.agent, f"{child}:input", depth=depth + 1)
+            elif verdict is CallPlan.REEXECUTE:
+                finding = self._refused_arguments(conversation_id, call, rendered)
+                if finding is not None:
+                    self.findings.append(finding)
             elif verdict is CallPlan.INTERRUPTED:
                 was_durable = call.tool_call_id in durable
                 finding = self._marked(conversation_id, call, declared, was_durable)
@@ -301,6 +305,28 @@ class _Reader:
             name=name,
             tool_call_id=call.tool_call_id,
         )
+
+    def _refused_arguments(
+        self, conversation_id: str, call: AssistantToolCall, rendered: Rendered
+    ) -> Finding | None:
+        """The finding for a durable call that the new code's tool would refuse, as recovery
+        validates its recorded arguments again before it re-executes: it gets a validation
+        error outcome, and its recorded steps are dropped."""
+        try:
+            rendered.tools[call.name].validate(call.arguments)
+        except Exception as exc:
+            first = str(exc).splitlines()
+            why = (" ".join(first[1:3]).strip() if len(first) > 1 else str(exc))[:200]
+            return Finding(
+                DURABLE_TOOL_WITHDRAWN,
+                conversation_id,
+                f"durable tool {call.name!r} no longer takes the arguments of call"
+                f" {call.tool_call_id} ({why}): it gets a validation error instead of"
+                " re-executing with its recorded steps",
+                name=call.name,
+                tool_call_id=call.tool_call_id,
+            )
+        return None
 
     def _marked(
         self,
@@ -355,8 +381,13 @@ def _from_input(records: list[Record], input_id: str) -> list[Record]:
 
 
 def _durable_evidence(records: Sequence[Record]) -> set[str]:
-    """The tool calls that recorded a step or began a wait: only durable tools do."""
-    return {r.tool_call_id for r in records if isinstance(r, ToolStepSettled | WaitStarted)}
+    """The tool calls that recorded a step or began a wait: only durable tools do. (The record
+    of a reconciled call's run again is a step of hearth's own, of any tool.)"""
+    return {
+        r.tool_call_id
+        for r in records
+        if isinstance(r, WaitStarted) or (isinstance(r, ToolStepSettled) and r.step != RERUN_STEP)
+    }
 
 
 async def check_database(db: str | None, agents: Mapping[str, Agent]) -> Report:

@@ -9,7 +9,8 @@ from typing import Any
 
 from hearth import _faults
 from hearth.jsontext import storable_text
-from hearth.records import Record
+from hearth.records import Compaction, Record
+from hearth.runtime.model_context import first_needed_offset
 from hearth.store.base import Fence, Store
 from hearth.store.rules import settlement
 
@@ -33,6 +34,21 @@ class Journal:
     @property
     def last_offset(self) -> int:
         return self.records[-1].offset if self.records else -1
+
+    async def load_for(self, submission_id: str) -> None:
+        """Read what a loop of ``submission_id`` needs: from the latest compaction's cut on, and
+        the records it keeps from before the cut. A compaction of the submission's own loop
+        keeps its input, so everything of the submission is read (its evidence); an earlier
+        submission's kept records are read one by one, so a long loop of the past is not read
+        again."""
+        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
+        if not isinstance(compaction, Compaction):
+            await self.load(-1)
+        elif compaction.submission_id == submission_id:
+            await self.load(first_needed_offset(compaction) - 1)
+        else:
+            kept = compaction.kept_offsets or ()
+            await self.load(compaction.first_kept_offset - 1, also=kept)
 
     async def load(self, after: int, also: Sequence[int] = ()) -> None:
         """Read the records after ``after``, preceded by those at the offsets ``also`` (records

@@ -23,14 +23,13 @@ from hearth.errors import (
     described,
 )
 from hearth.providers.base import estimate_tokens
-from hearth.records import Compaction, Record, ToolOutcome
+from hearth.records import Record, ToolOutcome
 from hearth.runtime.batch import ToolBatch
 from hearth.runtime.budget import Spending
 from hearth.runtime.compaction import ContextTooLong, compact, input_budget
 from hearth.runtime.env import Env
 from hearth.runtime.hooks import HookFailure, finish_seam, start_seam
 from hearth.runtime.journal import Journal
-from hearth.runtime.model_context import first_needed_offset
 from hearth.runtime.model_turn import build_request, model_turn, note_interrupted_stream
 from hearth.runtime.recovery import (
     TURNS,
@@ -148,7 +147,7 @@ class Attempt:
             self._turn_span = None
 
     async def _run(self) -> None:
-        await self._load()
+        await self.journal.load_for(self.sub.id)
         while True:
             # One read per turn boundary: new records, the state, the submission's row.
             view = await self.store.turn_view(
@@ -183,20 +182,6 @@ class Attempt:
                 if await self._pause(pause):
                     return
                 # An abort came first: classifying again settles the submission aborted.
-
-    async def _load(self) -> None:
-        """Read what the loop needs: from the latest compaction's cut on, and the records it
-        keeps from before the cut. A compaction of this submission's own loop keeps its input,
-        so everything of the submission is read (its evidence); an earlier submission's kept
-        records are read one by one, so a long loop of the past is not read again."""
-        compaction = await self.store.last_of_type(self.conversation_id, Compaction.type)
-        if not isinstance(compaction, Compaction):
-            await self.journal.load(-1)
-        elif compaction.submission_id == self.sub.id:
-            await self.journal.load(first_needed_offset(compaction) - 1)
-        else:
-            kept = compaction.kept_offsets or ()
-            await self.journal.load(compaction.first_kept_offset - 1, also=kept)
 
     async def _pause(self, pause: PauseForWait) -> bool:
         """End the attempt for durable waits: the submission waits, without a lease. False
