@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import sys
@@ -168,9 +167,10 @@ def _named(items: Sequence[T], kind: type[T], what: str) -> dict[str, T]:
 
 
 async def open_database(db: str | None, *, pg_pool: int = 10, existing: bool = False) -> Store:
-    """Open the store ``db`` names, creating or checking its schema; with ``existing``, a SQLite
-    file that is not there is a ``StoreError`` (a command that reads or changes what is stored
-    must not make an empty database where a path was mistyped).
+    """Open the store ``db`` names, creating or checking its schema; with ``existing``, a
+    database without hearth's schema (a SQLite file that is not there, a PostgreSQL schema
+    that is not) is a ``StoreError`` (a command that reads or changes what is stored must not
+    make an empty database where a path was mistyped).
 
     A failure the store did not type (a driver's error, such as a role that may not create the
     schema) becomes one ``StoreError`` line, so ``hearth serve`` and ``hearth migrate`` print it
@@ -178,15 +178,8 @@ async def open_database(db: str | None, *, pg_pool: int = 10, existing: bool = F
     """
     check_db_url(db)
     store = open_store(db, pg_pool=pg_pool)
-    path = getattr(store, "path", None)  # (a SQLite store's file)
-    if (
-        existing
-        and path not in (None, ":memory:")
-        and not await asyncio.to_thread(os.path.exists, path)
-    ):
-        raise StoreError(f"there is no database at {path}: check --db (or HEARTH_DB)")
     try:
-        await store.open()
+        await store.open(create=not existing)
     except (HearthError, OSError):
         raise
     except Exception as exc:

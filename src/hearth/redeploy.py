@@ -403,7 +403,7 @@ async def check_database(db: str | None, agents: Mapping[str, Agent]) -> Report:
     if not isinstance(probe, SQLiteStore):
         # (Opening migrates an older schema, as the new release's first process would: the
         # older processes carry on with it, as in any rolling redeploy.)
-        store = await open_database(db, pg_pool=1)
+        store = await open_database(db, pg_pool=1, existing=True)
         try:
             return await check_store(store, agents)
         finally:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from httpharness import ServerProcess, ThreadServer, child_env, free_port
+from httpharness import HERE, ServerProcess, ThreadServer, child_env, free_port
+from pgcluster import Cluster
 
 from hearth.cli import main
 
@@ -132,6 +133,23 @@ def test_commands_on_a_database_file_that_is_not_there_make_none(tmp_path: Path)
         code, out = run(*args)
         assert code == 1 and "there is no database at" in one_line_error(out), (args, out)
     assert not missing.exists()
+
+
+def test_commands_on_a_postgresql_schema_that_is_not_there_make_none(pg_cluster: Cluster) -> None:
+    """The SQLite check did not cover PostgreSQL: ``?schema=`` mistyped, each command created the
+    schema with its ten tables and reported nothing to do (``hearth check`` passed, exit 0)."""
+    url = pg_cluster.url("typo_schema")
+    for args in (
+        ("waits", "--db", url),
+        ("resolve", "a", "c", "w_1", "true", "--db", url),
+        ("gc", "--db", url),
+    ):
+        code, out = run(*args)
+        assert code == 1 and "no hearth database in the schema" in one_line_error(out), (args, out)
+    checked = run("check", "serverapp:app", "--app-dir", str(HERE), "--db", url)
+    assert checked[0] == 2 and "no hearth database" in checked[1], checked
+    found = pg_cluster.sql("SELECT count(*) FROM pg_namespace WHERE nspname = 'typo_schema'")
+    assert found == "0"
 
 
 def test_serve_errors_are_one_line(tmp_path: Path) -> None:

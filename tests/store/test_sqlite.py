@@ -923,3 +923,18 @@ async def test_a_schema_6_file_gains_the_attachment_store(tmp_path: Path) -> Non
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
     assert version == (str(SCHEMA_VERSION),) == ("10",)
+
+
+async def test_opening_without_create_refuses_a_file_that_is_not_hearths(tmp_path: Path) -> None:
+    missing, foreign = tmp_path / "typo.db", tmp_path / "other.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.close()
+    for path in (missing, foreign):
+        with pytest.raises(StoreError, match=r"no database at|no hearth database"):
+            await SQLiteStore(str(path)).open(create=False)
+    assert not missing.exists()
+    with sqlite3.connect(foreign) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    assert tables == {"notes"}  # nothing of hearth's was made in it

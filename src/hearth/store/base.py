@@ -60,8 +60,10 @@ class Store(ABC):
     shared: bool = False
 
     @abstractmethod
-    async def open(self) -> None:
-        """Create or check the schema. Raises ``SchemaTooNew`` for a newer database."""
+    async def open(self, *, create: bool = True) -> None:
+        """Create or check the schema. Raises ``SchemaTooNew`` for a newer database. With
+        ``create=False``, a database without hearth's schema (a mistyped path or schema name)
+        is a ``StoreError``, and nothing is made."""
 
     @abstractmethod
     async def close(self) -> None:

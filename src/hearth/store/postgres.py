@@ -159,7 +159,7 @@ class PostgresStore(Store):
         self._skew: tuple[float, float] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
-    async def open(self) -> None:
+    async def open(self, *, create: bool = True) -> None:
         """Connect, create or check the schema (under an advisory lock), start the listener."""
         if self._transactions is not None:
             return
@@ -178,7 +178,7 @@ class PostgresStore(Store):
             shown = await cursor.fetchone()
             if shown:
                 self._app_search_path = str(shown[0])
-            await migrate(conn, self.schema)
+            await migrate(conn, self.schema, create=create)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise StoreError(
                 f"{self.where}: {first_line(exc)}; grant CREATE on the database to this role, or"

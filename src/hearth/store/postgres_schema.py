@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from hearth.errors import SchemaTooNew
+from hearth.errors import SchemaTooNew, StoreError
 
 SCHEMA_VERSION = 9  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 # 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
@@ -172,17 +172,26 @@ ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waiting_since double precision
 """
 
 
-async def migrate(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    """Create the schema and its tables, or check the version of the ones that exist."""
+async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, *, create: bool = True) -> None:
+    """Create the schema and its tables, or check the version of the ones that exist. Without
+    ``create``, a schema without hearth's tables is a ``StoreError`` (nothing is made)."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         # Created only when missing: ``CREATE SCHEMA IF NOT EXISTS`` asks for the database's
         # CREATE privilege even when the schema is there (owned by a role that has no more).
         cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+        missing = StoreError(
+            f"there is no hearth database in the schema {schema!r}: check --db (or HEARTH_DB)"
+            " and its ?schema="
+        )
         if await cur.fetchone() is None:
+            if not create:
+                raise missing
             await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         await conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
         found = await _version(conn, schema)
+        if found is None and not create:
+            raise missing
         if found is not None and found > SCHEMA_VERSION:
             raise SchemaTooNew(
                 f"the database schema {schema!r} was created by a newer hearth (schema version"

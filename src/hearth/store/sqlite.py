@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from hearth.errors import ConfigurationError, StoreUnavailable
+from hearth.errors import ConfigurationError, StoreError, StoreUnavailable
 from hearth.records import Record, WaitStarted, loads
 from hearth.store import rules
 from hearth.store import sqlite_ops as ops
@@ -108,7 +109,10 @@ class SQLiteStore(Store):
         self.synchronous = mode
         self.clock = clock or steady_clock()
         self.events = StoreEvents()
-        self._writer = GroupCommitWriter(lambda: connect(path, mode), self.events)
+        self._create = True
+        self._writer = GroupCommitWriter(
+            lambda: connect(path, mode, create=self._create), self.events
+        )
 
     @property
     def commits(self) -> int:
@@ -123,8 +127,13 @@ class SQLiteStore(Store):
         return self._writer.submitted
 
     # --- lifecycle ------------------------------------------------------------------------------
-    async def open(self) -> None:
+    async def open(self, *, create: bool = True) -> None:
         """Open the file, take ownership of it and create or check the schema (the migration)."""
+        if not create and (
+            self.path == ":memory:" or not await asyncio.to_thread(os.path.exists, self.path)
+        ):
+            raise StoreError(f"there is no database at {self.path}: check --db (or HEARTH_DB)")
+        self._create = create
         await self._writer.start()
 
     async def close(self) -> None:

@@ -165,7 +165,7 @@ CREATE TABLE IF NOT EXISTS attachment_refs (
 _ATTACHMENT_TABLES = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS attachments") :]
 
 
-def connect(path: str, synchronous: str) -> sqlite3.Connection:
+def connect(path: str, synchronous: str, *, create: bool = True) -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, timeout=LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False
     )
@@ -178,7 +178,7 @@ def connect(path: str, synchronous: str) -> sqlite3.Connection:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA cache_size = -32000")
-        migrate(conn)
+        migrate(conn, create=create)
     except sqlite3.OperationalError as exc:
         conn.close()
         if getattr(exc, "sqlite_errorcode", None) in (5, 6) or "locked" in str(exc):
@@ -289,13 +289,16 @@ def _add_activity_bucket(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE conversations SET activity_bucket = CAST(last_activity / 10 AS INTEGER)")
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once."""
+def migrate(conn: sqlite3.Connection, *, create: bool = True) -> None:
+    """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once.
+    Without ``create``, a file without hearth's schema is a ``StoreError``."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         has_meta = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
         ).fetchone()
+        if not has_meta and not create:
+            raise StoreError("the file holds no hearth database: check --db (or HEARTH_DB)")
         if has_meta:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             found = int(row[0]) if row is not None else SCHEMA_VERSION
