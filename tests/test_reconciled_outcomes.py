@@ -12,6 +12,7 @@ import pytest
 
 import hearth
 from hearth.records import AssistantToolCall, ToolOutcome, ToolStepSettled, record_from_json
+from hearth.runtime.outcomes import reconciled_done
 from hearth.runtime.recovery import RERUN_STEP, CallPlan, MessageView, plan_tool_batch
 from hearth.store import open_store
 from hearth.testing import Ledger, ScriptedModel, call, calls, reply
@@ -69,6 +70,29 @@ def test_the_plan_reconciles_only_a_reconcilable_call_of_a_dead_attempt_never_re
     plan = plan_tool_batch(view, 2, {"pay": False, "look": False}, [], ["pay"])
     assert plan == {"a": CallPlan.RECONCILE, "b": CallPlan.INTERRUPTED, "c": CallPlan.INTERRUPTED}
     assert plan_tool_batch(view, 1, {"pay": False}, [], ["pay"])["a"] is CallPlan.RUN
+
+
+def test_a_done_error_that_cannot_be_printed_is_still_the_calls_outcome() -> None:
+    """Its message was made with ``str()``, which raised in every attempt: recovery looped,
+    asking the external system again each time, and the submission never settled."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    class Odd:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    call = _call("c1", "pay")
+    raised = reconciled_done("m1", call, hearth.Done(error=Unprintable()))
+    assert raised.content == {
+        "type": "exception",
+        "message": "Unprintable: <its message cannot be printed>",
+    }
+    given = reconciled_done("m1", call, hearth.Done(error=Odd()))  # type: ignore[arg-type]
+    assert given.content == {"type": "error", "message": "<its message cannot be printed>"}
+    assert raised.is_error and given.is_error and raised.reconciled == "done"
 
 
 def test_the_ledger_takes_one_effect_per_key(tmp_path: Path) -> None:

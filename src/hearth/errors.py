@@ -27,9 +27,10 @@ def app_failure(exc: BaseException) -> bool:
     return not stopping(exc)
 
 
-def message_of(exc: BaseException) -> str:
+def message_of(exc: object) -> str:
     """``str(exc)``, or a note saying it cannot be had when its ``__str__`` raises (an error
-    that cannot be printed must still be reported, not raise a second time)."""
+    that cannot be printed must still be reported, not raise a second time). ``exc`` is an
+    exception, or whatever an application gave as one."""
     try:
         return str(exc)
     except Exception:

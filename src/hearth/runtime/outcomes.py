@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hearth.effects import DONE, NOT_DONE, Done
+from hearth.errors import described, message_of
 from hearth.records import AssistantToolCall, ToolOutcome, ToolResultsCommitted, ToolStepSettled
 from hearth.runtime.recovery import RERUN_STEP, InterruptedTool, MessageView
 
@@ -44,10 +45,12 @@ def reconciled_done(
     error = answer.error
     if error is None:
         return _outcome(message_id, call, answer.result, is_error=False, reconciled=DONE)
+    # (An error that cannot be printed is still the call's outcome: it raised here, in every
+    # attempt, and the reconcile was asked again each time.)
     if isinstance(error, BaseException):
-        content = {"type": "exception", "message": f"{type(error).__name__}: {error}"}
+        content = {"type": "exception", "message": described(error)}
     else:
-        content = {"type": "error", "message": str(error)}
+        content = {"type": "error", "message": message_of(error)}
     return _outcome(message_id, call, content, is_error=True, reconciled=DONE)
 
 
