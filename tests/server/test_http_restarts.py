@@ -155,6 +155,29 @@ def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
         server.kill()
 
 
+def test_sigterm_while_a_sync_tool_blocks_still_exits_within_the_shutdown_time(
+    tmp_path: Path,
+) -> None:
+    """The watchdog was stopped once the server had stopped, and the interpreter then waited
+    for the tool's worker thread: the process lived on for as long as the tool blocked (60 s
+    here) past a ``HEARTH_SHUTDOWN_S`` of 2."""
+    db = tmp_path / "h.db"
+    server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "2"}).start()
+    try:
+        conv = hearth.Client(server.url).conversation("blocker", "b-1")
+        conv.send("block")
+        wait_until(
+            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
+        )
+        time.sleep(0.2)  # the call is under way on its thread
+        server.terminate()
+        code = server.wait(timeout=30)  # (the tool blocks for 60 s)
+        assert code == 1  # past HEARTH_SHUTDOWN_S: the process ends anyway, saying so
+        assert "graceful shutdown took over 2 s" in server.log.read_text()
+    finally:
+        server.kill()
+
+
 def test_sigterm_while_a_body_is_arriving_answers_503_and_exits_at_once(tmp_path: Path) -> None:
     """The read of the body waited until the server's grace ran out and was cancelled: the
     client got a bare 500 (not JSON), the log a traceback, and the shutdown waited for it."""

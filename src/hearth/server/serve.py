@@ -132,7 +132,6 @@ async def serve_async(server: HearthServer) -> None:
         await server.serve()
     finally:
         await server.asgi.stop()
-        server.cancel_watchdog()
 
 
 def serve(
@@ -146,4 +145,10 @@ def serve(
     server = make_server(app, log_level=log_level, access_log=access_log, hard_exit=True)
     if on_ready is not None:
         server.on_ready = on_ready
-    asyncio.run(serve_async(server))
+    try:
+        # The watchdog outlives the loop: closing it waits for the worker threads, and a sync
+        # tool's thread, which no shutdown can interrupt, held the process for as long as the
+        # tool ran.
+        asyncio.run(serve_async(server))
+    finally:
+        server.cancel_watchdog()
