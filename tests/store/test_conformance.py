@@ -981,6 +981,22 @@ async def test_join_many_joins_in_order_and_stops_at_the_first_that_cannot(store
     assert await store.join_many(host.fence, []) == 0
 
 
+async def test_an_abort_stamps_and_lists_the_submissions_joined_to_the_response(
+    store: Store,
+) -> None:
+    """A joined submission is unsettled until its host settles: the abort left it unstamped and
+    out of its answer, though it then settled aborted with the host."""
+    host = await running(store, CONV)
+    guest = await admitted(store, CONV)
+    await store.join(host.fence, guest.id, [msg(1, guest.id)])
+    assert await store.request_abort(CONV) == [host.id, guest.id]
+    row = await store.get_submission(guest.id)
+    assert row is not None and row.status == "joined" and row.abort_requested_at is not None
+    aborted = {"type": "aborted", "message": "the submission was aborted"}
+    await store.settle(host.fence, settlement(host), outcome="aborted", error=aborted, reply=None)
+    assert await store.request_abort(CONV) == []  # settled with the host: nothing left
+
+
 async def test_join_many_before_the_host_appended_joins_them_all(store: Store) -> None:
     host = await running(store, CONV)
     guests = [await admitted(store, CONV) for _ in range(3)]

@@ -294,7 +294,8 @@ class Store(ABC):
     @abstractmethod
     async def request_abort(self, conversation_id: str) -> list[str]:
         """Stamp an abort intent (keeping an earlier stamp) on every queued, running or waiting
-        submission of the conversation; return their ids in admission order. A waiting one ends
+        submission of the conversation, and every one joined to a response that has not
+        settled; return their ids in admission order. A waiting one ends
         its pending waits (``wait_resolved{aborted: true}``) and becomes ``queued``, so that a
         claimer settles it aborted. Atomic. Publishes ``abort`` when any was stamped."""
         ...

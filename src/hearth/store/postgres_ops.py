@@ -30,6 +30,7 @@ from hearth.store.rows import (
     OPEN_SQL,
     QUEUED,
     RUNNING,
+    UNSETTLED_SQL,
     WAIT_ABORTED,
     WAIT_PENDING,
     WAIT_RESOLVED,
@@ -732,7 +733,7 @@ async def request_abort(
     rows = await fetchall(
         conn,
         f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
-        f" WHERE conversation_id = %(c)s AND status IN {OPEN_SQL}"
+        f" WHERE conversation_id = %(c)s AND {UNSETTLED_SQL}"
         " RETURNING id, seq, status",
         {"c": conversation_id, "now": now},
     )

@@ -20,6 +20,8 @@ UNSETTLED = (QUEUED, RUNNING)  # what a claimer will run; a waiting submission i
 # What holds a conversation: a message admitted meanwhile queues behind it, an abort reaches it.
 OPEN = (QUEUED, RUNNING, WAITING)
 OPEN_SQL = "(" + ", ".join(f"'{status}'" for status in OPEN) + ")"  # for an IN (...) in SQL
+# Unsettled: open, or joined to a response that has not settled yet (SQL, for a WHERE).
+UNSETTLED_SQL = f"(status IN {OPEN_SQL} OR (status = '{JOINED}' AND outcome IS NULL))"
 DELIVERY_ADMITTED = "admitted"  # a channel delivery whose submissions are admitted
 DELIVERY_FAILED = "failed"  # a channel delivery whose routing failed (kept to be replayed)
 

@@ -27,6 +27,7 @@ from hearth.store.rows import (
     OPEN_SQL,
     QUEUED,
     RUNNING,
+    UNSETTLED_SQL,
     WAIT_ABORTED,
     WAIT_PENDING,
     WAIT_RESOLVED,
@@ -388,11 +389,11 @@ def request_abort(
 ) -> list[str]:
     conn.execute(
         "UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, ?)"
-        f" WHERE conversation_id = ? AND status IN {OPEN_SQL}",
+        f" WHERE conversation_id = ? AND {UNSETTLED_SQL}",
         (now, conversation_id),
     )
     rows = conn.execute(
-        f"SELECT id, status FROM submissions WHERE conversation_id = ? AND status IN {OPEN_SQL}"
+        f"SELECT id, status FROM submissions WHERE conversation_id = ? AND {UNSETTLED_SQL}"
         " ORDER BY seq",
         (conversation_id,),
     ).fetchall()
