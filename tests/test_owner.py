@@ -27,10 +27,22 @@ def test_a_finished_process_is_dead() -> None:
 
 
 def test_a_reused_pid_with_another_start_time_is_dead() -> None:
-    host, boot, pid, start = current_owner().split(":")
-    assert is_dead_local(f"{host}:{boot}:{pid}:{int(start) + 1}")
+    host, boot, namespace, pid, start = current_owner().split(":")
+    assert is_dead_local(f"{host}:{boot}:{namespace}:{pid}:{int(start) + 1}")
 
 
 def test_owners_on_other_hosts_or_unparseable_are_never_declared_dead() -> None:
-    assert not is_dead_local(f"not-{this_host()}:abc:1:1")
+    assert not is_dead_local(f"not-{this_host()}:abc:1:1:1")
     assert not is_dead_local("garbage")
+
+
+def test_a_dead_pid_of_another_boot_or_pid_namespace_proves_nothing() -> None:
+    """Two containers sharing a host name and boot (host networking) have PID namespaces of
+    their own, and two machines may share a host name: each took the other's live processes
+    for dead and expired their leases at every scan, interrupting their work."""
+    host, boot, namespace, _, _ = current_owner().split(":")
+    gone = "999999999"  # no such pid here
+    assert is_dead_local(f"{host}:{boot}:{namespace}:{gone}:1")
+    assert not is_dead_local(f"{host}:{boot}:{int(namespace) + 1}:{gone}:1")
+    assert not is_dead_local(f"{host}:{'0' * 12}:{namespace}:{gone}:1")
+    assert not is_dead_local(f"{host}:{boot}:{gone}:1")  # an earlier release's id: no namespace

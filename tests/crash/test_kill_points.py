@@ -24,7 +24,7 @@ from hearth.records import (
     SubmissionSettled,
     ToolOutcome,
 )
-from hearth.runtime.owner import _boot_id, this_host
+from hearth.runtime.owner import _boot_id, _pid_namespace, this_host
 from hearth.store import open_store
 from hearth.store.base import NewSubmission, Store
 from hearth.testing import KILL_POINTS, STORE_WRITES
@@ -114,7 +114,8 @@ class RecordingStore:
         return write
 
 
-DEAD_OWNER = f"{this_host()}:{_boot_id()}:999999999:x"  # no such pid: a dead local owner
+# No such pid: a dead local owner.
+DEAD_OWNER = f"{this_host()}:{_boot_id()}:{_pid_namespace()}:999999999:x"
 
 
 async def _leave_a_claim_of_a_dead_owner(db: str) -> None:

@@ -1,8 +1,11 @@
 """Owner ids that tell whether their process is still alive on this host.
 
-``host:boot:pid:start`` — a process on the same host whose pid is gone, or now belongs to a
-process that started at another time, or that ran before the last boot, is dead: its work can be
-taken over at once instead of waiting for its lease to expire.
+``host:boot:pidns:pid:start`` — a process that shares this process's host name, boot and PID
+namespace, and whose pid is gone (or now belongs to a process that started at another time), is
+dead: its work can be taken over at once instead of waiting for its lease to expire. Anything
+less is not proof: two containers with one host name and boot (host networking) have PID
+namespaces of their own, two machines may share a host name, and a rebooted host's old owners
+are as well waited for as a live peer's; their leases decide.
 """
 
 from __future__ import annotations
@@ -11,13 +14,26 @@ import os
 import socket
 from functools import cache
 
+UNKNOWN = "x"  # a part that could not be read: nothing is proven with it
 
+
+@cache
 def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip().replace("-", "")[:12]
+            return f.read().strip().replace("-", "")[:12] or UNKNOWN
     except OSError:
-        return "noboot"
+        return UNKNOWN
+
+
+@cache
+def _pid_namespace() -> str:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return UNKNOWN
+    digits = "".join(c for c in link if c.isdigit())
+    return digits or UNKNOWN
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -38,20 +54,42 @@ def this_host() -> str:
 
 def current_owner() -> str:
     pid = os.getpid()
-    return f"{this_host()}:{_boot_id()}:{pid}:{_start_ticks(pid) or 'x'}"
+    return f"{this_host()}:{_boot_id()}:{_pid_namespace()}:{pid}:{_start_ticks(pid) or UNKNOWN}"
 
 
 def is_dead_local(owner: str) -> bool:
-    """True only when the owner is provably a dead process of this host."""
+    """True only when the owner is provably a dead process of this host, boot and PID
+    namespace. (An owner id of an earlier release, without its namespace, proves nothing.)"""
     parts = owner.split(":")
-    if len(parts) != 4 or parts[0] != this_host():
+    if len(parts) != 5:
         return False
-    _, boot, pid_text, start = parts
-    if boot != _boot_id():
+    host, boot, namespace, pid_text, start = parts
+    if (host, boot, namespace) != (this_host(), _boot_id(), _pid_namespace()):
+        return False
+    if UNKNOWN in (boot, namespace) or not pid_text.isascii() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid <= 0:
+        return False
+    exists = _exists(pid)
+    if exists is None:
+        return False
+    if not exists:
         return True
+    # Alive under that pid: dead only if it is another process than the owner (a reused pid).
+    ticks = _start_ticks(pid)  # (None when /proc hides it: then not proven)
+    return ticks is not None and start != UNKNOWN and ticks != start
+
+
+def _exists(pid: int) -> bool | None:
+    """Whether ``pid`` exists here (one of another user's answers PermissionError); None when
+    it cannot be told."""
     try:
-        pid = int(pid_text)
-    except ValueError:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    ticks = _start_ticks(pid)
-    return ticks is None or (start != "x" and ticks != start)
+    except PermissionError:
+        return True
+    except (OverflowError, OSError):
+        return None
+    return True
