@@ -11,7 +11,7 @@ import pytest
 
 import hearth
 from hearth.records import ToolOutcome
-from hearth.store.base import Fence, NewSubmission, Submission
+from hearth.store.base import Held, NewSubmission, Submission
 from hearth.testing import ScriptedModel, call, calls, reply
 
 pytestmark = pytest.mark.anyio
@@ -164,7 +164,7 @@ async def test_a_claim_settled_just_before_a_renewal_is_not_reported_lost(
             await judged.wait()  # the attempt is not done while the heartbeat judges it
             return offset
 
-        async def renew_after_settlement(owner: str, lease_s: float) -> list[Fence]:
+        async def renew_after_settlement(owner: str, lease_s: float) -> list[Held]:
             nonlocal renewals
             renewals += 1
             if renewals > 1:
@@ -189,3 +189,38 @@ async def test_a_claim_settled_just_before_a_renewal_is_not_reported_lost(
     assert renewals >= 2
     assert "lost the lease" not in caplog.text
     assert heartbeat_reads == 0
+
+
+async def test_an_abort_whose_notice_was_missed_is_heard_at_the_next_heartbeat() -> None:
+    """On PostgreSQL the notice of an abort travels by NOTIFY: an owner whose listener was down
+    when it was sent never stopped the work, which ran on to its deadline (an hour by default),
+    and the messages queued behind it waited as long."""
+    from hearth.store.events import ABORT
+    from hearth.testing import stall
+
+    def staller(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/stall")
+        return "Never finish."
+
+    app = hearth.App(
+        [hearth.Agent(staller, name="staller")],
+        db="memory",
+        providers=[ScriptedModel("stall", [stall(after_chunks=["thinking"])], repeat_last=True)],
+        heartbeat_s=0.1,
+    )
+    async with app.run() as rt:
+        coordinator = rt.coordinator
+        coordinator._unlisten()  # this owner now misses every abort notice
+        hear = coordinator._on_event
+        coordinator._unlisten = rt.store.events.listen(
+            lambda event: None if event.kind == ABORT else hear(event)
+        )
+        receipt = await rt.dispatch("staller", "c", "go")
+        async with asyncio.timeout(10):  # until the model call is under way
+            while not any(
+                r.type == "assistant_text_delta" for r in await rt.history("staller", "c")
+            ):
+                await asyncio.sleep(0.01)
+        assert (await rt.abort("staller", "c")).aborted
+        with pytest.raises(hearth.SubmissionAborted):
+            await rt.read(receipt, timeout=10)

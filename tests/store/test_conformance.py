@@ -17,7 +17,7 @@ from hearth.records import (
     SubmissionSettled,
     UserMessage,
 )
-from hearth.store import Event, Fence, NewSubmission, Store, Submission
+from hearth.store import Event, Fence, Held, NewSubmission, Store, Submission
 from hearth.store.base import TurnView
 from hearth.testing.clock import ManualClock
 
@@ -710,8 +710,8 @@ async def test_renew_all_extends_every_lease_of_the_owner(store: Store, clock: M
     b = await running(store, OTHER, owner="owner-1")
     await running(store, "support/c-3", owner="owner-2")
     clock.advance(20)
-    assert sorted(await store.renew_all("owner-1", 300.0), key=lambda f: f.submission_id) == (
-        sorted([a.fence, b.fence], key=lambda f: f.submission_id)
+    assert sorted(await store.renew_all("owner-1", 300.0), key=lambda h: h.fence.submission_id) == (
+        sorted([Held(a.fence), Held(b.fence)], key=lambda h: h.fence.submission_id)
     )
     for sub in (a, b):
         row = await store.get_submission(sub.id)
@@ -731,7 +731,20 @@ async def test_renew_all_leaves_out_claims_the_owner_lost(store: Store, clock: M
     [again] = await store.claim("owner-2", 30.0, 10)
     assert again.id == sub.id
     assert await store.renew_all("owner-1", 30.0) == []
-    assert await store.renew_all("owner-2", 30.0) == [again.fence]
+    assert await store.renew_all("owner-2", 30.0) == [Held(again.fence)]
+
+
+async def test_renew_all_says_which_held_submissions_an_abort_was_stamped_on(
+    store: Store,
+) -> None:
+    """The sure way for an owner to hear of an abort whose notice it missed."""
+    a = await running(store, CONV, owner="owner-1")
+    b = await running(store, OTHER, owner="owner-1")
+    assert await store.request_abort(CONV) == [a.id]
+    renewed = await store.renew_all("owner-1", 30.0)
+    assert sorted(renewed, key=lambda h: h.fence.submission_id) == sorted(
+        [Held(a.fence, abort_requested=True), Held(b.fence)], key=lambda h: h.fence.submission_id
+    )
 
 
 async def test_a_released_lease_is_not_renewed(store: Store) -> None:

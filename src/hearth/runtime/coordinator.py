@@ -207,7 +207,7 @@ class Coordinator:
                 continue
             try:
                 _faults.reached("before:store.renew_all")
-                held = set(await self.store.renew_all(self.owner, self.settings.lease_s))
+                renewed = await self.store.renew_all(self.owner, self.settings.lease_s)
                 _faults.reached("after:store.renew_all")
             except StoreUnavailable as exc:
                 log.warning("cannot renew the leases of %s: %s", self.owner, exc)
@@ -215,7 +215,14 @@ class Coordinator:
             except Exception:
                 log.exception("renewing the leases of %s failed", self.owner)
                 continue
+            held = {h.fence for h in renewed}
+            # An abort whose notice this process missed (its listener was down, say): without
+            # this, the work ran on to its deadline, and the messages queued behind it waited.
+            aborting = {h.fence for h in renewed if h.abort_requested}
             for claim in claims:
+                if claim.sub.fence in aborting and claim.reason is None:
+                    log.info("heard of the abort of %s at a heartbeat", claim.sub.id)
+                    claim.interrupt("abort")
                 if claim.sub.fence in held or claim.reason is not None:
                     continue
                 if claim.settled or (claim.work is not None and claim.work.done()):

@@ -35,6 +35,7 @@ from hearth.store.rows import (
     ConversationSummary,
     DeliveryAdmission,
     Fence,
+    Held,
     NewDelivery,
     NewSubmission,
     ScheduleCursor,
@@ -267,9 +268,10 @@ class Store(ABC):
         ...
 
     @abstractmethod
-    async def renew_all(self, owner: str, lease_s: float) -> list[Fence]:
+    async def renew_all(self, owner: str, lease_s: float) -> list[Held]:
         """Extend to ``now() + lease_s`` every lease ``owner`` holds on a running submission, in
-        one transaction; return the fences still held (a claim missing from them was lost)."""
+        one statement; return the leases still held (a claim missing from them was lost), each
+        saying whether an abort is stamped on its submission."""
         ...
 
     @abstractmethod
@@ -462,6 +464,7 @@ __all__ = [
     "ConversationSummary",
     "DeliveryAdmission",
     "Fence",
+    "Held",
     "NewDelivery",
     "NewSubmission",
     "ScheduleCursor",

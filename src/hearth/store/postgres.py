@@ -64,6 +64,7 @@ from hearth.store.rows import (
     ConversationSummary,
     DeliveryAdmission,
     Fence,
+    Held,
     NewDelivery,
     NewSubmission,
     ScheduleCursor,
@@ -623,16 +624,19 @@ class PostgresStore(Store):
 
         return await self._write(work, resolve=lambda conn: readback.claimed(conn, token))
 
-    async def renew_all(self, owner: str, lease_s: float) -> list[Fence]:
+    async def renew_all(self, owner: str, lease_s: float) -> list[Held]:
         rows = await self._write(
             lambda conn, _: ops.fetchall(
                 conn,
                 f"UPDATE submissions SET lease_expires_at = {ops.NOW} + %(lease_s)s"
-                " WHERE status = %(r)s AND lease_owner = %(o)s RETURNING id, attempt",
+                " WHERE status = %(r)s AND lease_owner = %(o)s"
+                " RETURNING id, attempt, abort_requested_at IS NOT NULL AS aborting",
                 {"lease_s": lease_s, "r": RUNNING, "o": owner, "now": self._now()},
             )
         )
-        return [Fence(row["id"], int(row["attempt"])) for row in rows]
+        return [
+            Held(Fence(row["id"], int(row["attempt"])), bool(row["aborting"])) for row in rows
+        ]
 
     async def release(self, fence: Fence, owner: str, *, graceful: bool = False) -> bool:
         return await self._write(

@@ -49,6 +49,15 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A lease ``Store.renew_all`` renewed: its claim, and whether an abort intent is stamped on
+    the submission (the one sure way an owner hears of an abort whose notice it missed)."""
+
+    fence: Fence
+    abort_requested: bool = False
+
+
+@dataclass(frozen=True)
 class Submission:
     """One admitted input: a row of operational state, not part of the stream."""
 

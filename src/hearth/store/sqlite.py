@@ -40,6 +40,7 @@ from hearth.store.rows import (
     ConversationSummary,
     DeliveryAdmission,
     Fence,
+    Held,
     NewDelivery,
     NewSubmission,
     ScheduleCursor,
@@ -345,14 +346,15 @@ class SQLiteStore(Store):
 
         return await self._write(work)
 
-    async def renew_all(self, owner: str, lease_s: float) -> list[Fence]:
-        def work(conn: sqlite3.Connection, _: Outbox) -> list[Fence]:
+    async def renew_all(self, owner: str, lease_s: float) -> list[Held]:
+        def work(conn: sqlite3.Connection, _: Outbox) -> list[Held]:
             rows = conn.execute(
                 "UPDATE submissions SET lease_expires_at = ?"
-                " WHERE status = ? AND lease_owner = ? RETURNING id, attempt",
+                " WHERE status = ? AND lease_owner = ?"
+                " RETURNING id, attempt, abort_requested_at IS NOT NULL",
                 (self.clock() + lease_s, RUNNING, owner),
             )
-            return [Fence(sid, attempt) for sid, attempt in rows]
+            return [Held(Fence(sid, attempt), bool(abort)) for sid, attempt, abort in rows]
 
         return await self._write(work)
 
