@@ -256,10 +256,56 @@ def test_a_pending_wait_is_resolved_from_the_page(
     assert "approval" in text_of(page, "#waits li.wait .name")
     until(page, lambda d: submission_cell(d, "status") == "waiting")
     page.find_element(By.CSS_SELECTOR, "#waits li.wait button.resolve-button").click()
+    until(page, lambda d: "give the value" in text_of(d, "#action-result"))  # nothing preset
+    page.find_element(By.CSS_SELECTOR, "#waits li.wait input.value").send_keys("true")
+    page.find_element(By.CSS_SELECTOR, "#waits li.wait button.resolve-button").click()
     until(page, lambda d: "Refund: refunded 250." in text_of(d, "li.rec-submission_settled"))
     until(page, lambda d: d.find_element(By.ID, "waits-section").get_attribute("hidden"))
     assert shown(page, "li.rec-wait_started") and shown(page, "li.rec-wait_resolved")
     assert submission_cell(page, "status") == "settled"
+
+
+def refreshes(driver: Any) -> int:
+    return int(driver.execute_script("return window.hearthConsole.refreshes"))
+
+
+def test_what_a_person_types_into_a_wait_survives_the_pages_refreshes(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    """The waits were redrawn at every refresh (3 s): the box went back to its preset `true`,
+    and a person who typed a refusal, then clicked, approved the refund."""
+    server = console_server()
+    admit(server, "approver/r-2", "refund my order")
+    page.get(f"{server.url}/console/approver/r-2")
+    until(page, lambda d: "refund 250?" in text_of(d, "#waits li.wait"))
+    box = page.find_element(By.CSS_SELECTOR, "#waits li.wait input.value")
+    box.send_keys('"no, ')
+    seen = refreshes(page)
+    until(page, lambda d: refreshes(d) >= seen + 2)  # two refreshes of the waits since
+    box.send_keys('not this one"')  # the same element, still in the page
+    assert box.get_attribute("value") == '"no, not this one"'
+    page.find_element(By.CSS_SELECTOR, "#waits li.wait button.resolve-button").click()
+    until(
+        page,
+        lambda d: "not refunded ('no, not this one')" in text_of(d, "li.rec-submission_settled"),
+    )
+
+
+def test_pages_left_for_others_free_their_streams(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    """A page left for another stayed alive in the browser's back/forward cache with its
+    stream open: a browser opens six connections to a host, and the seventh page never
+    loaded."""
+    server = console_server()
+    for n in range(8):
+        admit(server, f"notes/n-{n}", f"note {n}")
+    for n in range(8):
+        page.get(f"{server.url}/console/notes/n-{n}")
+        until(page, lambda d: d.find_element(By.ID, "live-state").text == "live", timeout=15)
+    page.back()  # from the back/forward cache: it follows again
+    until(page, lambda d: d.find_element(By.ID, "live-state").text == "live", timeout=15)
+    assert page.current_url.endswith("/console/notes/n-6")
 
 
 def test_a_webhook_submission_shows_its_channel_and_delivery(

@@ -36,7 +36,8 @@
   const live = { into: timeline, messages: new Map(), calls: new Map(), prepend: false };
   const markers = new Map(); // "submission:attempt" → its boundary element
   const taken = []; // every offset taken from the stream, in order (the tests read it)
-  window.hearthConsole = { offsets: taken };
+  // (What the browser tests look at: the offsets taken, and how many refreshes completed.)
+  window.hearthConsole = { offsets: taken, refreshes: 0 };
 
   // --- small DOM helpers ------------------------------------------------------------------
   function el(tag, cls, text) {
@@ -391,38 +392,53 @@
   }
 
   // --- durable waits: a tool asked the outside world for a value -----------------------------
+  // Each pending wait's item is made once and kept across refreshes: rebuilt every 3 s, its
+  // form lost what a person was typing, and a click then sent the value it was made with.
+  const waitItems = new Map();
   async function refreshWaits() {
     const data = await getJSON(`${api}/waits`);
     const list = document.getElementById("waits");
-    list.replaceChildren(...data.waits.map((w) => {
-      const li = el("li", "wait");
-      li.dataset.wait = w.wait_id;
-      li.append(el("strong", "name", w.name), el("span", "muted", ` · ${w.submission_id}`));
-      if (w.expires_at) li.append(el("span", "muted", ` · until ${w.expires_at}`));
-      li.append(el("pre", "prompt", show(w.prompt)));
-      const form = el("form", "resolve");
-      const input = el("input", "value");
-      input.type = "text";
-      input.value = "true";
-      input.setAttribute("aria-label", `value for ${w.name} (JSON)`);
-      const button = el("button", "resolve-button", "resolve");
-      button.type = "submit";
-      form.append(input, button);
-      form.addEventListener("submit", async (event) => {
-        event.preventDefault();
-        let value;
-        try { value = JSON.parse(input.value); } catch (err) { problem(new Error(`not JSON: ${input.value}`)); return; }
-        try {
-          const done = await post(`${api}/waits/${encodeURIComponent(w.wait_id)}`, { value });
-          result.className = "muted";
-          result.textContent = `${done.wait_id} resolved; ${done.submission_id} runs again`;
-          soon();
-        } catch (err) { problem(err); }
-      });
-      li.append(form);
-      return li;
-    }));
+    const pendingIds = new Set(data.waits.map((w) => w.wait_id));
+    for (const [id, li] of waitItems) {
+      if (!pendingIds.has(id)) { li.remove(); waitItems.delete(id); }
+    }
+    for (const w of data.waits) {
+      if (!waitItems.has(w.wait_id)) {
+        const li = waitItem(w);
+        waitItems.set(w.wait_id, li);
+        list.append(li);
+      }
+    }
     document.getElementById("waits-section").hidden = data.waits.length === 0;
+  }
+  function waitItem(w) {
+    const li = el("li", "wait");
+    li.dataset.wait = w.wait_id;
+    li.append(el("strong", "name", w.name), el("span", "muted", ` · ${w.submission_id}`));
+    if (w.expires_at) li.append(el("span", "muted", ` · until ${w.expires_at}`));
+    li.append(el("pre", "prompt", show(w.prompt)));
+    const form = el("form", "resolve");
+    const input = el("input", "value");
+    input.type = "text";
+    input.placeholder = "a JSON value, e.g. true";  // nothing given until a person gives it
+    input.setAttribute("aria-label", `value for ${w.name} (JSON)`);
+    const button = el("button", "resolve-button", "resolve");
+    button.type = "submit";
+    form.append(input, button);
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      let value;
+      if (input.value.trim() === "") { problem(new Error("give the value to resolve it with (JSON)")); return; }
+      try { value = JSON.parse(input.value); } catch (err) { problem(new Error(`not JSON: ${input.value}`)); return; }
+      try {
+        const done = await post(`${api}/waits/${encodeURIComponent(w.wait_id)}`, { value });
+        result.className = "muted";
+        result.textContent = `${done.wait_id} resolved; ${done.submission_id} runs again`;
+        soon();
+      } catch (err) { problem(err); }
+    });
+    li.append(form);
+    return li;
   }
 
   let pending = null;
@@ -432,7 +448,7 @@
       pending = null;
       // A background refresh that fails (the server restarting) says so beside the table only.
       Promise.all([refreshSubmissions(), refreshWaits()]).then(
-        () => { refreshNote.textContent = ""; },
+        () => { refreshNote.textContent = ""; window.hearthConsole.refreshes += 1; },
         (err) => { refreshNote.textContent = `not refreshed: ${err.message || err}`; },
       );
     }, 150);
@@ -474,6 +490,14 @@
   });
 
   // --- start ---------------------------------------------------------------------------------
+  // A page left for another stays alive in the browser's back/forward cache: its stream kept
+  // one of the six connections a browser opens to a host, and the seventh page never loaded.
+  window.addEventListener("pagehide", () => {
+    if (source) { source.close(); source = null; }
+  });
+  window.addEventListener("pageshow", (event) => {
+    if (event.persisted && page.dataset.exists === "yes") { follow(); soon(); }
+  });
   if (page.dataset.exists === "yes") {
     openNewest().then(follow, (err) => { problem(err); follow(); });
     soon();
