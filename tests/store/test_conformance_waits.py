@@ -174,6 +174,24 @@ async def test_expire_waits_ends_the_due_waits_as_timed_out(
         await store.resolve_wait(CONV, "w_approval", True)
 
 
+async def test_a_wait_past_its_timeout_cannot_be_resolved_before_an_expiry_pass_ends_it(
+    store: Store, clock: ManualClock
+) -> None:
+    """While no process ran its expiry pass (all of them down, say), a resolve after the
+    timeout was taken, and the tool got the value instead of ``WaitTimedOut``."""
+    sub = await waiting(store, expires_at=clock() + 10)
+    clock.advance(11)
+    with pytest.raises(WaitConflict, match="timed out"):
+        await store.resolve_wait(CONV, "w_approval", True)
+    assert resolved(await store.read(CONV)) == []  # nothing written
+    [ended] = await store.expire_waits()
+    assert ended.wait_id == "w_approval"
+    [record] = resolved(await store.read(CONV))
+    assert record.timed_out
+    row = await store.get_submission(sub.id)
+    assert row is not None and row.status == "queued"
+
+
 async def test_an_abort_ends_the_waits_and_queues_the_submission_to_settle_aborted(
     store: Store,
 ) -> None:

@@ -798,13 +798,15 @@ async def resolve_wait(
     )
     row = await fetchone(
         conn,
-        "SELECT * FROM waits WHERE conversation_id = %(c)s AND wait_id = %(w)s FOR UPDATE",
-        key,
+        f"SELECT *, COALESCE(expires_at <= {NOW}, false) AS expired FROM waits"
+        " WHERE conversation_id = %(c)s AND wait_id = %(w)s FOR UPDATE",
+        {**key, "now": now},
     )
     assert row is not None
     wait = wait_from_row(row)
     status = None if sub is None else sub["status"]
-    if rules.judge_resolve(wait_id, wait.state, row["value"], status, value):
+    expired = bool(row["expired"])
+    if rules.judge_resolve(wait_id, wait.state, row["value"], status, value, expired):
         await end_wait(conn, wait, WAIT_RESOLVED, value, outbox, now)
         await resume(conn, wait.submission_id, outbox, now)
         row = await fetchone(conn, "SELECT * FROM waits WHERE seq = %(s)s", {"s": wait.seq})

@@ -269,15 +269,22 @@ def canonical(value: Any) -> str:
 
 
 def judge_resolve(
-    wait_id: str, state: str, stored_value: str | None, status: str | None, value: Any
+    wait_id: str,
+    state: str,
+    stored_value: str | None,
+    status: str | None,
+    value: Any,
+    expired: bool = False,
 ) -> bool:
     """Whether a resolve with ``value`` writes now (True) or repeats an identical one (False);
-    ``WaitConflict`` when the wait cannot take it. ``status`` is its submission's."""
+    ``WaitConflict`` when the wait cannot take it. ``status`` is its submission's; ``expired``
+    says its timeout has passed (a pending wait that no expiry pass has ended yet: while no
+    process ran, say)."""
     if state == WAIT_RESOLVED:
         if stored_value is not None and canonical(json.loads(stored_value)) == canonical(value):
             return False
         raise WaitConflict(f"wait {wait_id} was already resolved with another value")
-    if state == WAIT_TIMED_OUT:
+    if state == WAIT_TIMED_OUT or expired:
         raise WaitConflict(f"wait {wait_id} timed out before it was resolved")
     if state == WAIT_ABORTED:
         raise WaitConflict(f"wait {wait_id} ended: its submission was aborted")

@@ -464,7 +464,8 @@ def resolve_wait(
     wait = wait_from_row(row)
     sub = submission_row(conn, wait.submission_id)
     status = None if sub is None else sub["status"]
-    if rules.judge_resolve(wait_id, wait.state, row["value"], status, value):
+    expired = wait.expires_at is not None and wait.expires_at <= now
+    if rules.judge_resolve(wait_id, wait.state, row["value"], status, value, expired):
         end_wait(conn, wait, WAIT_RESOLVED, value, outbox, now)
         resume(conn, wait.submission_id, outbox, now)
         row = conn.execute("SELECT * FROM waits WHERE seq = ?", (wait.seq,)).fetchone()
