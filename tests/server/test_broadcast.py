@@ -323,3 +323,52 @@ async def test_a_shutdown_callback_that_raises_leaves_the_others_called(
     closing.set()
     assert called == ["first", "last"]
     assert "a shutdown callback raised" in caplog.text
+
+
+def lose_notices(rt: Runtime) -> None:
+    """From now on, no notice of an append or a settlement reaches this process (as when its
+    PostgreSQL listener is reconnecting, or the writer died between commit and notify)."""
+    from hearth.store.events import APPENDED, SETTLED
+
+    events = rt.store.events
+    publish, publish_all = events.publish, events.publish_all
+    lost = (APPENDED, SETTLED)
+    events.publish = lambda e: None if e.kind in lost else publish(e)  # type: ignore[method-assign]
+    events.publish_all = lambda es: publish_all([e for e in es if e.kind not in lost])  # type: ignore[method-assign]
+    rt.store.shared = True  # (a store of one process never loses one)
+
+
+async def test_long_polls_see_what_happened_though_its_notice_was_lost() -> None:
+    """Both waited only for a notice: the submission long-poll answered "unsettled" at the end
+    of its wait, and the page long-poll answered only then."""
+    from hearth.server.tail import json_page, wait_for_settlement
+
+    replying = hearth.App(
+        [hearth.Agent(worker, name="w")],
+        db="memory",
+        providers=[ScriptedModel("w", [reply("ok")], repeat_last=True)],
+    )
+    async with replying.run() as rt:
+        receipt = await rt.dispatch("w", "room", "hello")
+        await rt.read(receipt, timeout=10)
+        sub = await rt.submission(receipt.submission_id)
+        lose_notices(rt)
+        second = await rt.dispatch("w", "room", "again")
+        waiting = await rt.submission(second.submission_id)
+        async with asyncio.timeout(10):  # (a bound on a hang: it waited the whole 60 s)
+            done = await wait_for_settlement(rt, waiting, 60.0, Closing())
+        assert done.outcome == "completed"
+        end = (await rt.history("w", "room"))[-1].offset
+
+        async def later() -> None:
+            await asyncio.sleep(0.2)
+            await rt.store.append(
+                CONVERSATION, [UserMessage(id="late", message_id="late", content="x")]
+            )
+
+        task = asyncio.create_task(later())
+        async with asyncio.timeout(10):
+            page = await json_page(rt, CONVERSATION, end, 10, 60.0, Closing())
+        await task
+        assert [r["id"] for r in page["records"]] == ["late"]
+        assert sub.outcome == "completed"

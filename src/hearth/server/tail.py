@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from hearth.errors import StoreError
 from hearth.runtime.runtime import Runtime
+from hearth.runtime.settled import LOOK_EVERY_S
 from hearth.server.broadcast import BATCH, ENCODED, Follower, broadcasts
 from hearth.server.context import Closing
 from hearth.store.base import Submission
@@ -169,8 +170,13 @@ async def json_page(
     wait: float,
     closing: Closing,
 ) -> dict[str, Any]:
-    """Up to ``limit`` records after ``after``; with ``wait``, long-poll for the first one."""
+    """Up to ``limit`` records after ``after``; with ``wait``, long-poll for the first one.
+
+    On a store that processes share, the notice of another process's append can be lost (its
+    process died after the commit, this one's listener was reconnecting): the poll then reads
+    again every ``LOOK_EVERY_S`` too, rather than wait out its whole ``wait``."""
     deadline = time.monotonic() + wait
+    look = LOOK_EVERY_S if runtime.store.shared else None
     stop = closing.watch()
     try:
         while True:
@@ -179,7 +185,7 @@ async def json_page(
                 left = deadline - time.monotonic()
                 if records or left <= 0 or stop.done():
                     break
-                await _until_woken(woken, stop, left)
+                await _until_woken(woken, stop, left if look is None else min(left, look))
     finally:
         stop.cancel()
     more = len(records) > limit
@@ -194,17 +200,19 @@ async def json_page(
 async def wait_for_settlement(
     runtime: Runtime, sub: Submission, wait: float, closing: Closing
 ) -> Submission:
-    """The submission once settled, or as it stands after ``wait`` seconds."""
-    deadline = time.monotonic() + wait
+    """The submission once settled, or as it stands after ``wait`` seconds (or once the server
+    closes). It waits as ``Runtime.wait_settled`` does, so a settlement whose notice was lost
+    is still seen within a second."""
+    if sub.outcome is not None:
+        return sub
     stop = closing.watch()
+    settled = asyncio.ensure_future(runtime.wait_settled(sub.id, wait))
     try:
-        while sub.outcome is None:
-            with runtime.next_append(sub.conversation_id) as woken:
-                sub = await runtime.submission(sub.id)  # the settlement is an append: re-read
-                left = deadline - time.monotonic()
-                if sub.outcome is not None or left <= 0 or stop.done():
-                    break
-                await _until_woken(woken, stop, left)
+        await asyncio.wait({settled, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
-    return sub
+        if not settled.done():
+            settled.cancel()
+    if settled.done() and not settled.cancelled() and settled.exception() is None:
+        return settled.result()
+    return await runtime.submission(sub.id)  # (not settled: the row as it stands now)

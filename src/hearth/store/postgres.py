@@ -634,9 +634,7 @@ class PostgresStore(Store):
                 {"lease_s": lease_s, "r": RUNNING, "o": owner, "now": self._now()},
             )
         )
-        return [
-            Held(Fence(row["id"], int(row["attempt"])), bool(row["aborting"])) for row in rows
-        ]
+        return [Held(Fence(row["id"], int(row["attempt"])), bool(row["aborting"])) for row in rows]
 
     async def release(self, fence: Fence, owner: str, *, graceful: bool = False) -> bool:
         return await self._write(
