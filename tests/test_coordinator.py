@@ -224,3 +224,44 @@ async def test_an_abort_whose_notice_was_missed_is_heard_at_the_next_heartbeat()
         assert (await rt.abort("staller", "c")).aborted
         with pytest.raises(hearth.SubmissionAborted):
             await rt.read(receipt, timeout=10)
+
+
+async def test_a_step_does_not_run_once_the_lease_ran_out_and_a_peer_took_the_work() -> None:
+    """A process stopped past its lease (SIGSTOP, a frozen VM) and then resumed ran its next
+    step's function, an external effect, though a peer had taken the work over (and ran the
+    step itself); only the record that followed was refused."""
+    ran: list[str] = []
+    holder: dict[str, Any] = {}
+
+    async def stopped_past_the_lease() -> None:
+        rt = holder["rt"]
+        for claim in rt.coordinator._claims.values():
+            claim.lease.valid_until = 0.0  # as a stop longer than the lease leaves it
+        await rt.store.expire_owners([rt.coordinator.owner])
+        assert len(await rt.store.claim("peer", 30.0, 1)) == 1  # a peer takes the work
+
+    @hearth.tool(durable=True)
+    async def pay(ctx: hearth.ToolContext) -> str:
+        """Pay in two steps."""
+        assert ctx.step is not None
+        await ctx.step.do("reserve", lambda: ran.append("reserve"))
+        await stopped_past_the_lease()
+        await ctx.step.do("charge", lambda: ran.append("charge"))
+        return "paid"
+
+    def payer(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/payer")
+        ctx.use_tool(pay)
+        return "Pay."
+
+    model = ScriptedModel("payer", [calls(call("pay")), reply("done")])
+    app = hearth.App([hearth.Agent(payer, name="payer")], db="memory", providers=[model])
+    async with app.run() as rt:
+        holder["rt"] = rt
+        receipt = await rt.dispatch("payer", "c", "pay")
+        async with asyncio.timeout(10):
+            while rt.coordinator.running or not ran:
+                await asyncio.sleep(0.01)
+        assert ran == ["reserve"]
+        row = await rt.submission(receipt.submission_id)
+        assert (row.lease_owner, row.attempt) == ("peer", 2)

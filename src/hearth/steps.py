@@ -109,8 +109,12 @@ class Steps:
         waits_started: frozenset[str] = frozenset(),
         waits_ended: dict[str, WaitOutcome] | None = None,
         transact: Transact | None = None,
+        before_run: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.tool_call_id = tool_call_id
+        # Awaited before a step's function runs (not when it replays): the attempt confirms it
+        # still owns the submission, after a stop longer than its lease.
+        self._before_run = before_run
         self._around = around  # wraps each step that runs: its trace span and its latency
         self.message_id = message_id
         self._recorded = dict(recorded)
@@ -140,6 +144,8 @@ class Steps:
         self._claim_name(name)
         if name in self._recorded:
             return self._recorded[name]
+        if self._before_run is not None:
+            await self._before_run()
         with self._around(name):
             _faults.reached(f"step:{name}")
             value = fn()
@@ -167,6 +173,8 @@ class Steps:
             return self._recorded[name]
         if self._transact is None:
             raise ConfigurationError("step.transaction needs hearth's store on PostgreSQL")
+        if self._before_run is not None:
+            await self._before_run()
         with self._around(name):
             _faults.reached(f"step:{name}")
             token = _IN_TRANSACTION.set(name)

@@ -318,6 +318,7 @@ class ToolBatch:
             waits_started=started,
             waits_ended=ended,
             transact=transact,
+            before_run=self.scope.confirm_claim,
         )
 
 

@@ -21,6 +21,7 @@ from hearth.errors import FencedOut, StoreUnavailable, app_failure
 from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
+from hearth.runtime.scope import Lease
 from hearth.store.base import LIST_LIMIT, WAITING, Fence, Submission
 from hearth.store.events import ABORT, APPENDED, SETTLED, Event
 
@@ -39,6 +40,7 @@ BUG_PAUSE_S = 1.0  # the pause before retrying an attempt that a bug of hearth's
 @dataclass
 class _Claim:
     sub: Submission
+    lease: Lease
     work: asyncio.Task[None] | None = None
     reason: str | None = None  # why the work was cancelled: abort | deadline | lost | shutdown
     settled: bool = False  # its settlement committed: a renewal that skips it lost nothing
@@ -182,6 +184,7 @@ class Coordinator:
             return
         busy = [c.sub.conversation_id for c in self._claims.values()]
         _faults.reached("before:store.claim")
+        sent = time.monotonic()
         subs = await self.store.claim(
             self.owner,
             self.settings.lease_s,
@@ -193,7 +196,7 @@ class Coordinator:
         )
         _faults.reached("after:store.claim")
         for sub in subs:
-            claim = _Claim(sub)
+            claim = _Claim(sub, Lease(sent + self.settings.lease_s))
             self._claims[sub.id] = claim
             task = asyncio.create_task(self._supervise(claim), name=f"hearth-{sub.id}")
             self._supervisors.add(task)
@@ -207,6 +210,7 @@ class Coordinator:
                 continue
             try:
                 _faults.reached("before:store.renew_all")
+                sent = time.monotonic()
                 renewed = await self.store.renew_all(self.owner, self.settings.lease_s)
                 _faults.reached("after:store.renew_all")
             except StoreUnavailable as exc:
@@ -216,6 +220,9 @@ class Coordinator:
                 log.exception("renewing the leases of %s failed", self.owner)
                 continue
             held = {h.fence for h in renewed}
+            for claim in claims:
+                if claim.sub.fence in held:
+                    claim.lease.renewed(sent, self.settings.lease_s)
             # An abort whose notice this process missed (its listener was down, say): without
             # this, the work ran on to its deadline, and the messages queued behind it waited.
             aborting = {h.fence for h in renewed if h.abort_requested}
@@ -301,7 +308,7 @@ class Coordinator:
         if sub.interruptions > 1:  # attempts after a durable wait are not recoveries
             metrics.recoveries += 1
         try:
-            attempt = Attempt(self.env, sub)
+            attempt = Attempt(self.env, sub, lease=claim.lease)
             claim.work = asyncio.create_task(attempt.run())
             now = await self.store.now()
             remaining = (sub.deadline - now) if sub.deadline is not None else None
@@ -317,7 +324,7 @@ class Coordinator:
                 self._note_expiry(attempt.next_expiry)
             elif claim.reason in ("abort", "deadline"):
                 # The same claim concludes: the classifier now sees the intent or the deadline.
-                await Attempt(self.env, sub).run()
+                await Attempt(self.env, sub, lease=claim.lease).run()
             elif claim.reason == "shutdown":
                 await self._release(sub, graceful=True)
         except FencedOut:

@@ -42,7 +42,7 @@ from hearth.runtime.recovery import (
     unresolved_tools,
 )
 from hearth.runtime.rest import settlement_at_rest
-from hearth.runtime.scope import Settlement, TurnPolicy
+from hearth.runtime.scope import Lease, Settlement, TurnPolicy
 from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
 from hearth.runtime.waits import PauseForWait
@@ -64,9 +64,11 @@ class Attempt:
         sub: Submission,
         policy: TurnPolicy | None = None,
         spending: Spending | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.env = env
         self.sub = sub  # the claim: fence, attempt number, budget and deadline
+        self.lease = lease  # None: not watched (the row is read before each step runs)
         self.policy: TurnPolicy = policy if policy is not None else SubmissionPolicy(sub)
         self.store = env.store
         self.conversation_id = self.policy.conversation_id
@@ -112,6 +114,21 @@ class Attempt:
                 )
             )
         return await asyncio.shield(opening)  # a call cancelled leaves the opening to the rest
+
+    async def confirm_claim(self) -> None:
+        if self.lease is not None and self.lease.known_held():
+            return
+        row = await self.store.get_submission(self.sub.id)
+        if (
+            row is None
+            or row.attempt != self.sub.attempt
+            or row.lease_owner != self.sub.lease_owner
+            or row.outcome is not None
+        ):
+            raise FencedOut(
+                f"attempt {self.sub.attempt} of {self.sub.id} no longer owns it (its lease ran"
+                " out while this process was stopped): the step does not run"
+            )
 
     async def attachment(self, sha256: str) -> bytes | None:
         if sha256 not in self._attachments:
@@ -203,7 +220,7 @@ class Attempt:
 
     async def run_child(self, policy: TurnPolicy) -> None:
         """Run a delegated task's child conversation through this loop, under this claim."""
-        await Attempt(self.env, self.sub, policy, self.spending).run()
+        await Attempt(self.env, self.sub, policy, self.spending, self.lease).run()
 
     def _try_render(self, state: dict[str, Any]) -> tuple[Rendered | None, dict[str, Any] | None]:
         if self.agent is None:

@@ -8,6 +8,7 @@ seam: what differs between a submission's own loop and a delegated task's child 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +20,21 @@ from hearth.store.base import Store, Submission
 from hearth.workspaces.base import OpenWorkspace, Workspace
 
 Log = logging.LoggerAdapter[logging.Logger]
+
+
+@dataclass
+class Lease:
+    """Until when (``time.monotonic()``) this process knows its claim is held: the lease's
+    length from the moment the claim, or the last renewal that kept it, was sent. A process
+    stopped (SIGSTOP, a frozen VM) past that no longer knows: a peer may have taken the work."""
+
+    valid_until: float
+
+    def renewed(self, sent_at: float, lease_s: float) -> None:
+        self.valid_until = max(self.valid_until, sent_at + lease_s)
+
+    def known_held(self) -> bool:
+        return time.monotonic() < self.valid_until
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,12 @@ class AttemptScope(Protocol):
     async def workspace(self, declared: Workspace) -> OpenWorkspace:
         """``declared`` opened for this attempt at this conversation (once; closed when the
         attempt ends)."""
+        ...
+
+    async def confirm_claim(self) -> None:
+        """Return at once while the lease is known held; past that, read the row: ``FencedOut``
+        when another attempt owns the submission now (before a step's function runs: its
+        effect must not happen twice)."""
         ...
 
     async def attachment(self, sha256: str) -> bytes | None:
