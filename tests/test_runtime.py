@@ -127,6 +127,18 @@ async def test_an_idempotency_key_over_256_characters_is_refused() -> None:
             await rt.dispatch("a", "c", "hi", idempotency_key="k" * 257)
 
 
+async def test_an_idempotency_key_of_hearths_own_form_is_refused() -> None:
+    """A caller's key of a schedule occurrence's form, taken first, kept that occurrence out
+    for good (the scheduler met a key with another payload at every tick)."""
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("x")])])
+    async with app.run() as rt:
+        for key in ("schedule:nightly:2026-12-06T02:30:00Z", "channel:github:d-1:0"):
+            with pytest.raises(hearth.InvalidInput, match="hearth's own"):
+                await rt.dispatch("a", "c", "hi", idempotency_key=key)
+        assert await rt.store.list_submissions() == []
+        assert (await rt.dispatch("a", "c", "hi", idempotency_key="my:schedule:1")).submission_id
+
+
 @pytest.mark.parametrize(
     ("given", "field"),
     [

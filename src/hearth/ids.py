@@ -10,6 +10,9 @@ from hearth.jsontext import storable_text
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_IDEMPOTENCY_KEY = 256
+# The idempotency keys hearth gives the submissions of schedules and channels; a caller's may
+# not start so (it would take an occurrence's or a delivery's place).
+RESERVED_KEY_PREFIXES = ("schedule:", "channel:")
 # A step's, a wait's or a piece of state's name is part of a unique index's key (a record id, a
 # state row's), and PostgreSQL keeps at most 2,704 bytes in one: 256 characters leave room for
 # the rest of the key whatever the script.

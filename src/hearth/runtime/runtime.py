@@ -23,6 +23,7 @@ from hearth.errors import (
     ShuttingDown,
     SubmissionNotFound,
 )
+from hearth.ids import RESERVED_KEY_PREFIXES
 from hearth.jsontext import unpaired_surrogate
 from hearth.receipts import (
     MAX_IDEMPOTENCY_KEY,
@@ -147,6 +148,13 @@ class Runtime:
             raise InvalidInput(
                 f"idempotency_key must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters,"
                 " without NUL or an unpaired surrogate",
+                "idempotency_key",
+            )
+        if idempotency_key is not None and idempotency_key.startswith(RESERVED_KEY_PREFIXES):
+            # One key of a schedule's occurrence taken first kept the occurrence out for good.
+            raise InvalidInput(
+                "idempotency keys starting with 'schedule:' or 'channel:' are hearth's own (a"
+                " schedule's occurrences, a channel's deliveries); choose another",
                 "idempotency_key",
             )
         if self.shutting_down:

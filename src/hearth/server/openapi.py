@@ -80,7 +80,8 @@ _SCHEMAS: dict[str, Any] = {
         "type": "string",
         "minLength": 1,
         "maxLength": MAX_IDEMPOTENCY_KEY,
-        "pattern": "^[^\\u0000]*$",  # no NUL
+        # No NUL, and not of the form of hearth's own (a schedule's or a channel's).
+        "pattern": "^(?!schedule:|channel:)[^\\u0000]*$",
     },
     "MessageAdmission": {
         "type": "object",

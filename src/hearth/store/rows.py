@@ -262,7 +262,7 @@ class ConversationInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-ACTIVE = "active"  # a conversation with a queued or running submission
+ACTIVE = "active"  # a conversation with a queued, running or waiting submission
 IDLE = "idle"  # a conversation with none
 CONVERSATION_STATUSES = (ACTIVE, IDLE)
 
