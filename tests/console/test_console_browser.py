@@ -263,6 +263,12 @@ def test_a_pending_wait_is_resolved_from_the_page(
     until(page, lambda d: d.find_element(By.ID, "waits-section").get_attribute("hidden"))
     assert shown(page, "li.rec-wait_started") and shown(page, "li.rec-wait_resolved")
     assert submission_cell(page, "status") == "settled"
+    # Waiting is no interruption: the attempt after the wait is no recovery (it was shown as
+    # one, amber, "recovered after attempt 1 was cut off").
+    until(page, lambda d: "resumed after its wait ended" in text_of(d, "li.attempt-boundary"))
+    assert not shown(page, "li.attempt-boundary.recovery")
+    assert not shown(page, "#submissions td.attempt.recovery")
+    assert submission_cell(page, "attempt") == "1/10 (attempt 2)"
 
 
 def refreshes(driver: Any) -> int:

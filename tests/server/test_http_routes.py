@@ -357,3 +357,24 @@ def test_a_subagents_child_stream_is_readable_through_the_api(server: ThreadServ
             "tool_call_id": link["tool_call_id"],
         }
         assert http.get(child_path).status_code == 200  # the snapshot too
+
+
+def test_a_message_queued_behind_a_waiting_submission_is_not_stuck() -> None:
+    """It was reported "queued for 62 s (is an earlier one of its conversation running?)": a
+    message sent while its conversation waits for a person queues behind the wait, by design."""
+    from hearth.server.ops import stuck_reason
+    from hearth.store.base import Submission
+
+    def row(conversation_id: str, status: str) -> Submission:
+        return Submission(
+            id=f"s_{conversation_id}_{status}", conversation_id=conversation_id, kind="message",
+            payload={"message": "hi"}, idempotency_key=None, status=status, outcome=None,
+            error=None, reply=None, attempt=0, max_attempts=10, timeout=3600.0, deadline=None,
+            lease_owner=None, lease_expires_at=None, abort_requested_at=None, accepted_at=1000.0,
+            started_at=None, settled_at=None,
+        )  # fmt: skip
+
+    later = 1000.0 + 120
+    waiting = {"a/behind-a-wait"}
+    assert stuck_reason(row("a/behind-a-wait", "queued"), later, waiting) is None
+    assert "queued for 120 s" in (stuck_reason(row("a/other", "queued"), later, waiting) or "")

@@ -53,6 +53,7 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     subs = await rt.submissions(conversation)
     now = await rt.now()  # the clock the leases were stamped with
     unsettled = [s for s in subs if s.outcome is None]
+    waiting = {s.conversation_id for s in unsettled if s.status == "waiting"}
     settled = [s for s in subs if s.outcome is not None]
     settled.sort(key=lambda s: s.settled_at or 0.0, reverse=True)
     return JSONResponse(
@@ -77,16 +78,19 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
             "stuck": [
                 {"submission_id": s.id, "conversation_id": s.conversation_id, "reason": reason}
                 for s in unsettled
-                if (reason := stuck_reason(s, now))
+                if (reason := stuck_reason(s, now, waiting))
             ],
         }
     )
 
 
-def stuck_reason(sub: Submission, now: float) -> str | None:
-    """Why an unsettled submission looks stuck, or None."""
+def stuck_reason(sub: Submission, now: float, waiting: set[str] | None = None) -> str | None:
+    """Why an unsettled submission looks stuck, or None. ``waiting``: the conversations with a
+    submission waiting for a durable wait (what is queued behind one is not stuck)."""
     if sub.status == "waiting":
         return None  # it waits for a value from outside (GET /waits); its deadline is paused
+    if sub.status == "queued" and waiting is not None and sub.conversation_id in waiting:
+        return None  # queued behind a submission that waits: its turn comes after the wait
     if sub.status == "running" and sub.lease_expires_at is not None and sub.lease_expires_at < now:
         return "its lease expired: its owner is gone and the next scan will take it over"
     if sub.deadline is not None and sub.deadline < now:

@@ -124,6 +124,9 @@
   }
 
   // --- one record → its place in the timeline -----------------------------------------------
+  // The attempts that follow a durable wait's end (`submission:attempt`): an attempt that a
+  // wait ended was not cut off, and the one after it is no recovery.
+  const afterWait = new Set();
   function boundary(rec, ctx, before) {
     if (!rec.submission_id || !rec.attempt) return;
     const key = `${rec.submission_id}:${rec.attempt}`;
@@ -132,12 +135,16 @@
     const old = markers.get(key);
     if (old && !ctx.prepend) return;
     if (old) old.remove(); // paging backwards found where this attempt really starts
-    const li = el("li", "attempt-boundary" + (rec.attempt > 1 ? " recovery" : ""));
+    const resumed = afterWait.has(key);
+    const recovered = rec.attempt > 1 && !resumed;
+    const li = el("li", "attempt-boundary" + (recovered ? " recovery" : ""));
     li.dataset.submission = rec.submission_id;
     li.dataset.attempt = rec.attempt;
-    li.textContent = rec.attempt > 1
-      ? `attempt ${rec.attempt} of ${rec.submission_id}: recovered after attempt ${rec.attempt - 1} was cut off`
-      : `attempt 1 of ${rec.submission_id}`;
+    li.textContent = resumed
+      ? `attempt ${rec.attempt} of ${rec.submission_id}: resumed after its wait ended`
+      : recovered
+        ? `attempt ${rec.attempt} of ${rec.submission_id}: recovered after attempt ${rec.attempt - 1} was cut off`
+        : `attempt 1 of ${rec.submission_id}`;
     markers.set(key, li);
     before.push(li);
   }
@@ -268,8 +275,9 @@
         if (rec.prompt) body(li, show(rec.prompt), "text");
         break;
       case "wait_resolved":
-        li = entry(rec, rec.timed_out ? "wait timed out" : "wait resolved", "wait");
-        if (rec.value !== undefined) body(li, short(rec.value, 300), "data");
+        li = entry(rec, rec.aborted ? "wait ended: aborted" : rec.timed_out ? "wait timed out" : "wait resolved", "wait");
+        if (rec.value !== undefined && !rec.aborted) body(li, short(rec.value, 300), "data");
+        if (rec.submission_id) afterWait.add(`${rec.submission_id}:${(rec.attempt || 0) + 1}`);
         break;
       default:
         li = entry(rec, rec.type, "system");
@@ -362,7 +370,10 @@
     const subs = [...data.unsettled, ...data.recent].sort((a, b) => b.accepted_at - a.accepted_at);
     const tbody = document.querySelector("#submissions tbody");
     const rows = subs.map((s) => {
-      const tr = el("tr", `status-${s.status}` + (s.attempt > 1 ? " recovered" : ""));
+      // Attempts that a durable wait or a graceful shutdown ended are not counted (nor shown
+      // as recoveries): only those cut off are.
+      const counted = s.attempt - (s.waits || 0) - (s.releases || 0);
+      const tr = el("tr", `status-${s.status}` + (counted > 1 ? " recovered" : ""));
       tr.dataset.submission = s.id;
       const lease = s.lease_owner ? `${s.lease_owner} (${inSeconds(s.lease_expires_at, data.now)})` : "";
       let error = "";
@@ -371,11 +382,12 @@
         const tools = (s.error.interrupted_tools || []).map((t) => t.name);
         if (tools.length) error += ` · interrupted: ${tools.join(", ")}`;
       }
-      const cells = [s.id, kindText(s), s.status, `${s.attempt}/${s.max_attempts}`,
+      const attempts = counted === s.attempt ? `${s.attempt}/${s.max_attempts}` : `${counted}/${s.max_attempts} (attempt ${s.attempt})`;
+      const cells = [s.id, kindText(s), s.status, attempts,
         s.outcome ? "" : inSeconds(s.deadline, data.now), lease, s.outcome || "", error];
       const names = ["id", "kind", "status", "attempt", "deadline", "lease", "outcome", "error"];
       cells.forEach((c, i) => tr.append(el("td", names[i], c)));
-      if (s.attempt > 1) tr.querySelector(".attempt").classList.add("recovery");
+      if (counted > 1) tr.querySelector(".attempt").classList.add("recovery");
       return tr;
     });
     tbody.replaceChildren(...rows);
