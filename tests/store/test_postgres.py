@@ -894,6 +894,35 @@ async def test_a_transaction_frozen_mid_way_gives_its_locks_up_after_a_while(
         assert row == {"idle_in_transaction_session_timeout": "10s"}
 
 
+async def test_a_write_whose_session_the_idle_timeout_ended_is_tried_again(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends a transaction this process stood still in (stopped past the timeout):
+    that was read as a refused write, a StoreError (the attempt ended as a bug of hearth's and
+    a new one began), though nothing of it had committed."""
+    from hearth.store import postgres
+    from hearth.store.postgres_ops import fetchone
+
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_MS", 300)
+    tries = 0
+
+    async def stands_still_once(conn: Any, outbox: Any) -> Any:
+        nonlocal tries
+        tries += 1
+        await fetchone(conn, "SELECT 1 AS one", {})
+        if tries == 1:
+            await asyncio.sleep(1.0)  # past the timeout, inside the transaction
+        return await fetchone(conn, "SELECT 2 AS two", {})
+
+    async with opened(pg_cluster.conninfo, new_schema()) as store:
+        assert await store._write(stands_still_once) == {"two": 2}
+        assert tries == 2
+        tries = 0
+        with pytest.raises(StoreError, match="idle"):  # an application's: named, not retried
+            await store._write(stands_still_once, idle_is_lost=False)
+        assert tries == 1
+
+
 async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster) -> None:
     import hashlib
 

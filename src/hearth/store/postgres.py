@@ -281,10 +281,17 @@ class PostgresStore(Store):
         return await self._tx().read(work)
 
     async def _write(
-        self, work: Work[T], *, resolve: Resolve[T] | None = None, budget_s: float | None = None
+        self,
+        work: Work[T],
+        *,
+        resolve: Resolve[T] | None = None,
+        budget_s: float | None = None,
+        idle_is_lost: bool = True,
     ) -> T:
         budget = self.write_retry_s if budget_s is None else budget_s
-        return await self._tx().write(work, budget_s=budget, resolve=resolve)
+        return await self._tx().write(
+            work, budget_s=budget, resolve=resolve, idle_is_lost=idle_is_lost
+        )
 
     # --- the stream -----------------------------------------------------------------------------
     async def append(
@@ -333,8 +340,12 @@ class PostgresStore(Store):
             )
 
         try:
+            # (An application's function idle in its transaction past the timeout is its own
+            # doing: a StoreError names it, nothing is run again.)
             stored = await self._write(
-                run, resolve=lambda conn: transact.read_back(conn, conversation_id, ids)
+                run,
+                resolve=lambda conn: transact.read_back(conn, conversation_id, ids),
+                idle_is_lost=False,
             )
         except transact.AppFailure as failure:
             raise failure.error from None

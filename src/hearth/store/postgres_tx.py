@@ -129,10 +129,19 @@ class Transactions:
         budget_s: float,
         resolve: Resolve[T] | None = None,
         uncertain: bool = False,
+        idle_is_lost: bool = True,
     ) -> T:
         """Run ``work`` in a transaction. ``uncertain``: an earlier try of the same write (a
-        one-statement form of it) may have committed, so ``resolve`` looks first."""
-        return await self._run(work, budget_s=budget_s, resolve=resolve, uncertain=uncertain)
+        one-statement form of it) may have committed, so ``resolve`` looks first.
+        ``idle_is_lost``: the server ending the transaction for idling (this process stopped
+        inside it) is a lost connection, tried again; else a ``StoreError``."""
+        return await self._run(
+            work,
+            budget_s=budget_s,
+            resolve=resolve,
+            uncertain=uncertain,
+            idle_is_lost=idle_is_lost,
+        )
 
     async def write_once(
         self, work: Work[T], *, budget_s: float, resolve: Resolve[T], uncertain: bool = False
@@ -168,6 +177,7 @@ class Transactions:
         transaction: bool = True,
         resolve: Resolve[T] | None = None,
         uncertain: bool = False,
+        idle_is_lost: bool = True,
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
@@ -221,6 +231,17 @@ class Transactions:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
                 uncertain = uncertain or transaction or resolve is not None
+                if time.monotonic() + delay >= end or self.pool.closed:
+                    raise StoreUnavailable(self._why(exc)) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except psycopg.errors.IdleInTransactionSessionTimeout as exc:
+                # The server ended the session: this process stood still inside the transaction
+                # (a stop, a long pause) past the timeout hearth sets. Nothing of it committed.
+                if not idle_is_lost:
+                    raise StoreError(
+                        f"{self.where} refused the operation: {first_line(exc)}"
+                    ) from exc
                 if time.monotonic() + delay >= end or self.pool.closed:
                     raise StoreUnavailable(self._why(exc)) from None
                 await asyncio.sleep(delay)
