@@ -13,7 +13,7 @@ from hearth.records import (
     Record,
     StateWrite,
 )
-from hearth.store import Store, Submission
+from hearth.store import NewSubmission, Store, Submission
 from hearth.store.rules import rest_points
 
 pytestmark = pytest.mark.anyio
@@ -151,6 +151,33 @@ async def test_joined_submissions_make_the_rest_point_their_last_settlement(stor
         await store.fork(CONV, at, FORK)
     await store.fork(CONV, at + 1, FORK)
     assert await last_offset(store, FORK) == at + 1
+
+
+async def test_a_fork_of_a_fork_has_the_rest_points_of_its_origin(store: Store) -> None:
+    """A fork's copied records have no submission rows: every copied settlement counted as a
+    rest point, and a fork of it could be cut between a host's settlement and that of the
+    message joined to it."""
+    host = await running(store)
+    guest = await admitted(store, text="joins")
+    await store.append(CONV, [msg(1, host.id)], fence=host.fence)
+    assert await store.join(host.fence, guest.id, [msg(2, guest.id)])
+    at = await store.settle(host.fence, settlement(host), outcome="completed", error=None, reply="")
+    await store.fork(CONV, at + 1, FORK)
+    with pytest.raises(NotARestPoint) as refused:
+        await store.fork(FORK, at, f"{FORK}-2")
+    assert refused.value.rest_points == [0, at + 1]
+    await store.fork(FORK, at + 1, f"{FORK}-2")
+    _, later = await turn_on(store, FORK, "on the fork")  # its own settlement, past the cut
+    await store.fork(f"{FORK}", later, f"{FORK}-3")
+
+
+async def turn_on(store: Store, conversation_id: str, text: str) -> tuple[Submission, int]:
+    await store.admit(NewSubmission(conversation_id, "support", "message", {"message": text}))
+    (sub,) = await store.claim("owner-1", 30.0, 1)
+    n = await last_offset(store, conversation_id) + 1
+    await store.append(conversation_id, [msg(n, sub.id, text)], fence=sub.fence)
+    at = await store.settle(sub.fence, settlement(sub), outcome="completed", error=None, reply="")
+    return sub, at
 
 
 async def test_a_submission_admitted_after_a_settlement_does_not_block_it(store: Store) -> None:

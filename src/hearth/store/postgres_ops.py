@@ -239,6 +239,25 @@ async def create_conversation(
 _SETTLEMENTS, _SUBMISSION_SPANS = rules.fork_evidence_sql(lambda name: f"%({name})s")
 
 
+async def _rest_points(conn: Conn, conversation_id: str, depth: int = 0) -> list[int]:
+    settlements = [r["settled"] for r in await fetchall(conn, _SETTLEMENTS, {"c": conversation_id})]
+    spans = [
+        (r["admitted"], r["settled"])
+        for r in await fetchall(conn, _SUBMISSION_SPANS, {"c": conversation_id})
+    ]
+    points = rules.rest_points(settlements, spans)
+    first = await fetchone(
+        conn,
+        'SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" = 0',
+        {"c": conversation_id},
+    )
+    origin = rules.forked_from(None if first is None else loads(first["body"]))
+    if origin is None or depth >= rules.MAX_FORK_DEPTH:
+        return points
+    inherited = await _rest_points(conn, origin[0], depth + 1)
+    return rules.inherited_rest_points(points, origin[1], inherited)
+
+
 async def fork(
     conn: Conn, source: str, offset: int, target: str, outbox: Outbox, now: float | None
 ) -> ConversationInfo:
@@ -252,12 +271,8 @@ async def fork(
         raise ConversationNotFound(f"no conversation {source!r}")
     if await last_offset(conn, target) >= 0:  # (the insert below settles a race)
         raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
-    settlements = [r["settled"] for r in await fetchall(conn, _SETTLEMENTS, {"c": source})]
-    spans = [
-        (r["admitted"], r["settled"])
-        for r in await fetchall(conn, _SUBMISSION_SPANS, {"c": source})
-    ]
-    rules.check_fork(source, offset, int(row["last_offset"]), rules.rest_points(settlements, spans))
+    points = await _rest_points(conn, source)
+    rules.check_fork(source, offset, int(row["last_offset"]), points)
     created = await fetchone(
         conn,
         "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"

@@ -326,6 +326,26 @@ def rest_points(
 _NO_END = 2**62  # a submission not settled yet is open at every later offset
 
 
+# How many forks of forks a fork's rest points are followed back through (past that, a fork's
+# copied settlements are judged as its own: a bound on the reads, not a case met in practice).
+MAX_FORK_DEPTH = 64
+
+
+def forked_from(created: Record | None) -> tuple[str, int] | None:
+    """The conversation and offset a conversation was forked from, given its first record."""
+    if not isinstance(created, ConversationCreated) or not created.forked_from:
+        return None
+    origin = created.forked_from
+    return str(origin["conversation_id"]), int(origin["offset"])
+
+
+def inherited_rest_points(own: list[int], forked_at: int, origin: list[int]) -> list[int]:
+    """A fork's rest points: its origin's up to the offset it was forked at (the records there
+    are copies, and their submissions' rows stayed with the origin: judged alone, every copied
+    settlement looked like a rest point, a joined message's host's included), then its own."""
+    return sorted({p for p in origin if p <= forked_at} | {p for p in own if p > forked_at})
+
+
 def check_fork(source: str, offset: int, last_offset: int, points: list[int]) -> None:
     """A fork at ``offset`` needs an offset inside the stream (``InvalidInput``) that is one of
     its rest ``points`` (``NotARestPoint`` naming the nearest ones)."""

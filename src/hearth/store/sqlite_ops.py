@@ -188,9 +188,7 @@ def fork(
         raise ConversationNotFound(f"no conversation {source!r}")
     if last_offset(conn, target) >= 0:
         raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
-    settlements = [r[0] for r in conn.execute(_SETTLEMENTS, {"c": source})]
-    spans = [(r[0], r[1]) for r in conn.execute(_SUBMISSION_SPANS, {"c": source})]
-    rules.check_fork(source, offset, int(row[1]), rules.rest_points(settlements, spans))
+    rules.check_fork(source, offset, int(row[1]), _rest_points(conn, source))
     copied = [
         loads(body)
         for (body,) in conn.execute(
@@ -201,6 +199,20 @@ def fork(
     ]
     append(conn, target, rules.fork_records(source, offset, target, row[0], copied), outbox, now)
     return ConversationInfo(target, row[0], offset)
+
+
+def _rest_points(conn: sqlite3.Connection, conversation_id: str, depth: int = 0) -> list[int]:
+    settlements = [r[0] for r in conn.execute(_SETTLEMENTS, {"c": conversation_id})]
+    spans = [(r[0], r[1]) for r in conn.execute(_SUBMISSION_SPANS, {"c": conversation_id})]
+    points = rules.rest_points(settlements, spans)
+    first = conn.execute(
+        'SELECT body FROM records WHERE conversation_id = ? AND "offset" = 0', (conversation_id,)
+    ).fetchone()
+    origin = rules.forked_from(None if first is None else loads(first[0]))
+    if origin is None or depth >= rules.MAX_FORK_DEPTH:
+        return points
+    inherited = _rest_points(conn, origin[0], depth + 1)
+    return rules.inherited_rest_points(points, origin[1], inherited)
 
 
 def admit(conn: sqlite3.Connection, new: NewSubmission, outbox: Outbox, now: float) -> Admission:
