@@ -20,8 +20,10 @@ locking):
 Printed: each layer's median and p99 (over rounds, the median of each round's figure), its ratio
 to the floor, and what it adds to the layer before it; then the median of the ``COMMIT``
 statement alone inside the ``step.do`` layer (SQLite writing and syncing a step's pages, no
-Python) against the floor's whole transaction. The first ``--warmup`` commits of every
-run are dropped (a commit that grows the WAL costs about twice one that reuses it).
+Python) against the floor's whole transaction; and the ``ops.append`` layer's work before its
+``COMMIT``, timed alone at ``synchronous=FULL`` and at ``OFF``: the same CPU work costs more
+right after a synced commit. The first ``--warmup`` commits of every run are dropped (a commit
+that grows the WAL costs about twice one that reuses it).
 """
 
 from __future__ import annotations
@@ -171,6 +173,29 @@ def run_step_do(where: Path, n: int) -> list[float]:
         GroupCommitWriter._commit = commit  # type: ignore[method-assign]
 
 
+def work_before_commit(where: Path, n: int, synchronous: str) -> list[float]:
+    """The ``ops.append`` layer's work before its ``COMMIT`` (encoding, the fence check, the
+    statements), timed alone, on a file opened with ``synchronous``."""
+    path = where / "hearth.db"
+    fence = asyncio.run(_prepare_and_close(path))
+    conn = connect(str(path), synchronous)
+    outbox: list[object] = []
+    samples = []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            sqlite_ops.append(
+                conn, CONVERSATION, [step_record(i, fence)], outbox, time.time(), fence
+            )
+            samples.append(time.perf_counter() - t0)
+            conn.execute("COMMIT")
+            outbox.clear()
+        return samples
+    finally:
+        conn.close()
+
+
 def measure(layer: str, where: Path, n: int) -> list[float]:
     if layer == "floor":
         return run_floor(where, n)
@@ -224,6 +249,21 @@ def main() -> None:
     print(
         f"  step.do's COMMIT statement alone: median {commit:.3f} ms, {commit / floor:.2f}x the"
         " floor's whole transaction"
+    )
+    # The same work costs more right after a synced commit than with nothing synced: the CPU
+    # idled through the sync, and what runs next finds its caches cold.
+    before: dict[str, list[float]] = {"FULL": [], "OFF": []}
+    for _ in range(args.rounds):
+        for mode in before:
+            with tempfile.TemporaryDirectory() as tmp:
+                os.sync()
+                time.sleep(args.pause)
+                kept = work_before_commit(Path(tmp), args.warmup + args.steps, mode)[args.warmup :]
+            before[mode].append(statistics.median(kept) * 1e6)
+    full, off = statistics.median(before["FULL"]), statistics.median(before["OFF"])
+    print(
+        f"  ops.append's work before its COMMIT: {full:.0f} µs after a synced commit"
+        f" (synchronous=FULL), {off:.0f} µs with nothing synced (OFF): {full / off:.2f}x"
     )
 
 
