@@ -7,6 +7,7 @@ from collections import Counter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from hearth.ids import ID_RE
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.openapi import openapi_document
@@ -50,6 +51,16 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     """
     rt = await server.runtime()
     conversation = query(request, "conversation") or None
+    if conversation is not None:
+        # (An agent no longer declared is fine: its work is what an operator may look for.)
+        agent, slash, id = conversation.partition("/")
+        if not slash or not agent or not ID_RE.fullmatch(id):
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"conversation must be agent/id (as support/c-1), not {conversation!r}",
+                {"field": "conversation"},
+            )
     subs = await rt.submissions(conversation)
     now = await rt.now()  # the clock the leases were stamped with
     unsettled = [s for s in subs if s.outcome is None]
