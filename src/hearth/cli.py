@@ -296,7 +296,15 @@ def send(
                 click.echo(f"{receipt.submission_id} admitted to {conv.conversation_id}{again}")
             return
         with err.status(f"waiting for {receipt.submission_id} to settle…"):
-            reply = conv.read(receipt, timeout=timeout)
+            try:
+                reply = conv.read(receipt, timeout=timeout)
+            except SubmissionError as exc:
+                if not as_json:
+                    raise
+                # A script asked for JSON: it gets the outcome there too (and the exit status).
+                outcome = {"outcome": _outcome(exc), "error": exc.error}
+                click.echo(json.dumps({"submission_id": receipt.submission_id, **outcome}))
+                sys.exit(1)
         if as_json:
             click.echo(json.dumps({"submission_id": reply.submission_id, "reply": reply.text}))
         else:

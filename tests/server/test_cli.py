@@ -45,6 +45,22 @@ def test_send_reports_a_failed_outcome_as_one_line(server: ThreadServer) -> None
     assert "has not settled yet" in one_line_error(out)
 
 
+def test_send_wait_json_prints_a_failed_outcome_as_json_too(server: ThreadServer) -> None:
+    """A script asking for JSON got nothing on stdout when the submission did not complete."""
+    code, _ = run("send", "staller", "c-9", "hi", "--url", server.url, "--idempotency-key", "k")
+    assert code == 0
+    with server.client() as http:
+        assert http.post("/agents/staller/c-9/abort").json()["aborted"]
+    code, out = run(
+        "send", "staller", "c-9", "hi", "--url", server.url, "--idempotency-key", "k",
+        "--wait", "--json", "--timeout", "10",
+    )  # fmt: skip
+    assert code == 1
+    shown = json.loads(out.strip().splitlines()[-1])
+    assert shown["outcome"] == "aborted" and shown["error"]["type"] == "aborted"
+    assert shown["submission_id"].startswith("s_")
+
+
 def test_tail_prints_the_stream(server: ThreadServer) -> None:
     run("send", "echo", "c-1", "hello", "--url", server.url, "--wait")
     code, out = run("tail", "echo", "c-1", "--url", server.url, "--no-follow")
