@@ -894,6 +894,44 @@ async def test_a_transaction_frozen_mid_way_gives_its_locks_up_after_a_while(
         assert row == {"idle_in_transaction_session_timeout": "10s"}
 
 
+async def test_a_renewal_does_not_wait_for_a_step_transaction_holding_its_row(
+    pg_cluster: Cluster,
+) -> None:
+    """The renewal of all of an owner's leases, one statement, waited for the row lock of an
+    application's open step.transaction: meanwhile every other lease of the process ran out
+    and peers took its healthy work over. Here the transaction goes on only once the renewal
+    has answered (it waited for each other for ever)."""
+    async with opened(pg_cluster.conninfo, new_schema()) as store:
+        for conversation in (CONV, "support/c-2"):
+            await store.admit(NewSubmission(conversation, "support", "message", {"t": 1}))
+        claimed = await store.claim("owner-1", 30.0, 2)
+        (held,) = [s for s in claimed if s.conversation_id == CONV]
+        locked, renewed = asyncio.Event(), asyncio.Event()
+
+        async def books(conn: Any) -> int:
+            locked.set()  # the fence is checked: the submission's row is locked
+            await renewed.wait()
+            return 1
+
+        def records(value: Any) -> list[ToolStepSettled]:
+            step = ToolStepSettled(
+                id="m1:step:c1:book", tool_call_id="c1", step="book", value=value
+            )
+            return [step.stamped(held.id, held.attempt)]
+
+        booking = asyncio.create_task(
+            store.transact(CONV, held.fence, books, records, ids=["m1:step:c1:book"])
+        )
+        await asyncio.wait_for(locked.wait(), 10)
+        leases = await asyncio.wait_for(store.renew_all("owner-1", 30.0), 10)
+        renewed.set()
+        assert {h.fence for h in leases} == {s.fence for s in claimed}
+        (stored,) = await booking
+        assert stored.id == "m1:step:c1:book"
+        after = await store.renew_all("owner-1", 30.0)  # no transaction open: all renewed
+        assert {h.fence for h in after} == {s.fence for s in claimed}
+
+
 async def test_a_write_whose_session_the_idle_timeout_ended_is_tried_again(
     pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

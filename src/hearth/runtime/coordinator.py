@@ -328,7 +328,7 @@ class Coordinator:
             elif claim.reason == "shutdown":
                 await self._release(sub, graceful=True)
         except FencedOut:
-            log.info("submission %s was taken over by another owner", sub.id)
+            log.warning("submission %s was taken over by another owner", sub.id)
         except asyncio.CancelledError:
             if claim.work is not None:
                 claim.work.cancel()

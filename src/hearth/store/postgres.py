@@ -24,6 +24,7 @@ import json
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -150,6 +151,9 @@ class PostgresStore(Store):
         # conversation → the last offset this process saw there, for one-statement appends
         self._tails: dict[str, int] = {}
         self._hosts: dict[str, str] = {}  # the conversation of each submission that appended
+        # The claims whose step.transaction is open here: each holds its submission's row
+        # locked (no peer can claim it meanwhile), so renewals leave those rows alone.
+        self._transacting: Counter[Fence] = Counter()
         self._conversations: dict[str, None] = {}  # conversations this process admitted to
         self._group = GroupAppends(self._write_group)
         self._admits: Grouped[_Admit, Admission | None] = Grouped(self._admit_group)
@@ -327,17 +331,33 @@ class PostgresStore(Store):
         # Its own transaction, never the one-statement fast path: the application's work runs
         # between the fence check and the insert.
         async def run(conn: ops.Conn, outbox: ops.Outbox) -> list[Record]:
-            return await transact.run(
-                conn,
-                conversation_id=conversation_id,
-                fence=fence,
-                work=work,
-                records=records,
-                app_search_path=self._app_search_path,
-                hearth_search_path=self.schema,
-                outbox=outbox,
-                now=self._now(),
-            )
+            # From its fence check on, this transaction holds the submission's row locked,
+            # until it ends: counted for renew_all meanwhile (never while a retry waits).
+            held = False
+
+            def locked() -> None:
+                nonlocal held
+                held = True
+                self._transacting[fence] += 1
+
+            try:
+                return await transact.run(
+                    conn,
+                    conversation_id=conversation_id,
+                    fence=fence,
+                    work=work,
+                    records=records,
+                    app_search_path=self._app_search_path,
+                    hearth_search_path=self.schema,
+                    outbox=outbox,
+                    now=self._now(),
+                    locked=locked,
+                )
+            finally:
+                if held:
+                    self._transacting[fence] -= 1
+                    if self._transacting[fence] <= 0:
+                        del self._transacting[fence]
 
         try:
             # (An application's function idle in its transaction past the timeout is its own
@@ -636,16 +656,25 @@ class PostgresStore(Store):
         return await self._write(work, resolve=lambda conn: readback.claimed(conn, token))
 
     async def renew_all(self, owner: str, lease_s: float) -> list[Held]:
+        # A row that a step.transaction of this process holds locked is left out: the renewal
+        # waited for its lock (as long as the application's transaction ran), and meanwhile
+        # every other lease of the process ran out and peers took healthy work over. No peer
+        # can claim that row while it is locked (claims skip locked rows), so its claim is
+        # held; the first heartbeat after the transaction renews it.
+        transacting = list(self._transacting)
+        busy = [f.submission_id for f in transacting]
         rows = await self._write(
             lambda conn, _: ops.fetchall(
                 conn,
                 f"UPDATE submissions SET lease_expires_at = {ops.NOW} + %(lease_s)s"
                 " WHERE status = %(r)s AND lease_owner = %(o)s"
+                " AND NOT (id = ANY(%(busy)b::text[]))"
                 " RETURNING id, attempt, abort_requested_at IS NOT NULL AS aborting",
-                {"lease_s": lease_s, "r": RUNNING, "o": owner, "now": self._now()},
+                {"lease_s": lease_s, "r": RUNNING, "o": owner, "busy": busy, "now": self._now()},
             )
         )
-        return [Held(Fence(row["id"], int(row["attempt"])), bool(row["aborting"])) for row in rows]
+        held = [Held(Fence(row["id"], int(row["attempt"])), bool(row["aborting"])) for row in rows]
+        return held + [Held(fence) for fence in transacting]
 
     async def release(self, fence: Fence, owner: str, *, graceful: bool = False) -> bool:
         return await self._write(

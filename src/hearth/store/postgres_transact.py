@@ -43,9 +43,12 @@ async def run(
     hearth_search_path: str,
     outbox: Outbox,
     now: float | None,
+    locked: Callable[[], None] = lambda: None,
 ) -> list[Record]:
-    """The body of the transaction (the caller opens and commits it)."""
+    """The body of the transaction (the caller opens and commits it). ``locked`` is called
+    once the fence is checked: the submission's row is locked from then on."""
     await check_fence(conn, fence, lock="UPDATE")
+    locked()
     await conn.execute("SELECT set_config('search_path', %(p)s, true)", {"p": app_search_path})
     conn.row_factory = tuple_row  # type: ignore[assignment]
     try:
