@@ -695,10 +695,13 @@ def openapi_document(
                         "name": "conversation",
                         "in": "query",
                         "description": "only this AGENT/ID",
-                        "schema": {"type": "string"},
+                        "schema": {
+                            "type": "string",
+                            "pattern": "^[^/]+/" + ID_PATTERN.removeprefix("^"),
+                        },
                     }
                 ],
-                "responses": answers({"200": _json(_ref("AdminView"), "admin view")}),
+                "responses": answers({"200": _json(_ref("AdminView"), "admin view")}, 400),
             }
         },
         "/conversations": {

@@ -50,7 +50,7 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     Counting reads every submission row: an operator's tool, not a hot path.
     """
     rt = await server.runtime()
-    conversation = query(request, "conversation") or None
+    conversation = query(request, "conversation")
     if conversation is not None:
         # (An agent no longer declared is fine: its work is what an operator may look for.)
         agent, slash, id = conversation.partition("/")
