@@ -185,6 +185,8 @@ def serve(
     app = load_app(app_ref, app_dir)
     app.configure(**options)
     settings = app.settings
+    # Before the runtime starts (it would claim work, then the server fail to listen).
+    _check_listen(settings.host, settings.port)
     if strict:
         _refuse_withdrawals(app)
     if reload:
@@ -198,6 +200,32 @@ def serve(
         sys.stdout.flush()
 
     run_server(app, log_level=log_level, access_log=access_log, on_ready=ready)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail in one line when ``host:port`` cannot be listened on (a port in use, an address not
+    of this machine): it was uvicorn's own error line, after the runtime had started."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        fail(f"cannot listen on {host}:{port}: {exc} (--host, HEARTH_HOST)")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                fail(
+                    f"port {port} on {host} is in use (another server?); choose another with"
+                    " --port (HEARTH_PORT)"
+                )
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host, HEARTH_HOST)")
 
 
 def _refuse_withdrawals(app: hearth.App) -> None:

@@ -179,6 +179,25 @@ def test_serve_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 1 and "unsupported database URL" in one_line_error(out)
 
 
+def test_serve_on_a_port_in_use_or_a_bad_host_is_one_line_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """It was uvicorn's own error line (exit 3), after the runtime had opened the database and
+    started claiming work."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        db = tmp_path / "h.db"
+        code, out = run("serve", "serverapp:app", "--db", str(db), "--port", port)
+        assert code == 1 and f"port {port} on 127.0.0.1 is in use" in one_line_error(out)
+    code, out = run("serve", "serverapp:app", "--db", str(db), "--host", "999.1.1.1")
+    assert code == 1 and "cannot listen on 999.1.1.1" in one_line_error(out)
+    assert not db.exists()  # nothing was started
+
+
 def test_serve_with_a_token_and_python_dash_m(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "h.db", args=("--token", "abc")).start()
     try:
