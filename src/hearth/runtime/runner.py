@@ -47,6 +47,7 @@ from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
 from hearth.runtime.waits import PauseForWait
 from hearth.store.base import Submission
+from hearth.store.rules import check_fence
 from hearth.tools import Tool
 from hearth.workspaces.base import OpenWorkspace, Workspace, close_all
 
@@ -118,17 +119,14 @@ class Attempt:
     async def confirm_claim(self) -> None:
         if self.lease is not None and self.lease.known_held():
             return
+        # Past its lease (this process stood still): the row says whether the claim still holds,
+        # by the rule every fenced write is judged by.
         row = await self.store.get_submission(self.sub.id)
-        if (
-            row is None
-            or row.attempt != self.sub.attempt
-            or row.lease_owner != self.sub.lease_owner
-            or row.outcome is not None
-        ):
-            raise FencedOut(
-                f"attempt {self.sub.attempt} of {self.sub.id} no longer owns it (its lease ran"
-                " out while this process was stopped): the step does not run"
-            )
+        check_fence(
+            self.sub.fence,
+            None if row is None else row.status,
+            None if row is None else row.attempt,
+        )
 
     async def attachment(self, sha256: str) -> bytes | None:
         if sha256 not in self._attachments:
