@@ -770,13 +770,17 @@ def migrate(db: str | None) -> None:
         await store.close()
         # A PostgreSQL store names its schema and server; a SQLite file is its own schema.
         schema, where = getattr(store, "schema", None), getattr(store, "where", None)
-        if schema and where:
-            return f"the schema {schema!r} in {where}"
-        return f"the schema of {shown_db(db)}"
+        what = f"the schema {schema!r} in {where}" if schema and where else shown_db(db)
+        found, now = store.schema_found, store.schema_version
+        if found is None:
+            return f"created {what} (schema version {now})"
+        if found < now:
+            return f"migrated {what} from schema version {found} to {now}"
+        return f"{what} is current (schema version {now})"
 
     with err.status(f"migrating {shown_db(db)}…"):
-        what = asyncio.run(run())
-    click.echo(f"hearth: {what} is current")
+        said = asyncio.run(run())
+    click.echo(f"hearth: {said}")
 
 
 # --- demo ------------------------------------------------------------------------------------

@@ -156,7 +156,8 @@ def test_migrate_creates_the_schema_and_names_it(pg_cluster: Cluster) -> None:
     assert f"the schema '{schema}' in PostgreSQL at 127.0.0.1:{pg_cluster.port}/postgres" in (
         done.stdout
     )
-    assert "is current" in done.stdout
+    assert f"created the schema '{schema}'" in done.stdout
+    assert f"(schema version {SCHEMA_VERSION})" in done.stdout
     found = f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'"
     assert pg_cluster.sql(found) == str(SCHEMA_VERSION)
     again = hearth("migrate", "--db", pg_cluster.url(schema))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from httpharness import HERE, ServerProcess, ThreadServer, child_env, free_port
 from pgcluster import Cluster
 
 from hearth.cli import main
+from hearth.store.sqlite_schema import SCHEMA_VERSION
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -110,9 +112,18 @@ def test_inspect_shows_submissions_leases_and_stuck_work(server: ThreadServer) -
 def test_migrate_creates_the_schema_and_reports_a_busy_file(
     tmp_path: Path, server: ThreadServer
 ) -> None:
-    code, out = run("migrate", "--db", f"sqlite:///{tmp_path / 'new.db'}")
-    assert code == 0 and "is current" in out
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    code, out = run("migrate", "--db", url)
+    assert code == 0 and f"created {url} (schema version {SCHEMA_VERSION})" in out
     assert (tmp_path / "new.db").exists()
+    code, out = run("migrate", "--db", url)
+    assert code == 0 and f"is current (schema version {SCHEMA_VERSION})" in out
+    with sqlite3.connect(tmp_path / "new.db") as conn:  # as an older release left it
+        conn.execute("ALTER TABLE submissions DROP COLUMN releases")
+        conn.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    conn.close()
+    code, out = run("migrate", "--db", url)
+    assert code == 0 and f"from schema version 9 to {SCHEMA_VERSION}" in out
     code, out = run("migrate", "--db", str(server.app.settings.db))
     assert code == 1
     assert "another process owns" in one_line_error(out)

@@ -59,6 +59,10 @@ class Store(ABC):
     # Whether processes of different releases may share this store at once (a rolling
     # redeploy): then each claims work of the agents it declares first (``claim``'s ``agents``).
     shared: bool = False
+    # What ``open`` found: the schema version the database had (``None``: there was none, and
+    # ``open`` created it), and the version it has now. ``hearth migrate`` reports them.
+    schema_found: int | None = None
+    schema_version: int = 0
 
     @abstractmethod
     async def open(self, *, create: bool = True) -> None:

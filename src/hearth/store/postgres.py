@@ -45,7 +45,7 @@ from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
 from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
-from hearth.store.postgres_schema import migrate
+from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.postgres_tx import (
     ADMIT_WAIT_S,
     Resolve,
@@ -131,6 +131,7 @@ class PostgresStore(Store):
         self.conninfo = conninfo
         self.where = describe(conninfo)  # the server and database, without credentials
         self.schema = schema
+        self.schema_version = SCHEMA_VERSION
         self.pool_size = pool_size
         self.write_retry_s = write_retry_s
         self.clock = clock
@@ -183,7 +184,7 @@ class PostgresStore(Store):
             shown = await cursor.fetchone()
             if shown:
                 self._app_search_path = str(shown[0])
-            await migrate(conn, self.schema, create=create)
+            self.schema_found = await migrate(conn, self.schema, create=create)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise StoreError(
                 f"{self.where}: {first_line(exc)}; grant CREATE on the database to this role, or"

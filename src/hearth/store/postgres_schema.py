@@ -172,9 +172,12 @@ ALTER TABLE submissions ADD COLUMN IF NOT EXISTS waiting_since double precision
 """
 
 
-async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, *, create: bool = True) -> None:
+async def migrate(
+    conn: psycopg.AsyncConnection[Any], schema: str, *, create: bool = True
+) -> int | None:
     """Create the schema and its tables, or check the version of the ones that exist. Without
-    ``create``, a schema without hearth's tables is a ``StoreError`` (nothing is made)."""
+    ``create``, a schema without hearth's tables is a ``StoreError`` (nothing is made). Returns
+    the version found (``None``: there were no tables, and now there are this release's)."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         # Created only when missing: ``CREATE SCHEMA IF NOT EXISTS`` asks for the database's
@@ -200,7 +203,7 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, *, create: bo
         if found == SCHEMA_VERSION:
             # Nothing to do, and no DDL: even ``CREATE INDEX IF NOT EXISTS`` locks its table,
             # which can deadlock with a peer process already using it.
-            return
+            return found
         if found is not None and found < 2:
             await _add_activity(conn)
         if found is not None and found < 5:
@@ -226,6 +229,7 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, *, create: bo
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+    return found
 
 
 async def _add_activity(conn: psycopg.AsyncConnection[Any]) -> None:

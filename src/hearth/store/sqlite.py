@@ -55,7 +55,7 @@ from hearth.store.rows import (
     summary_from_row,
     wait_from_row,
 )
-from hearth.store.sqlite_schema import connect
+from hearth.store.sqlite_schema import SCHEMA_VERSION, connect
 from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
 
 T = TypeVar("T")
@@ -111,9 +111,13 @@ class SQLiteStore(Store):
         self.clock = clock or steady_clock()
         self.events = StoreEvents()
         self._create = True
+        self.schema_version = SCHEMA_VERSION
         self._writer = GroupCommitWriter(
-            lambda: connect(path, mode, create=self._create), self.events
+            lambda: connect(path, mode, create=self._create, found=self._found), self.events
         )
+
+    def _found(self, version: int | None) -> None:
+        self.schema_found = version
 
     @property
     def commits(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 
 from hearth.errors import SchemaTooNew, StoreError
 
@@ -165,7 +166,15 @@ CREATE TABLE IF NOT EXISTS attachment_refs (
 _ATTACHMENT_TABLES = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS attachments") :]
 
 
-def connect(path: str, synchronous: str, *, create: bool = True) -> sqlite3.Connection:
+def connect(
+    path: str,
+    synchronous: str,
+    *,
+    create: bool = True,
+    found: Callable[[int | None], None] | None = None,
+) -> sqlite3.Connection:
+    """Open the file as this process's one connection and create or migrate its schema;
+    ``found`` is told the version the file had (``None``: it had none)."""
     conn = sqlite3.connect(
         path, timeout=LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False
     )
@@ -178,7 +187,9 @@ def connect(path: str, synchronous: str, *, create: bool = True) -> sqlite3.Conn
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA cache_size = -32000")
-        migrate(conn, create=create)
+        before = migrate(conn, create=create)
+        if found is not None:
+            found(before)
     except sqlite3.OperationalError as exc:
         conn.close()
         if getattr(exc, "sqlite_errorcode", None) in (5, 6) or "locked" in str(exc):
@@ -289,9 +300,10 @@ def _add_activity_bucket(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE conversations SET activity_bucket = CAST(last_activity / 10 AS INTEGER)")
 
 
-def migrate(conn: sqlite3.Connection, *, create: bool = True) -> None:
+def migrate(conn: sqlite3.Connection, *, create: bool = True) -> int | None:
     """Create the schema or check it; writing to ``meta`` takes the exclusive lock at once.
-    Without ``create``, a file without hearth's schema is a ``StoreError``."""
+    Without ``create``, a file without hearth's schema is a ``StoreError``. Returns the version
+    the file had (``None``: it had no schema, and now has this release's)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         has_meta = conn.execute(
@@ -299,6 +311,7 @@ def migrate(conn: sqlite3.Connection, *, create: bool = True) -> None:
         ).fetchone()
         if not has_meta and not create:
             raise StoreError("the file holds no hearth database: check --db (or HEARTH_DB)")
+        found: int | None = None
         if has_meta:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             found = int(row[0]) if row is not None else SCHEMA_VERSION
@@ -342,3 +355,4 @@ def migrate(conn: sqlite3.Connection, *, create: bool = True) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    return found
