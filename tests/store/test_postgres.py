@@ -10,7 +10,7 @@ import string
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,32 +194,126 @@ async def test_an_admission_waits_for_a_busy_pool_instead_of_calling_the_server_
 async def test_an_admission_gives_up_quickly_when_connections_are_stuck_and_nothing_answers(
     pg_cluster: Cluster,
 ) -> None:
-    """Every connection in use but no work finishing (a server that stopped answering): the
-    1.5 s budget holds and the error names the server."""
+    """Every connection in use and the server no longer answering (not even a new connection):
+    the 1.5 s budget holds and the error names the server."""
+    async with frozen_server(pg_cluster) as (store, freeze):
+        await freeze()
+        with pytest.raises(StoreUnavailable, match="is unreachable"):
+            await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        with pytest.raises(StoreUnavailable):
+            await store.ping(1.5)
+
+
+async def test_connections_held_by_long_transactions_are_a_busy_pool_not_an_outage(
+    pg_cluster: Cluster,
+) -> None:
+    """Every connection held by the application's long transactions, nothing finished for
+    longer than admission's budget, while the server answers: ``ping`` (what /healthz asks)
+    passes, and an admission queues until a connection is free instead of saying the server is
+    unreachable."""
     async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
-        async with every_connection_stuck(store):
-            with pytest.raises(StoreUnavailable, match="is unreachable"):
-                await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        pool = store._tx().pool
+        release = asyncio.Event()
+
+        async def held() -> None:  # an application's step.transaction, say
+            async with pool.connection() as conn:
+                await release.wait()
+                await conn.execute("SELECT 1")
+
+        holders = [asyncio.create_task(held()) for _ in range(2)]
+        await asyncio.sleep(1.6)
+        try:
+            await store.ping(1.5)
+            admitting = asyncio.create_task(
+                store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+            )
+            await asyncio.sleep(2.0)  # longer than the admission's own budget
+            assert not admitting.done()
+            release.set()
+            admission = await asyncio.wait_for(admitting, 10)
+            assert admission.submission.conversation_id == CONV
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+
+
+class Freezer:
+    """A loopback TCP proxy to PostgreSQL that, once frozen, forwards nothing more in either
+    direction and leaves new connections unanswered: a server that stopped answering."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.frozen = asyncio.Event()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in self._tasks:
+            task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.frozen.is_set():
+            await asyncio.sleep(3600)  # accepted, never answered
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                if self.frozen.is_set():
+                    await asyncio.sleep(3600)
+                sink.write(data)
+                await sink.drain()
+
+        tasks = [
+            asyncio.create_task(pipe(reader, up_writer)),
+            asyncio.create_task(pipe(up_reader, writer)),
+        ]
+        self._tasks.update(tasks)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for w in (writer, up_writer):
+            w.close()
 
 
 @contextlib.asynccontextmanager
-async def every_connection_stuck(store: PostgresStore) -> AsyncIterator[None]:
-    """Every connection of ``store``'s pool (of 2) in use, and nothing finished for longer than
-    the admission's budget: the server seems to have stopped answering."""
-    pool = store._tx().pool
+async def frozen_server(
+    pg_cluster: Cluster,
+) -> AsyncIterator[tuple[PostgresStore, Callable[[], Awaitable[None]]]]:
+    """A store (pool of 2) reaching the server through a ``Freezer``, and the call that
+    freezes it with both connections of the pool in use: then nothing is finished for longer
+    than an admission's budget, and the server seems to have stopped answering."""
+    proxy = Freezer(pg_cluster.port)
+    await proxy.start()
+    conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
     release = asyncio.Event()
-
-    async def stuck() -> None:
-        async with pool.connection():
-            await release.wait()
-
-    holders = [asyncio.create_task(stuck()) for _ in range(2)]
-    await asyncio.sleep(1.6)
+    holders: list[asyncio.Task[None]] = []
     try:
-        yield
+        async with opened(conninfo, new_schema(), pool_size=2) as store:
+            pool = store._tx().pool
+
+            async def stuck() -> None:
+                async with pool.connection():
+                    await release.wait()
+
+            async def freeze() -> None:
+                holders.extend(asyncio.create_task(stuck()) for _ in range(2))
+                while pool.get_stats().get("pool_available", 0) or len(holders) < 2:
+                    await asyncio.sleep(0.05)
+                proxy.frozen.set()
+                await asyncio.sleep(1.6)
+
+            yield store, freeze
     finally:
         release.set()
-        await asyncio.gather(*holders)
+        await asyncio.gather(*holders, return_exceptions=True)
+        await proxy.stop()
 
 
 @pytest.mark.parametrize("operation", ["fork", "abort", "resolve"])
@@ -228,7 +322,7 @@ async def test_what_a_caller_asks_for_gives_up_as_an_admission_does(
 ) -> None:
     """A fork, an abort or a wait's resolve while the server did not answer took the whole
     write budget (30 s) before the HTTP answer said 503."""
-    async with opened(pg_cluster.conninfo, new_schema(), pool_size=2) as store:
+    async with frozen_server(pg_cluster) as (store, freeze):
         store.write_retry_s = 3600.0  # the fenced writes' budget: the call must not wait it out
         await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
         calls = {
@@ -236,9 +330,9 @@ async def test_what_a_caller_asks_for_gives_up_as_an_admission_does(
             "abort": lambda: store.request_abort(CONV),
             "resolve": lambda: store.resolve_wait(CONV, "w_1", True),
         }
-        async with every_connection_stuck(store):
-            with pytest.raises(StoreUnavailable, match="is unreachable"):
-                await asyncio.wait_for(calls[operation](), 120)
+        await freeze()
+        with pytest.raises(StoreUnavailable, match="is unreachable"):
+            await asyncio.wait_for(calls[operation](), 120)
 
 
 # --- migrations ------------------------------------------------------------------------------

@@ -615,9 +615,10 @@ def on_thread(conn: sqlite3.Connection, _: object) -> int:
 
 
 async def test_a_lone_operation_runs_on_the_event_loop_and_commits_before_it_answers(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No hand-off to the writer thread and back when nothing else is asked for."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)  # a busy machine's commits too
     store = await opened(tmp_path / "hearth.db")
     try:
         await store.admit(new("support/c-1"))
@@ -638,8 +639,11 @@ async def test_a_lone_operation_runs_on_the_event_loop_and_commits_before_it_ans
         await reopened.close()
 
 
-async def test_operations_asked_for_in_one_loop_iteration_share_one_commit_on_the_loop() -> None:
+async def test_operations_asked_for_in_one_loop_iteration_share_one_commit_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without pausing the writer: the first of them does not run (and commit) alone."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)  # a busy machine's commits too
     store = await opened(":memory:")
     try:
         conversations = [f"support/c-{n}" for n in range(10)]
@@ -661,6 +665,7 @@ async def test_after_a_slow_commit_the_thread_takes_the_groups_until_a_commit_is
 ) -> None:
     """A disk that syncs slowly must not hold the event loop: the commit after a slow one runs
     on the writer thread; once commits are fast again, groups come back to the loop."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)  # the admission's commit is fast
     store = await opened(tmp_path / "hearth.db")
     try:
         await store.admit(new("support/c-1"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
 import time
 import uuid
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 from psycopg_pool import PoolTimeout
 
 from hearth import _faults
@@ -210,6 +212,7 @@ class PostgresStore(Store):
             sender=self._sender,
             events=self.events,
             notes=self._notes,
+            connect=self._connect_alone,
         )
         self._listener = Listener(
             self.conninfo, self._kwargs, self.channel, self._sender, self.events, self._missed
@@ -232,15 +235,14 @@ class PostgresStore(Store):
             await transactions.pool.close()
 
     async def ping(self, timeout: float) -> None:
-        pool = self._tx().pool
-        try:
-            async with asyncio.timeout(timeout):
-                async with pool.connection(timeout=timeout) as conn:
-                    await conn.execute("SELECT 1")
-        except TimeoutError:
-            raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
+        await self._tx().ping(timeout)
+
+    async def _connect_alone(self, timeout: float) -> ops.Conn:
+        """A connection of its own, as the pool's are made, giving up after ``timeout``."""
+        kwargs = {**self._kwargs, "connect_timeout": max(2, math.ceil(timeout))}
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, row_factory=dict_row, **kwargs
+        )
 
     async def now(self) -> float:
         if self.clock is not None:

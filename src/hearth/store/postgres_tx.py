@@ -107,14 +107,69 @@ class Transactions:
         sender: str,
         events: StoreEvents,
         notes: Notes,
+        connect: Callable[[float], Awaitable[ops.Conn]] | None = None,
     ) -> None:
         self.pool = pool
+        # a new connection outside the pool, within a timeout (``answering`` asks on it)
+        self.connect = connect
         self.where = where
         self.channel = channel
         self.sender = sender
         self.events = events
         self.notes = notes
         self.last_answer = float("-inf")  # when the server last finished a piece of work
+        self._probe: asyncio.Task[bool] | None = None  # a question asked outside the pool
+        self._probe_failed = float("-inf")
+
+    async def ping(self, timeout: float) -> None:
+        """``Store.ping``: a trivial question on a connection of the pool or, while every one is
+        in use (long transactions of the application), on one of its own."""
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.pool.connection(timeout=timeout) as conn:
+                    await conn.execute("SELECT 1")
+                self.progressed()
+                return
+        except TimeoutError:
+            exc: BaseException = TimeoutError()
+        except (psycopg.Error, PoolTimeout) as error:
+            exc = error
+        if self._exhausted() and await self.answering(timeout - (time.monotonic() - start)):
+            return
+        if isinstance(exc, TimeoutError):
+            raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
+        raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
+
+    async def answering(self, timeout: float = ADMIT_WAIT_S) -> bool:
+        """Whether the server answers: it finished work lately, or it answers a question asked
+        on a new connection of its own (outside the pool, whose connections may all be held
+        by long transactions while the server is well). One question at a time; a failed one
+        is not asked again for a moment."""
+        now = time.monotonic()
+        if now - self.last_answer <= ADMIT_WAIT_S:
+            return True
+        if now - self._probe_failed < ADMIT_WAIT_S / 3 or self.pool.closed:
+            return False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._ask(max(0.1, timeout)))
+        try:
+            return await asyncio.shield(self._probe)
+        except Exception:
+            return False
+
+    async def _ask(self, timeout: float) -> bool:
+        if self.connect is None:
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                async with await self.connect(timeout) as conn:
+                    await conn.execute("SELECT 1")
+        except (TimeoutError, psycopg.Error, OSError):
+            self._probe_failed = time.monotonic()
+            return False
+        self.progressed()
+        return True
 
     async def read(self, work: Callable[[ops.Conn], Awaitable[T]]) -> T:
         async def run(conn: ops.Conn, _: ops.Outbox) -> T:
@@ -216,7 +271,7 @@ class Transactions:
                     raise
                 return found
             except PoolTimeout as exc:
-                if self._busy() and time.monotonic() < busy_end:
+                if self._exhausted() and await self.answering() and time.monotonic() < busy_end:
                     queued = True  # the server answers, every connection is in use: wait on
                     continue
                 if time.monotonic() + delay >= end or self.pool.closed:
@@ -283,7 +338,7 @@ class Transactions:
                 done, _ = await asyncio.wait({getting}, timeout=ADMIT_WAIT_S / 3)
                 if done:
                     return getting.result()
-                if not self._busy():
+                if not (self._exhausted() and await self.answering()):
                     raise PoolTimeout(
                         "the server stopped answering while every connection was busy"
                     )
@@ -301,13 +356,16 @@ class Transactions:
         """Note that the server just answered (a connection is not lost if work gets done)."""
         self.last_answer = time.monotonic()
 
-    def _busy(self) -> bool:
-        """Whether every connection of the pool is in use while the server goes on answering
-        (a burst), as opposed to connections stuck on a server that does not (an outage)."""
-        if time.monotonic() - self.last_answer > ADMIT_WAIT_S:
-            return False
+    def _exhausted(self) -> bool:
+        """Whether every connection of the pool is in use."""
         stats = self.pool.get_stats()
         return stats.get("pool_size", 0) > 0 and stats.get("pool_available", 0) == 0
+
+    def _busy(self) -> bool:
+        """Whether every connection of the pool is in use while the server goes on answering
+        (a burst, long transactions), as opposed to connections stuck on a server that does not
+        (an outage). ``answering`` asks the server when nothing finished lately."""
+        return self._exhausted() and time.monotonic() - self.last_answer <= ADMIT_WAIT_S
 
     def _why(self, exc: BaseException) -> str:
         if isinstance(exc, PoolTimeout) and self._busy():
