@@ -114,14 +114,14 @@ async def test_one_store_read_and_one_write_per_stream_per_append() -> None:
         await until(lambda: len(hub.channels[CONVERSATION].followers) == 200, "all joined")
         channel = hub.channels[CONVERSATION]
         await until(lambda: channel.idle, "the channel waits for the next append")
-        reads, store_read = 0, rt.store.read
+        reads, store_read = 0, rt.store.read_page
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             nonlocal reads
             reads += 1
             return await store_read(*args, **kwargs)
 
-        rt.store.read = counted  # type: ignore[method-assign]
+        rt.store.read_page = counted  # type: ignore[method-assign]
         for _ in range(3):
             writes = [c.writes for c, _ in streams]
             encoded, before = broadcast.ENCODED.encoded, reads
@@ -205,14 +205,14 @@ async def test_a_stream_asking_past_the_end_does_not_hide_records_from_the_other
         current, current_task = start(rt, -1, closing)
         one = await append(rt, sub, 1)
         await until(lambda: current.offsets() == [0, one], "the current stream got it")
-        reads, store_read = 0, rt.store.read
+        reads, store_read = 0, rt.store.read_page
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             nonlocal reads
             reads += 1
             return await store_read(*args, **kwargs)
 
-        rt.store.read = counted  # type: ignore[method-assign]
+        rt.store.read_page = counted  # type: ignore[method-assign]
         await asyncio.sleep(0.1)
         assert reads == 0  # both wait, neither reads in a loop
         await append(rt, sub, 1_000)
@@ -221,6 +221,27 @@ async def test_a_stream_asking_past_the_end_does_not_hide_records_from_the_other
         assert ahead.offsets() == [1_001]
         closing.set()
         await asyncio.gather(ahead_task, current_task)
+
+
+def test_the_cache_of_encoded_events_keeps_to_its_byte_budget() -> None:
+    """Large records would keep gigabytes alive in a cache bounded by count alone."""
+    encoded = broadcast.EncodedEvents(size=100, max_bytes=1_000)
+    records = [
+        UserMessage(id=f"u{i}", message_id="m", content="x" * 300).stamped("s", 0).with_offset(i)
+        for i in range(10)
+    ]
+    for record in records:
+        encoded.event(record)
+    assert encoded.encoded == 10 and 300 < encoded.bytes <= 1_000
+    encoded.event(records[-1])  # still cached
+    assert encoded.encoded == 10
+    encoded.event(records[0])  # long gone: encoded again
+    assert encoded.encoded == 11 and encoded.bytes <= 1_000
+    huge = UserMessage(id="h", message_id="m", content="y" * 5_000).stamped("s", 0)
+    encoded.event(huge.with_offset(10))  # alone over the budget: kept until the next one
+    assert encoded.bytes > 5_000
+    encoded.event(records[1])
+    assert encoded.bytes <= 1_000
 
 
 def test_a_stream_given_records_it_already_has_keeps_only_the_new_ones() -> None:

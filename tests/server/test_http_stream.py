@@ -8,7 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx2
+import pytest
 from httpharness import ThreadServer, sse_records
+
+from hearth.server import tail
 
 SSE = {"accept": "text/event-stream"}
 
@@ -35,6 +38,50 @@ def test_json_pages_follow_the_offset_convention(server: ThreadServer) -> None:
         assert past == {"records": [], "next_offset": 999, "up_to_date": True}
         for bad in ("x", "-2", "1e3", str(2**70)):
             assert http.get("/agents/echo/c-1/stream", params={"offset": bad}).status_code == 400
+
+
+def test_pages_and_sse_of_large_records_come_in_bounded_reads_and_miss_nothing(
+    server: ThreadServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a byte budget of 100 kB per read (4 MB in production) and records of 30 kB: a page
+    stops after the record that reaches it (``up_to_date`` false, whatever its limit), the
+    pages that follow carry on from it, and an SSE stream catching up from the start reads the
+    store in bounded batches too, sending every record once, in order."""
+    monkeypatch.setattr(tail, "PAGE_BYTES", 100_000)
+    monkeypatch.setattr(tail, "BATCH_BYTES", 100_000)
+    with server.client() as http:
+        for n in range(6):  # each: the message and its echo, ~60 kB
+            settle(http, "echo", "c-big", f"{n}" + "x" * 30_000)
+        reads: list[int] = []
+        store = server.asgi._runtime.store
+        read_page = store.read_page
+
+        async def counted(*args: Any) -> Any:
+            records, more = await read_page(*args)
+            reads.append(len(records))
+            return records, more
+
+        store.read_page = counted
+        first = http.get("/agents/echo/c-big/stream")
+        page = first.json()
+        assert page["up_to_date"] is False and len(first.content) < 200_000
+        offsets = [r["offset"] for r in page["records"]]
+        while not page["up_to_date"]:
+            page = http.get(
+                "/agents/echo/c-big/stream", params={"offset": page["next_offset"]}
+            ).json()
+            offsets += [r["offset"] for r in page["records"]]
+        assert offsets == list(range(len(offsets))) and len(offsets) > 12
+        assert 1 < max(reads) <= 6  # 4 records of ~30 kB reach 100 kB
+        reads.clear()
+        seen: list[int] = []
+        with http.stream("GET", "/agents/echo/c-big/stream", headers=SSE) as response:
+            for _, record in sse_records(response):
+                seen.append(record["offset"])
+                if record["offset"] == offsets[-1]:
+                    break
+        assert seen == offsets
+        assert len(reads) > 2 and max(reads) <= 6
 
 
 def test_json_page_long_polls_for_the_next_record(server: ThreadServer) -> None:

@@ -194,6 +194,27 @@ async def test_read_returns_records_after_an_offset(store: Store) -> None:
     assert [r.offset for r in await store.read(CONV)] == [0, 1, 2, 3, 4, 5]
 
 
+async def test_a_page_ends_at_its_limit_or_after_the_record_that_reaches_its_byte_budget(
+    store: Store,
+) -> None:
+    await admitted(store)  # offset 0: a small record
+    big = "x" * 100_000
+    await store.append(CONV, [msg(n, content=big) for n in range(1, 6)])  # 1..5: ~100 kB each
+    assert [r.offset for r in (await store.read_page(CONV, -1, 2, 10**9))[0]] == [0, 1]
+    assert (await store.read_page(CONV, -1, 2, 10**9))[1] is True
+    records, more = await store.read_page(CONV, 0, 100, 250_000)
+    assert [r.offset for r in records] == [1, 2, 3] and more  # the third reaches 250 kB
+    assert records[0] == (await store.read(CONV, after=0, limit=1))[0]
+    records, more = await store.read_page(CONV, 3, 100, 1)  # one record, however large
+    assert [r.offset for r in records] == [4] and more
+    records, more = await store.read_page(CONV, 3, 2, 10**9)  # exactly what is left
+    assert [r.offset for r in records] == [4, 5] and not more
+    records, more = await store.read_page(CONV, 4, 100, 100_000)
+    assert [r.offset for r in records] == [5] and not more
+    assert await store.read_page(CONV, 5, 100, 1) == ([], False)
+    assert await store.read_page("support/nothing", -1, 100, 1) == ([], False)
+
+
 async def test_read_respects_the_limit(store: Store) -> None:
     await admitted(store)
     await store.append(CONV, [msg(n) for n in range(1, 6)])

@@ -419,11 +419,12 @@ class Runtime:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
 
     async def read_stream(
-        self, conversation_id: str, after: int = -1, limit: int | None = None
-    ) -> list[Record]:
-        """The conversation's committed records with offset > ``after``, at most ``limit``.
-        Followers asking for the same records at once share one store read."""
-        return await self.tail_reads.read(conversation_id, after, limit)
+        self, conversation_id: str, after: int, limit: int, max_bytes: int
+    ) -> tuple[list[Record], bool]:
+        """The conversation's committed records with offset > ``after``, at most ``limit`` and
+        about ``max_bytes`` (``Store.read_page``), and whether more follow. Followers asking
+        for the same records at once share one store read."""
+        return await self.tail_reads.read(conversation_id, after, limit, max_bytes)
 
     @contextmanager
     def next_append(self, conversation_id: str) -> Iterator[asyncio.Future[int]]:

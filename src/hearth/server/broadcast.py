@@ -30,6 +30,7 @@ from hearth.runtime.runtime import Runtime
 log = logging.getLogger("hearth.server")
 
 BATCH = 500  # records read per store read, by a channel or a catching-up stream
+BATCH_BYTES = 4 << 20  # and their size: a read ends after the record that reaches it
 MAX_PENDING = 1 << 20  # unsent bytes a stream may hold before it falls back to reading
 RECHECK_S = 5.0  # how often an idle channel looks at ``shutting_down`` set from elsewhere
 
@@ -43,12 +44,15 @@ class EncodedEvents:
 
     Followers woken by one append share one read, so they hold the same record objects: the
     key is the object's identity, and the entry keeps the object alive so that its id cannot be
-    reused while it is cached.
+    reused while it is cached. At most ``size`` entries and about ``max_bytes`` of events are
+    kept (large records would otherwise keep gigabytes alive).
     """
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_bytes: int = 32 << 20) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         self.encoded = 0  # events encoded (not served from the cache): what a test counts
+        self.bytes = 0  # the size of the events cached now
         self._by_id: dict[int, tuple[Record, bytes]] = {}
 
     def event(self, record: Record) -> bytes:
@@ -57,9 +61,15 @@ class EncodedEvents:
             return hit[1]
         data = ServerSentEvent(data=record_json(record), id=str(record.offset)).encode()
         self.encoded += 1
+        if hit is not None:
+            self.bytes -= len(hit[1])
         self._by_id[id(record)] = (record, data)
-        if len(self._by_id) > self.size:
-            del self._by_id[next(iter(self._by_id))]  # the oldest entry (dicts keep order)
+        self.bytes += len(data)
+        while len(self._by_id) > 1 and (
+            len(self._by_id) > self.size or self.bytes > self.max_bytes
+        ):
+            oldest = next(iter(self._by_id))  # dicts keep order
+            self.bytes -= len(self._by_id.pop(oldest)[1])
         return data
 
 
@@ -158,12 +168,14 @@ class Channel:
         try:
             while self.followers and not runtime.shutting_down:
                 with runtime.next_append(self.conversation_id) as woken:
-                    batch = await runtime.read_stream(self.conversation_id, self.last, BATCH)
+                    batch, more = await runtime.read_stream(
+                        self.conversation_id, self.last, BATCH, BATCH_BYTES
+                    )
                     self.reads += 1
                     if batch:
                         self._fan_out(batch)
-                        if len(batch) == BATCH:
-                            continue  # maybe more already: read on
+                        if more:
+                            continue
                     if not self.followers:
                         break
                     empty = self._empty = asyncio.get_running_loop().create_future()

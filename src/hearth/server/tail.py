@@ -18,7 +18,7 @@ from starlette.responses import Response
 from hearth.errors import StoreError
 from hearth.runtime.runtime import Runtime
 from hearth.runtime.settled import LOOK_EVERY_S
-from hearth.server.broadcast import BATCH, ENCODED, Follower, broadcasts
+from hearth.server.broadcast import BATCH, BATCH_BYTES, ENCODED, Follower, broadcasts
 from hearth.server.context import Closing
 from hearth.store.base import Submission
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
 PAGE_LIMIT = 1000  # records in one JSON page
+PAGE_BYTES = 4 << 20  # and their size: a page ends after the record that reaches it
 MAX_WAIT_S = 300.0  # the longest long-poll (?wait=); longer is refused (400)
 MAX_OFFSET = 2**62  # far past any real stream, and inside every database's integer
 
@@ -112,7 +113,9 @@ class ConversationStream(Response):
             elif follower.channel is None:
                 # Catching up alone: read the store until this stream has what the channel has.
                 try:
-                    batch = await runtime.read_stream(self.conversation_id, follower.last, BATCH)
+                    batch, more = await runtime.read_stream(
+                        self.conversation_id, follower.last, BATCH, BATCH_BYTES
+                    )
                     start = None
                     if not batch and self.conversation_id not in hub.channels:
                         # It may have asked for an offset past the end: a channel it starts
@@ -124,7 +127,7 @@ class ConversationStream(Response):
                 if batch:
                     follower.last = follower.sent = batch[-1].offset
                     await _write(send, b"".join(ENCODED.event(record) for record in batch))
-                    if len(batch) == BATCH:
+                    if more:
                         continue
                 hub.join(self.conversation_id, follower, start)
             else:
@@ -181,15 +184,13 @@ async def json_page(
     try:
         while True:
             with runtime.next_append(conversation_id) as woken:
-                records = await runtime.read_stream(conversation_id, after, limit + 1)
+                records, more = await runtime.read_stream(conversation_id, after, limit, PAGE_BYTES)
                 left = deadline - time.monotonic()
                 if records or left <= 0 or stop.done():
                     break
                 await _until_woken(woken, stop, left if look is None else min(left, look))
     finally:
         stop.cancel()
-    more = len(records) > limit
-    records = records[:limit]
     return {
         "records": [r.to_json() for r in records],
         "next_offset": records[-1].offset if records else after,

@@ -140,6 +140,17 @@ class Store(ABC):
         ...
 
     @abstractmethod
+    async def read_page(
+        self, conversation_id: str, after: int, limit: int, max_bytes: int
+    ) -> tuple[list[Record], bool]:
+        """At most ``limit`` records with offset > ``after``, in order, ending with the first
+        whose stored form brings their total size to ``max_bytes`` or more (so one record is
+        read however large it is); and whether more records follow them. What serves records
+        to clients (pages, SSE streams) reads this way, so that large records cost a bounded
+        amount of memory per read."""
+        ...
+
+    @abstractmethod
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
         """The record of that type with the highest offset, or None."""
         ...

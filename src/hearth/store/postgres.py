@@ -449,6 +449,27 @@ class PostgresStore(Store):
             self._remember_tail(conversation_id, found[-1].offset)
         return found
 
+    async def read_page(
+        self, conversation_id: str, after: int, limit: int, max_bytes: int
+    ) -> tuple[list[Record], bool]:
+        # The server sums the sizes, so records past the budget never leave it.
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                'WITH next AS (SELECT "offset", body FROM records'
+                ' WHERE conversation_id = %(c)s AND "offset" > %(a)s'
+                ' ORDER BY "offset" LIMIT %(l)s + 1),'
+                ' sized AS (SELECT "offset", body, row_number() OVER w AS n,'
+                " sum(octet_length(body)) OVER w - octet_length(body) AS before"
+                ' FROM next WINDOW w AS (ORDER BY "offset"))'
+                " SELECT body, (SELECT count(*) FROM sized) AS found FROM sized"
+                ' WHERE n <= %(l)s AND before < %(b)s ORDER BY "offset"',
+                {"c": conversation_id, "a": after, "l": limit, "b": max_bytes},
+            )
+        )
+        records = [loads(row["body"]) for row in rows]
+        return records, bool(rows) and int(rows[0]["found"]) > len(rows)
+
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
         # A type with a partial index of its own is named literally, so that the index serves
         # the query; other types are found by walking the conversation's records from its end.

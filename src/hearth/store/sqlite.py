@@ -75,6 +75,27 @@ def _records(
     return [loads(row[0]) for row in rows]
 
 
+def _page(
+    conn: sqlite3.Connection, conversation_id: str, after: int, limit: int, max_bytes: int
+) -> tuple[list[Record], bool]:
+    rows = conn.execute(
+        'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
+        ' ORDER BY "offset" LIMIT ?',
+        (conversation_id, after, limit + 1),
+    )
+    try:
+        found: list[Record] = []
+        total = 0
+        for (body,) in rows:  # one row at a time: what is past the budget is never decoded
+            if len(found) >= limit or total >= max_bytes:
+                return found, True
+            found.append(loads(body))
+            total += len(body)
+        return found, False
+    finally:
+        rows.close()  # an unfinished statement would keep its read transaction open
+
+
 def _state(conn: sqlite3.Connection, conversation_id: str) -> dict[str, Any]:
     rows = conn.execute(
         "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
@@ -201,6 +222,11 @@ class SQLiteStore(Store):
         self, conversation_id: str, after: int = -1, limit: int | None = None
     ) -> list[Record]:
         return await self._read(lambda conn: _records(conn, conversation_id, after, limit))
+
+    async def read_page(
+        self, conversation_id: str, after: int, limit: int, max_bytes: int
+    ) -> tuple[list[Record], bool]:
+        return await self._read(lambda conn: _page(conn, conversation_id, after, limit, max_bytes))
 
     async def last_offset(self, conversation_id: str) -> int:
         """The last offset of the stream, -1 when empty or unknown (not part of ``Store``)."""
