@@ -365,3 +365,18 @@ async def test_every_request_is_recorded_even_failed_ones() -> None:
     with pytest.raises(ProviderError):
         await collect(model, past_the_end)
     assert model.requests == [ok, past_the_end]
+
+
+def test_the_size_estimate_counts_characters_as_sent_whatever_their_script() -> None:
+    """Four characters a token, for Cyrillic and emoji as for ASCII: JSON's \\uXXXX escapes
+    counted six (or twelve) for one and sent compaction off far too early."""
+    for text in ("hello worl " * 600, "привет мир " * 600, "🙂🙃 word " * 600):
+        as_result = request(UserTurn("q"), ToolResult("t1", "fetch", text), AssistantTurn("ok"))
+        as_arguments = request(
+            UserTurn("q"), AssistantTurn("", (ToolCall("t1", "put", {"text": text}),))
+        )
+        plain = request(UserTurn("q"), AssistantTurn("ok"))
+        expected = len(text) // 4
+        assert estimate_tokens(as_result) - estimate_tokens(plain) in range(expected, expected + 5)
+        added = estimate_tokens(as_arguments) - estimate_tokens(plain)
+        assert added in range(expected, expected + 10)

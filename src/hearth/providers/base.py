@@ -120,26 +120,32 @@ class ModelProvider(Protocol):
 
 def estimate_tokens(request: ModelRequest) -> int:
     """A cheap, provider-independent size estimate (about four characters a token)."""
-    import json
-
     size = len(request.system) + len(request.summary or "")
     for m in request.messages:
         if isinstance(m, UserTurn):
             if isinstance(m.content, list):
                 size += sum(estimate_chars(p) for p in m.content)
             else:
-                size += len(m.content if isinstance(m.content, str) else json.dumps(m.content))
+                size += _chars(m.content)
         elif isinstance(m, AssistantTurn):
-            size += len(m.text) + sum(
-                len(json.dumps(c.arguments)) + len(c.name) for c in m.tool_calls
-            )
+            size += len(m.text) + sum(_chars(c.arguments) + len(c.name) for c in m.tool_calls)
         elif isinstance(m, ToolResult):
-            size += len(json.dumps(m.content, default=str))
+            size += _chars(m.content)
         else:
             size += len(m.text)
     for t in request.tools:
-        size += len(t.name) + len(t.description) + len(json.dumps(t.parameters))
+        size += len(t.name) + len(t.description) + _chars(t.parameters)
     return size // 4 + 1
+
+
+def _chars(value: Any) -> int:
+    """The characters ``value`` takes in a request: a string as it is sent, anything else as
+    its JSON with every character as itself (``\\uXXXX`` escapes would count six for one)."""
+    import json
+
+    if isinstance(value, str):
+        return len(value)
+    return len(json.dumps(value, ensure_ascii=False, default=str))
 
 
 # --- rendering helpers shared by the HTTP providers -------------------------------------------
