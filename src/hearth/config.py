@@ -72,6 +72,17 @@ class Settings:
             raise ConfigurationError(f"pg_pool must be from 1 to {MAX_COUNT:,} connections")
         if not 1 <= self.max_streams <= MAX_COUNT:
             raise ConfigurationError(f"max_streams must be from 1 to {MAX_COUNT:,}")
+        # Given but empty is an unset variable (--token "$TOKEN"): never "no auth", nor "all".
+        if self.token == "":
+            raise ConfigurationError(
+                "token is empty (an unset variable?): give the token, or leave it out to serve"
+                " without one"
+            )
+        if not self.host.strip():
+            raise ConfigurationError(
+                "host is empty (an unset variable?): give the interface to bind, such as"
+                " 127.0.0.1, or 0.0.0.0 for every one"
+            )
         if self.token is not None and not (
             self.token.isascii() and self.token.isprintable() and self.token.strip() == self.token
         ):

@@ -285,3 +285,16 @@ def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() 
         hearth_log.handlers[:] = saved[1]
         root.setLevel(saved[2])
         root.handlers[:] = saved[3]
+
+
+@pytest.mark.parametrize("option", ["--token", "--host"])
+def test_serve_refuses_an_empty_token_or_host_in_one_line(
+    tmp_path: Path, option: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hearth serve --token "$TOKEN"`` with TOKEN unset served every route without a token,
+    even over HEARTH_TOKEN; ``--host ""`` with ``--port 0`` listened on every interface."""
+    monkeypatch.setenv("HEARTH_TOKEN", "secret")
+    db = tmp_path / "h.db"
+    code, out = run("serve", "serverapp:app", "--db", str(db), "--port", "0", option, "")
+    assert code == 1 and f"{option[2:]} is empty" in one_line_error(out)
+    assert not db.exists()

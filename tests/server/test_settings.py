@@ -81,3 +81,19 @@ def test_a_shown_database_url_masks_only_the_password() -> None:
     assert shown_db("postgresql://app:s3cret@db:5432/h?schema=s") == (
         "postgresql://app:***@db:5432/h?schema=s"
     )
+
+
+@pytest.mark.parametrize("name", ["token", "host"])
+def test_an_empty_token_or_host_given_explicitly_is_refused_even_over_the_environment(
+    name: str,
+) -> None:
+    """``--token "$TOKEN"`` with TOKEN unset served with no authentication (even over
+    HEARTH_TOKEN=secret); ``--host ""`` bound every interface."""
+    env = {"HEARTH_TOKEN": "secret", "HEARTH_HOST": "127.0.0.1"}
+    with pytest.raises(ConfigurationError, match=f"{name} is empty"):
+        Settings.resolve(env=env, **{name: ""})
+    with pytest.raises(ConfigurationError, match=f"{name} is empty"):
+        hearth.App(serverapp.AGENTS, providers=serverapp.MODELS, **{name: ""})
+    app = hearth.App(serverapp.AGENTS, providers=serverapp.MODELS)
+    with pytest.raises(ConfigurationError, match=f"{name} is empty"):
+        app.configure(**{name: ""})
