@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from hearth.agent import Agent, Rendered
 from hearth.errors import StoreError
@@ -415,7 +416,10 @@ async def check_database(db: str | None, agents: Mapping[str, Agent]) -> Report:
     with tempfile.TemporaryDirectory(prefix=".hearth-check-", dir=_folder(probe.path)) as tmp:
         copy = os.path.join(tmp, "copy.db")
         await asyncio.to_thread(_copy_sqlite, probe.path, copy, shown_db(db))
-        store = await open_database(f"sqlite:///{copy}", pg_pool=1)
+        # The path as it is (a URL would read "?" in it as options); create=False: another
+        # program's SQLite file is refused, not given hearth's schema.
+        store = SQLiteStore(copy)
+        await store.open(create=False)
         try:
             return await check_store(store, agents)
         finally:
@@ -429,7 +433,9 @@ def _folder(path: str) -> str:
 def _copy_sqlite(path: str, copy: str, shown: str) -> None:
     """A consistent copy of the SQLite file at ``path`` (its WAL included), read only."""
     try:
-        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.5)
+        # Percent-encoded: a "#" or "?" in the path would end it, and another file be read.
+        uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
+        source = sqlite3.connect(uri, uri=True, timeout=0.5)
         try:
             # Read once first: held by a server, this raises "locked" (a backup would wait,
             # retrying, for as long as the server runs).

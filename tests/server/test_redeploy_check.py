@@ -269,6 +269,27 @@ def test_a_missing_sqlite_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "none.db").exists()
 
 
+def test_a_sqlite_path_with_a_hash_or_question_mark_is_the_file_checked(killed_v1: Path) -> None:
+    """The path went unquoted into a ``file:`` URI: ``#`` and ``?`` ended it, so another (new,
+    empty) file was read and the check said all clear, exit 0."""
+    copy = copy_of(killed_v1, "prod#1?x")
+    done = check("deploy_v2:app", str(copy), "--json")  # a path: in a URL, "?" starts options
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert_predicted(json.loads(done.stdout))
+    assert not (killed_v1.parent / "prod").exists()
+
+
+def test_another_programs_sqlite_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Its copy was opened as a new hearth database: no submissions, all clear, exit 0."""
+    other = tmp_path / "inventory.db"
+    with contextlib.closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.commit()
+    done = check("deploy_v2:app", f"sqlite:///{other}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "holds no hearth database" in one_line(done.stderr)
+
+
 def test_a_sqlite_file_held_by_a_running_server_is_one_line_and_exit_2(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "h.db", app="deploy_v1:app", env=ENV).start()
     try:
