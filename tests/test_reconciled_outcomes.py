@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 import hearth
-from hearth.records import AssistantToolCall, ToolOutcome, ToolStepSettled, record_from_json
+from hearth.records import (
+    AssistantToolCall,
+    Signal,
+    ToolOutcome,
+    ToolStepSettled,
+    record_from_json,
+)
 from hearth.runtime.outcomes import reconciled_done
 from hearth.runtime.recovery import RERUN_STEP, CallPlan, MessageView, plan_tool_batch
 from hearth.store import open_store
@@ -258,9 +264,12 @@ def test_a_re_run_allows_a_second_run_and_no_third(db: Path) -> None:
 # --- never while the call still runs on a thread of this process ------------------------------
 
 
-def _abort_mid_call(tmp_path: Path, reconcile_timeout: float, work_s: float) -> ToolOutcome:
+def _abort_mid_call(
+    tmp_path: Path, reconcile_timeout: float, work_s: float
+) -> tuple[ToolOutcome, list[list[str]]]:
     """A sync tool (on a worker thread) is aborted mid-call; at rest its reconcile asks the
-    ledger. Asked at once, the ledger would not have the effect yet (NotDone: wrong)."""
+    ledger. Asked at once, the ledger would not have the effect yet (NotDone: wrong). Returns
+    the call's outcome, and the calls named interrupted by the error and by the advisory."""
     import asyncio
     import time
 
@@ -289,28 +298,35 @@ def _abort_mid_call(tmp_path: Path, reconcile_timeout: float, work_s: float) -> 
     model = ScriptedModel("till", [calls(call("pay")), reply("done")])
     app = hearth.App([till], db=str(tmp_path / "h.db"), providers=[model])
 
-    async def main() -> ToolOutcome:
+    async def main() -> tuple[ToolOutcome, list[list[str]]]:
         loop_box.append(asyncio.get_running_loop())
         async with app.run() as rt:
             receipt = await rt.dispatch("till", "c1", "go")
             await started.wait()
             await rt.abort("till", "c1")
-            with pytest.raises(hearth.SubmissionAborted):
+            with pytest.raises(hearth.SubmissionAborted) as aborted:
                 await rt.read(receipt, timeout=30)
             records = await rt.history("till", "c1")
         (found,) = [r for r in records if isinstance(r, ToolOutcome)]
-        return found
+        (signal,) = [r for r in records if isinstance(r, Signal)]
+        named = [
+            [t["tool_call_id"] for t in aborted.value.interrupted_tools],
+            [t["tool_call_id"] for t in signal.attributes["interrupted_tools"]],
+        ]
+        return found, named
 
     return asyncio.run(main())
 
 
 def test_at_rest_reconcile_waits_for_the_calls_thread_before_asking(tmp_path: Path) -> None:
-    got = _abort_mid_call(tmp_path, reconcile_timeout=20, work_s=1.0)
+    got, named = _abort_mid_call(tmp_path, reconcile_timeout=20, work_s=1.0)
     assert (got.reconciled, got.is_error, got.content) == ("done", False, {"paid": 5})
+    assert named == [[], []]  # its outcome is known: not reported as interrupted
 
 
 def test_a_thread_still_running_past_the_reconcile_timeout_keeps_the_marker(
     tmp_path: Path,
 ) -> None:
-    got = _abort_mid_call(tmp_path, reconcile_timeout=0.2, work_s=2.0)
+    got, named = _abort_mid_call(tmp_path, reconcile_timeout=0.2, work_s=2.0)
     assert got.reconciled is None and got.content["type"] == "interrupted"
+    assert named == [[got.tool_call_id], [got.tool_call_id]]

@@ -153,6 +153,11 @@ async def settlement_at_rest(
         reconciler,
         reconcilers,
     )
+    # A call whose reconcile answered (Done, NotDone) has a known outcome now: not interrupted.
+    known = {
+        r.tool_call_id for r in records if isinstance(r, ToolOutcome) and r.reconciled is not None
+    }
+    unknown = [t for t in d.interrupted if t.tool_call_id not in known]
     error = d.error
     if d.signal is not None:
         records.append(
@@ -162,11 +167,11 @@ async def settlement_at_rest(
                 body=(error or {}).get("message", ""),
                 attributes={
                     "reason": (error or {}).get("type"),
-                    "interrupted_tools": [t.to_json() for t in d.interrupted],
+                    "interrupted_tools": [t.to_json() for t in unknown],
                 },
             )
         )
     outcome = "aborted" if d.action is Action.SETTLE_ABORTED else "failed"
     if outcome == "aborted" and error is not None:
-        error = {**error, "interrupted_tools": [t.to_json() for t in d.interrupted]}
+        error = {**error, "interrupted_tools": [t.to_json() for t in unknown]}
     return Settlement(outcome, error=error, records=records)
