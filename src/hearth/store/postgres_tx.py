@@ -123,23 +123,25 @@ class Transactions:
 
     async def ping(self, timeout: float) -> None:
         """``Store.ping``: a trivial question on a connection of the pool or, while every one is
-        in use (long transactions of the application), on one of its own."""
-        start = time.monotonic()
+        in use (long transactions of the application), on a new one of its own."""
+        end = time.monotonic() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                async with self.pool.connection(timeout=timeout) as conn:
-                    await conn.execute("SELECT 1")
-                self.progressed()
-                return
+            conn = await self.pool.getconn(timeout=timeout / 2)  # the rest: to ask alone
+        except PoolTimeout as exc:
+            left = end - time.monotonic()
+            if self._exhausted() and left > 0 and await self._ask(left):
+                return  # the server answers; this process's connections are all busy
+            raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
+        try:
+            async with asyncio.timeout(max(0.05, end - time.monotonic())):
+                await conn.execute("SELECT 1")
         except TimeoutError:
-            exc: BaseException = TimeoutError()
-        except (psycopg.Error, PoolTimeout) as error:
-            exc = error
-        if self._exhausted() and await self.answering(timeout - (time.monotonic() - start)):
-            return
-        if isinstance(exc, TimeoutError):
             raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
-        raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
+        finally:
+            await self.pool.putconn(conn)
+        self.progressed()
 
     async def answering(self, timeout: float = ADMIT_WAIT_S) -> bool:
         """Whether the server answers: it finished work lately, or it answers a question asked
