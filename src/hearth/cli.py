@@ -10,10 +10,11 @@ import asyncio
 import functools
 import json
 import os
+import socket
 import sys
 import unicodedata
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import httpx2
@@ -27,11 +28,8 @@ from hearth.client import Client
 from hearth.errors import HearthError, StoreError, SubmissionError
 from hearth.jsontext import strict_json
 
-if TYPE_CHECKING:
-    from hearth.server import HearthASGI
-
 F = TypeVar("F", bound=Callable[..., Any])
-_RELOAD_SPEC = "HEARTH_SERVE_SPEC"  # what --reload's workers load, as JSON
+_RELOAD_SPEC = "HEARTH_SERVE_SPEC"  # what --reload's processes serve, as JSON
 # Piped output is not cut at 80 columns: lines stay whole for grep and logs.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -179,7 +177,6 @@ def serve(
     Runs until SIGTERM or Ctrl-C, then shuts down gracefully within HEARTH_SHUTDOWN_S.
     """
     from hearth.app import load_app
-    from hearth.config import shown_db
     from hearth.server.serve import serve as run_server
 
     app = load_app(app_ref, app_dir)
@@ -190,23 +187,29 @@ def serve(
     if strict:
         _refuse_withdrawals(app)
     if reload:
-        _serve_reload(app_ref, app_dir, options, log_level)
+        spec = {"app": app_ref, "app_dir": os.path.abspath(app_dir), "options": options}
+        _serve_reload(app, {**spec, "log_level": log_level, "access_log": access_log})
         return
+    run_server(app, log_level=log_level, access_log=access_log, on_ready=_ready(app))
+
+
+def _ready(app: hearth.App) -> Callable[[str], None]:
+    """The line ``hearth serve`` prints once the runtime has started and the port is bound."""
+    from hearth.config import shown_db
 
     def ready(url: str) -> None:
-        db = shown_db(settings.db)
+        db = shown_db(app.settings.db)
         agents = ", ".join(sorted(app.agents))
         click.echo(f"hearth: serving {url} (agents: {agents}; db: {db})", nl=True)
         sys.stdout.flush()
 
-    run_server(app, log_level=log_level, access_log=access_log, on_ready=ready)
+    return ready
 
 
 def _check_listen(host: str, port: int) -> None:
     """Fail in one line when ``host:port`` cannot be listened on (a port in use, an address not
     of this machine): it was uvicorn's own error line, after the runtime had started."""
     import errno
-    import socket
 
     if port == 0:
         return
@@ -247,37 +250,53 @@ def _refuse_withdrawals(app: hearth.App) -> None:
         fail("--strict: this code would withdraw durable contracts of accepted work (above)")
 
 
-def _serve_reload(app_ref: str, app_dir: str, options: dict[str, Any], log_level: str) -> None:
+def _serve_reload(app: hearth.App, spec: dict[str, Any]) -> None:
+    """``serve --reload``: this process binds the socket and watches the files; each process
+    it starts (again after every change) serves the app as ``hearth serve`` does, with the
+    same settings, log format, access log, token redaction and graceful shutdown."""
     import uvicorn
+    from uvicorn.supervisors import ChangeReload
 
-    from hearth.app import load_app
+    from hearth import logs
 
-    settings = load_app(app_ref, app_dir).settings
-    spec = {"app": app_ref, "app_dir": os.path.abspath(app_dir), "options": options}
-    os.environ[_RELOAD_SPEC] = json.dumps(spec)
-    click.echo(
-        f"hearth: serving http://{settings.host}:{settings.port}, restarting when files under"
-        f" {spec['app_dir']} change"
-    )
-    uvicorn.run(
-        "hearth.cli:reloaded_asgi",
-        factory=True,
+    settings = app.settings
+    log_config = logs.configure(settings.log_format, spec["log_level"])
+    extra: dict[str, Any] = {} if log_config is None else {"log_config": log_config}
+    # Only the watching is configured here: _serve_reloaded builds each process's server.
+    config = uvicorn.Config(
+        spec["app"],
         reload=True,
-        reload_dirs=[os.path.abspath(app_dir)],
+        reload_dirs=[spec["app_dir"]],
         host=settings.host,
         port=settings.port,
-        log_level=log_level,
+        log_level=spec["log_level"],
+        **extra,
     )
+    logs.redact(settings.token)  # uvicorn's handlers exist now (made by Config)
+    sock = config.bind_socket()
+    os.environ[_RELOAD_SPEC] = json.dumps(spec)
+    click.echo(f"hearth: restarting the server when files under {spec['app_dir']} change")
+    ChangeReload(config, target=_serve_reloaded, sockets=[sock]).run()
 
 
-def reloaded_asgi() -> HearthASGI:
-    """The app factory uvicorn calls in each worker of ``hearth serve --reload``."""
+def _serve_reloaded(sockets: list[socket.socket] | None) -> None:
+    """What each process of ``hearth serve --reload`` runs, on the socket its parent bound."""
     from hearth.app import load_app
+    from hearth.server.serve import serve as run_server
 
     spec = json.loads(os.environ[_RELOAD_SPEC])
-    app = load_app(spec["app"], spec["app_dir"])
-    app.configure(**spec["options"])
-    return app.asgi()
+    try:
+        app = load_app(spec["app"], spec["app_dir"])
+        app.configure(**spec["options"])
+    except HearthError as exc:  # a change broke the app: say so; the next change restarts it
+        fail(str(exc))
+    run_server(
+        app,
+        log_level=spec["log_level"],
+        access_log=spec["access_log"],
+        on_ready=_ready(app),
+        sockets=sockets,
+    )
 
 
 # --- send ------------------------------------------------------------------------------------

@@ -298,3 +298,36 @@ def test_serve_refuses_an_empty_token_or_host_in_one_line(
     code, out = run("serve", "serverapp:app", "--db", str(db), "--port", "0", option, "")
     assert code == 1 and f"{option[2:]} is empty" in one_line_error(out)
     assert not db.exists()
+
+
+@pytest.mark.parametrize("access_log", [False, True])
+def test_serve_reload_serves_as_serve_does(tmp_path: Path, access_log: bool) -> None:
+    """``--reload`` ran uvicorn's own server: ``--log-format json`` ignored, every request
+    logged (``--access-log`` or not) with the token in clear, ``--port 0`` shown as ``:0``."""
+    import httpx2
+
+    watched = tmp_path / "code"  # what --reload watches: no test files
+    watched.mkdir()
+    args = ["--reload", "--port", "0", "--app-dir", str(watched), "--token", "secret-token-1"]
+    args += ["--log-format", "json", "--log-level", "info"]
+    server = ServerProcess(tmp_path / "h.db", args=(*args, *(["--access-log"] * access_log)))
+    server.start()
+    try:
+        url = server.ready_line.split()[2]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), server.ready_line
+        with httpx2.Client(base_url=url, timeout=10) as http:
+            assert http.get("/healthz", params={"token": "secret-token-1"}).status_code == 200
+            bearer = {"Authorization": "Bearer secret-token-1"}
+            assert http.get("/waits", params={"t": "secret-token-1"}, headers=bearer).is_success
+    finally:
+        server.terminate()
+        server.wait(30)
+    log = server.log.read_text()
+    lines = [json.loads(line) for line in log.splitlines() if line.strip()]  # JSON, every one
+    assert any("Started reloader process" in line["message"] for line in lines)
+    assert "secret-token-1" not in log
+    requests = [line for line in lines if line["logger"] == "uvicorn.access"]
+    if access_log:
+        assert any("/healthz?token=[redacted]" in line["message"] for line in requests), log
+    else:
+        assert requests == [], log

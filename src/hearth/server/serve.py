@@ -121,15 +121,16 @@ def make_server(
     return HearthServer(config, asgi, settings.shutdown_s, hard_exit=hard_exit)
 
 
-async def serve_async(server: HearthServer) -> None:
-    """Start the runtime (errors surface here, before any socket is bound), then serve."""
+async def serve_async(server: HearthServer, sockets: list[socket.socket] | None = None) -> None:
+    """Start the runtime (errors surface here, before any socket is bound), then serve (on
+    ``sockets`` when given: bound already, by ``hearth serve --reload``'s watching process)."""
     try:
         await server.asgi.runtime()
     except ApiError as exc:
         raise (exc.__cause__ or exc) from None
     gc.freeze()  # what start-up made lives on: keep it out of every later collection
     try:
-        await server.serve()
+        await server.serve(sockets)
     finally:
         await server.asgi.stop()
 
@@ -140,6 +141,7 @@ def serve(
     log_level: str = "warning",
     access_log: bool = False,
     on_ready: Callable[[str], None] | None = None,
+    sockets: list[socket.socket] | None = None,
 ) -> None:
     """Serve ``app`` until SIGTERM/SIGINT (what ``hearth serve`` runs)."""
     server = make_server(app, log_level=log_level, access_log=access_log, hard_exit=True)
@@ -149,6 +151,6 @@ def serve(
         # The watchdog outlives the loop: closing it waits for the worker threads, and a sync
         # tool's thread, which no shutdown can interrupt, held the process for as long as the
         # tool ran.
-        asyncio.run(serve_async(server))
+        asyncio.run(serve_async(server, sockets))
     finally:
         server.cancel_watchdog()
