@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import anyio
 import pytest
 
 import hearth
@@ -246,3 +249,59 @@ async def test_a_tool_call_id_used_again_in_a_later_turn_gets_a_child_of_its_own
         second = await rt.read(await rt.dispatch("lead", "p1", "again"), timeout=10)
     assert first.text == second.text == "answer to question 1 | answer to question 2"
     assert asked == ["question 1", "question 2", "question 1", "question 2"]
+
+
+@hearth.tool(durable=True)
+async def approve(ctx: hearth.ToolContext) -> str:
+    """Ask a person."""
+    return f"approved {await ctx.step.wait('ok', prompt='approve?')}"
+
+
+@hearth.agent
+def clerk(ctx: hearth.AgentContext) -> str:  # given to use_subagent only, not to the App
+    ctx.use_model("scripted/clerk")
+    ctx.use_tool(approve)
+    return "You get approvals."
+
+
+@hearth.agent
+def manager(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/manager")
+    ctx.use_subagent(clerk, description="Gets approvals")
+    return "You manage."
+
+
+def answering(first: Step) -> Callable[[ModelRequest], Step]:
+    """A script: ``first``, then a reply with the last tool result."""
+
+    def script(request: ModelRequest) -> Step:
+        result = last_result(request)
+        return first if result is None else reply(str(result.content))
+
+    return script
+
+
+async def test_the_conversation_of_a_subagent_the_app_does_not_list_is_read_and_resolved() -> None:
+    """Its wait was listed but could not be resolved (no agent named 'clerk'), nor its stream
+    read: the parent waited for good."""
+    models = [
+        ScriptedModel("manager", answering(calls(call("task", agent="clerk", prompt="x")))),
+        ScriptedModel("clerk", answering(calls(call("approve")))),
+    ]
+    app = hearth.App([manager], db="memory", providers=models)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("manager", "p", "go")
+        for _ in range(500):
+            if waits := await rt.waits():
+                break
+            await anyio.sleep(0.01)
+        (wait,) = waits
+        agent, _, id = wait.conversation_id.partition("/")
+        assert agent == "clerk"
+        assert [r.type for r in await rt.history(agent, id)][:1] == ["conversation_created"]
+        await rt.resolve(agent, id, wait.wait_id, "yes")
+        assert (await rt.read(receipt, timeout=10)).text == "approved yes"
+        with pytest.raises(hearth.UnknownAgent):  # no direct input, no new conversation
+            await rt.dispatch("clerk", id, "hi")
+        with pytest.raises(hearth.UnknownAgent):
+            await rt.history("clerk", "never-made")

@@ -302,3 +302,38 @@ def test_on_postgresql_a_wait_survives_sigkill_and_a_resolve_from_outside(
         server.kill()
     assert (ran(tmp_path, "step-load"), ran(tmp_path, "step-pay")) == (1, 1)
     asyncio.run(with_store(url, assert_invariants))
+
+
+def test_a_wait_in_a_subagent_the_app_does_not_list_is_read_and_resolved_over_http(
+    tmp_path: Path,
+) -> None:
+    """GET /waits listed it, and then its conversation and its resolve answered 404
+    unknown_agent: the parent waited for good."""
+    from hearth.testing import ScriptedModel, call, calls
+    from test_subagents import answering, manager
+
+    models = [
+        ScriptedModel("manager", answering(calls(call("task", agent="clerk", prompt="x")))),
+        ScriptedModel("clerk", answering(calls(call("approve")))),
+    ]
+    app = hearth.App([manager], db=str(tmp_path / "h.db"), providers=models, port=0)
+    server = ThreadServer(app).start()
+    try:
+        with server.client() as http:
+            sid = http.post("/agents/manager/p", json={"message": "go"}).json()["submission_id"]
+            (wait,) = pending(http)
+            agent, _, id = wait["conversation_id"].partition("/")
+            base = f"/agents/{agent}/{id}"
+            assert http.get(base).status_code == 200
+            assert http.get(f"{base}/stream").json()["records"]
+            assert [w["wait_id"] for w in http.get(f"{base}/waits").json()["waits"]] == [
+                wait["wait_id"]
+            ]
+            resolved = http.post(f"{base}/waits/{wait['wait_id']}", json={"value": "yes"})
+            assert resolved.status_code == 200, resolved.text
+            done = http.get(f"/agents/manager/p/submissions/{sid}", params={"wait": 10}).json()
+            assert (done["outcome"], done["reply"]) == ("completed", "approved yes")
+            assert http.post(base, json={"message": "hi"}).status_code == 404
+            assert http.get("/agents/clerk/never-made").status_code == 404
+    finally:
+        server.stop()

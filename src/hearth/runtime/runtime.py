@@ -22,6 +22,7 @@ from hearth.errors import (
     InvalidInput,
     ShuttingDown,
     SubmissionNotFound,
+    UnknownAgent,
 )
 from hearth.ids import RESERVED_KEY_PREFIXES
 from hearth.jsontext import unpaired_surrogate
@@ -297,9 +298,7 @@ class Runtime:
 
     async def abort(self, agent: str, id: str) -> AbortResult:
         """Stamp an abort intent on every unsettled submission of the conversation."""
-        self.agent(agent)
-        check_id(id)
-        conversation_id = f"{agent}/{id}"
+        conversation_id = await self.addressed(agent, id)
         if await self.store.get_conversation(conversation_id) is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
         _faults.reached("before:store.request_abort")
@@ -311,7 +310,7 @@ class Runtime:
         """Resolve the durable wait ``wait_id`` of conversation ``agent``/``id`` with a JSON
         ``value``: its submission runs again and ``step.wait`` returns the value. An identical
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
-        conversation_id = self.conversation_id(agent, id)
+        conversation_id = await self.addressed(agent, id)
         value = resolution(value)
         _faults.reached("before:wait_resolved")
         _faults.reached("before:store.resolve_wait")
@@ -357,9 +356,7 @@ class Runtime:
         """The conversation's canonical stream (records after ``after``)."""
         if not isinstance(after, int) or isinstance(after, bool) or not -1 <= after < 2**62:
             raise InvalidInput("after must be an offset: an integer from -1", "after")
-        self.agent(agent)
-        check_id(id)
-        conversation_id = f"{agent}/{id}"
+        conversation_id = await self.addressed(agent, id)
         if await self.store.get_conversation(conversation_id) is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
         return await self.store.read(conversation_id, after=after)
@@ -412,6 +409,19 @@ class Runtime:
         either is wrong."""
         self.agent(agent)
         return f"{agent}/{check_id(id)}"
+
+    async def addressed(self, agent: str, id: str) -> str:
+        """``conversation_id``, for what is asked of a conversation that exists (reading it,
+        aborting it, resolving its waits): also a delegated task's conversation whose agent
+        this App does not list (a subagent given only to ``use_subagent``)."""
+        try:
+            return self.conversation_id(agent, id)
+        except UnknownAgent:
+            conversation_id = f"{agent}/{check_id(id)}"
+            info = await self.store.get_conversation(conversation_id)
+            if info is None or info.parent is None or info.agent != agent:
+                raise
+            return conversation_id
 
     async def require_conversation(self, conversation_id: str) -> None:
         """``ConversationNotFound`` unless the conversation has been admitted some input."""

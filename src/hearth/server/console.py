@@ -88,7 +88,7 @@ async def conversation_page(server: ServerContext, request: Request) -> Response
     """``GET /console/{agent}/{id}``: one conversation; its script loads and follows the rest."""
     rt = await server.runtime()
     agent, id = request.path_params["agent"], request.path_params["id"]
-    conversation_id = rt.conversation_id(agent, id)
+    conversation_id = await rt.addressed(agent, id)
     info = await rt.conversation_info(conversation_id)
     return templates.TemplateResponse(
         request,

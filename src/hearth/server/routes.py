@@ -78,7 +78,7 @@ async def _runtime_for(server: ServerContext, request: Request) -> tuple[Runtime
     400 bad id), so that a wrong address is answered before anything else."""
     rt = await server.runtime()
     agent, id = request.path_params["agent"], request.path_params["id"]
-    rt.conversation_id(agent, id)
+    await rt.addressed(agent, id)
     return rt, agent, id
 
 
@@ -192,7 +192,7 @@ async def get_snapshot(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     agent, id = request.path_params["agent"], request.path_params["id"]
     records = await rt.history(agent, id)
-    conversation_id = rt.conversation_id(agent, id)
+    conversation_id = await rt.addressed(agent, id)
     subs = await rt.submissions(conversation_id)
     return JSONResponse(snapshot(conversation_id, records, subs))
 
@@ -200,7 +200,7 @@ async def get_snapshot(server: ServerContext, request: Request) -> Response:
 # --- GET /agents/{agent}/{id}/stream ---------------------------------------------------------
 async def stream(server: ServerContext, request: Request) -> Response:
     rt, agent, id = await _runtime_for(server, request)
-    conversation_id = rt.conversation_id(agent, id)
+    conversation_id = await rt.addressed(agent, id)
     after = int_param(query(request, "offset"), "offset", default=-1, low=-1, high=MAX_OFFSET)
     resume = request.headers.get("last-event-id")
     if resume is not None and resume.strip():
@@ -314,7 +314,7 @@ async def resolve_wait(server: ServerContext, request: Request) -> Response:
 async def conversation_waits(server: ServerContext, request: Request) -> Response:
     """``GET /agents/{agent}/{id}/waits``: the conversation's pending waits."""
     rt, agent, id = await _runtime_for(server, request)
-    conversation_id = rt.conversation_id(agent, id)
+    conversation_id = await rt.addressed(agent, id)
     await rt.require_conversation(conversation_id)
     return JSONResponse({"waits": [w.to_json() for w in await rt.waits(conversation_id)]})
 
