@@ -30,6 +30,7 @@ from hearth.receipts import Receipt
 from hearth.records import (
     AssistantMessageCompleted,
     AssistantTextDelta,
+    AssistantToolCall,
     Record,
     Signal,
     SubmissionSettled,
@@ -1160,6 +1161,47 @@ async def test_rolling_restarts_do_not_use_up_the_attempts(tmp_path: Path) -> No
         assert (await rt.read(receipt, timeout=10)).text == "the rest"
         sub = await rt.submission(receipt.submission_id)
     assert (sub.attempt, sub.releases, sub.interruptions) == (4, 3, 1)
+
+
+async def test_work_that_winds_down_past_the_shutdown_time_is_still_given_back_gracefully(
+    tmp_path: Path,
+) -> None:
+    """A tool whose cleanup outlasts ``shutdown_s``: its lease was released as after a crash
+    (counted against ``max_attempts=1``: the next run failed it ``retry_exhausted``)."""
+    stopped = asyncio.Event()
+
+    @hearth.tool
+    async def job() -> str:
+        """Work that cleans up when it is stopped."""
+        try:
+            await asyncio.sleep(0 if stopped.is_set() else 60)
+        except asyncio.CancelledError:
+            stopped.set()
+            await asyncio.sleep(1.0)  # flushing, closing: longer than shutdown_s
+            raise
+        return "done"
+
+    @hearth.agent(durability=hearth.Durability(max_attempts=1))
+    def worker(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/w")
+        ctx.use_tool(job)
+        return "Work."
+
+    def script(request: ModelRequest) -> Step:
+        done = isinstance(request.messages[-1], ToolResult)
+        return reply("finished") if done else calls(call("job"))
+
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    app = hearth.App([worker], db=db, providers=[ScriptedModel("w", script)], shutdown_s=0.2)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("worker", "c", "go")
+        while not of(await rt.history("worker", "c"), AssistantToolCall):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+    async with app.run() as rt:
+        sub = await rt.submission(receipt.submission_id)
+        assert (sub.releases, sub.interruptions) == (1, 0)
+        assert (await rt.read(receipt, timeout=10)).text == "finished"
 
 
 async def test_a_sync_tool_runs_off_the_event_loop() -> None:

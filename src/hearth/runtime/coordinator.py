@@ -35,6 +35,7 @@ UNEXPECTED = "hearth: unexpected exception"
 # ``scan_s``.)
 OTHER_AGENTS_AFTER_S = 300.0
 BUG_PAUSE_S = 1.0  # the pause before retrying an attempt that a bug of hearth's ended, doubled
+LATE_RELEASE_S = 2.0  # how long a shutdown waits for the releases of work that ran past it
 
 
 @dataclass
@@ -93,7 +94,16 @@ class Coordinator:
         if pending:
             _, late = await asyncio.wait(pending, timeout=self.settings.shutdown_s)
             for t in late:
-                t.cancel()
+                t.cancel()  # each gives its lease back now, its work still winding down
+            if late:
+                _, stuck = await asyncio.wait(late, timeout=LATE_RELEASE_S)
+                if stuck:
+                    # Their releases did not get through in time: given back from here (what
+                    # is left of their work is fenced out), never left for a lease to expire.
+                    for claim in list(self._claims.values()):
+                        with contextlib.suppress(Exception):
+                            async with asyncio.timeout(LATE_RELEASE_S):
+                                await self._release(claim.sub, graceful=True)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -333,7 +343,8 @@ class Coordinator:
             if claim.work is not None:
                 claim.work.cancel()
             with contextlib.suppress(Exception):
-                await self._release(sub)
+                # A shutdown that stopped waiting for the work to wind down: still graceful.
+                await self._release(sub, graceful=claim.reason == "shutdown")
             raise
         except StoreUnavailable as exc:  # expected while the database is away: one line
             log.warning("attempt %d of %s stopped: %s; releasing it", sub.attempt, sub.id, exc)
