@@ -37,6 +37,7 @@ STORE_READS = {
     "ping",
     "now",
     "read",
+    "read_page",
     "last_of_type",
     "get_conversation",
     "get_state",
