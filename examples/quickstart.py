@@ -1,6 +1,7 @@
 """The README's quick example: an agent with an ordinary and a durable tool, on SQLite."""
 
 import asyncio
+import uuid
 
 import hearth
 from hearth.testing import ScriptedModel, call, calls, reply
@@ -42,7 +43,8 @@ app = hearth.App([support], db="sqlite:///support.db", providers=[model])
 
 async def main() -> None:
     async with app.run() as rt:
-        receipt = await rt.dispatch("support", "c-1", "Where is order 7?")
+        # A new conversation each run (the scripted model knows one exchange).
+        receipt = await rt.dispatch("support", f"c-{uuid.uuid4().hex[:8]}", "Where is order 7?")
         print(await rt.read(receipt))  # Reply(text=..., submission_id=..., outcome='completed')
 
 
