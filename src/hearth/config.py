@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from hearth.errors import ConfigurationError
 
@@ -111,13 +111,52 @@ def check_db_url(db: str | None) -> None:
         return
     assert db is not None
     try:
-        parts = urlsplit(db.strip())
-        parts.port  # noqa: B018 -- parsing it is the check
+        postgres_conninfo(db)
     except ValueError as exc:
         raise ConfigurationError(
             f"the database URL {shown_db(db)!r} is malformed ({exc}); write it as"
             " postgresql://user:password@host:port/dbname?schema=NAME"
         ) from None
+
+
+def postgres_conninfo(url: str) -> tuple[str, str | None]:
+    """The libpq URI of a hearth PostgreSQL URL and the schema it names (None: none named).
+
+    Only hearth's own ``schema=`` is taken out; the rest goes to libpq as written, so its forms
+    work (a Unix socket as ``postgresql:///db?host=/run/postgresql``, several hosts as
+    ``postgresql://u@h1:5432,h2:5432/db``). Raises ``ValueError`` without the password.
+    """
+    scheme, _, rest = url.strip().partition("://")
+    base, has_query, query = rest.partition("?")
+    kept: list[str] = []
+    schemas: list[str] = []
+    for param in query.split("&") if has_query else []:
+        key, _, value = param.partition("=")
+        if unquote_plus(key) == "schema":
+            schemas.append(unquote_plus(value))
+        elif param:
+            kept.append(param)
+    if len(schemas) > 1 or (schemas and not schemas[0]):
+        raise ValueError("give ?schema= once, with a name")
+    conninfo = f"{scheme.lower()}://{base}" + (f"?{'&'.join(kept)}" if kept else "")
+    _check_conninfo(conninfo)
+    return conninfo, schemas[0] if schemas else None
+
+
+def _check_conninfo(conninfo: str) -> None:
+    """libpq's own reading of the URI, and its ports (which libpq checks only on connecting)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # without the extra, opening the store says what to install
+        return
+    try:
+        info = conninfo_to_dict(conninfo)
+    except Exception as exc:  # psycopg.ProgrammingError; its text quotes the whole URI
+        said = str(exc).replace(conninfo, shown_db(conninfo)).strip().splitlines()
+        raise ValueError(said[0] if said else type(exc).__name__) from None
+    for port in str(info.get("port") or "").split(","):
+        if port and not (port.isdigit() and int(port) <= 65535):
+            raise ValueError(f"the port {port!r} is not a number from 0 to 65535")
 
 
 def _convert(name: str, value: Any, kind: Any, *, source: str) -> Any:
@@ -136,9 +175,11 @@ def _convert(name: str, value: Any, kind: Any, *, source: str) -> Any:
 
 
 def shown_db(db: str | None) -> str:
-    """The database URL as messages show it: the default spelled out, any password masked."""
+    """The database URL as messages show it: the default spelled out, any password masked (in
+    the user information or as a ``password=`` parameter)."""
     if db is None:
         return "./hearth.db"
+    db = _QUERY_PASSWORD.sub(r"\1***", db)
     try:
         parts = urlsplit(db)
         password = parts.password
@@ -152,3 +193,4 @@ def shown_db(db: str | None) -> str:
 
 
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/]*):[^@]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)

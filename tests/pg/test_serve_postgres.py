@@ -116,6 +116,25 @@ def test_the_ready_line_names_the_database_without_its_password(
         server.kill()
 
 
+def test_a_password_given_as_a_url_parameter_is_used_and_never_shown(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``?password=`` was printed in clear in the ready line: only ``user:password@`` was
+    masked."""
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    pg_cluster.sql(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'sesame-q'")
+    require_password(pg_cluster, role)
+    where = f"postgresql://{role}@127.0.0.1:{pg_cluster.port}/postgres"
+    server = ServerProcess(
+        f"{where}?password=sesame-q&schema={new_schema()}", log=tmp_path / "server.log"
+    ).start()
+    try:
+        assert f"db: {where}?password=***&schema=" in server.ready_line
+        assert "sesame-q" not in server.ready_line + server.log.read_text()
+    finally:
+        server.kill()
+
+
 def test_hearth_pg_pool_caps_the_connections_of_one_process(
     pg_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -162,6 +181,23 @@ def test_migrate_creates_the_schema_and_names_it(pg_cluster: Cluster) -> None:
     assert pg_cluster.sql(found) == str(SCHEMA_VERSION)
     again = hearth("migrate", "--db", pg_cluster.url(schema))
     assert again.returncode == 0 and "is current" in again.stdout
+
+
+def test_migrate_takes_libpqs_unix_socket_and_multi_host_urls(pg_cluster: Cluster) -> None:
+    """``postgresql:///db?host=/socket/dir`` was refused (rebuilt, the URL lost its empty host)
+    and so was ``h1:port,h2:port`` (its port was read as one number)."""
+    socket_schema, multi_schema = new_schema(), new_schema()
+    socket_url = (
+        f"postgresql:///postgres?host={pg_cluster.dir}&port={pg_cluster.port}&user=postgres"
+        f"&schema={socket_schema}"
+    )
+    down, up = f"127.0.0.1:{free_port()}", f"127.0.0.1:{pg_cluster.port}"
+    multi_url = f"postgresql://postgres@{down},{up}/postgres?schema={multi_schema}"
+    for url, schema in ((socket_url, socket_schema), (multi_url, multi_schema)):
+        done = hearth("migrate", "--db", url)
+        assert done.returncode == 0, done.stderr
+        assert f"created the schema '{schema}'" in done.stdout
+        assert pg_cluster.sql(f"SELECT count(*) FROM {schema}.meta") != "0"
 
 
 def test_migrate_refuses_a_newer_schema_naming_both_versions(pg_cluster: Cluster) -> None:

@@ -97,3 +97,32 @@ def test_an_empty_token_or_host_given_explicitly_is_refused_even_over_the_enviro
     app = hearth.App(serverapp.AGENTS, providers=serverapp.MODELS)
     with pytest.raises(ConfigurationError, match=f"{name} is empty"):
         app.configure(**{name: ""})
+
+
+def test_a_shown_database_url_masks_a_password_given_as_a_parameter() -> None:
+    """``?password=`` went into the ready line and messages in clear."""
+    assert shown_db("postgresql://app@db:5432/h?password=s3cret&schema=s") == (
+        "postgresql://app@db:5432/h?password=***&schema=s"
+    )
+    assert shown_db("postgresql:///h?host=/run/pg&password=s3cret") == (
+        "postgresql:///h?host=/run/pg&password=***"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql:///app?host=/run/postgresql&port=5433&schema=s",  # libpq's Unix socket
+        "postgresql://u:pw@db1:5432,db2:5433/app?schema=s&target_session_attrs=read-write",
+    ],
+)
+def test_libpq_url_forms_are_taken_with_only_the_schema_parameter_removed(url: str) -> None:
+    """Both were refused as malformed: one lost its empty host when rebuilt, the other's
+    ports were read as one number."""
+    from hearth.store import open_store
+    from hearth.store.postgres import PostgresStore
+
+    Settings.resolve(env={"HEARTH_DB": url})
+    store = open_store(url)
+    assert isinstance(store, PostgresStore) and store.schema == "s"
+    assert store.conninfo == url.replace("schema=s&", "").replace("&schema=s", "")

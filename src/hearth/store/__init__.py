@@ -8,8 +8,9 @@ Example::
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl
 
+from hearth.config import postgres_conninfo, shown_db
 from hearth.errors import ConfigurationError
 from hearth.store.base import (
     JOINED,
@@ -79,30 +80,10 @@ def _postgres(url: str, pool_size: int) -> Store:
             "PostgreSQL URLs need the PostgreSQL extra: pip install 'hearth[postgres]'"
         ) from None
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  # raises for a port that is not a number
+        conninfo, schema = postgres_conninfo(url)
     except ValueError as exc:
-        raise ConfigurationError(f"bad PostgreSQL URL {_masked(url)}: {exc}") from None
-    options = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for key, value in options if key == "schema"]
-    if len(schemas) > 1 or (schemas and not schemas[0]):
-        raise ConfigurationError(f"give ?schema= once, with a name, in {_masked(url)}")
-    # (Spaces as %20: libpq reads no "+" as a space.)
-    rest = urlencode([(key, value) for key, value in options if key != "schema"], quote_via=quote)
-    conninfo = urlunsplit(parts._replace(query=rest))
-    return PostgresStore(conninfo, schema=schemas[0] if schemas else "hearth", pool_size=pool_size)
-
-
-def _masked(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url.split("://", 1)[0] + "://…"
-    if password is None:
-        return url
-    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+        raise ConfigurationError(f"bad PostgreSQL URL {shown_db(url)}: {exc}") from None
+    return PostgresStore(conninfo, schema=schema or "hearth", pool_size=pool_size)
 
 
 __all__ = [
