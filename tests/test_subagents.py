@@ -305,3 +305,54 @@ async def test_the_conversation_of_a_subagent_the_app_does_not_list_is_read_and_
             await rt.dispatch("clerk", id, "hi")
         with pytest.raises(hearth.UnknownAgent):
             await rt.history("clerk", "never-made")
+
+
+async def test_an_abort_reconciles_the_calls_of_a_subagent_the_app_does_not_list() -> None:
+    """Its calls kept the interrupted marker: only the App's agents were rendered at rest."""
+    asked: list[str] = []
+
+    def charged(call: hearth.ReconcileCall) -> hearth.Done:
+        asked.append(call.tool_call_id)
+        return hearth.Done({"charged": True})
+
+    @hearth.tool(reconcile=charged)
+    async def charge() -> dict[str, bool]:
+        """Charge the card."""
+        await anyio.sleep(30)
+        return {"charged": True}
+
+    @hearth.agent
+    def cashier(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/cashier")
+        ctx.use_tool(charge)
+        return "You charge."
+
+    @hearth.agent
+    def shop(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/shop")
+        ctx.use_subagent(cashier, description="Charges cards")
+        return "You sell."
+
+    models = [
+        ScriptedModel("shop", answering(calls(call("task", agent="cashier", prompt="x")))),
+        ScriptedModel("cashier", answering(calls(call("charge")))),
+    ]
+    app = hearth.App([shop], db="memory", providers=models)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("shop", "p", "go")
+        for _ in range(500):
+            parent = await rt.history("shop", "p")
+            links = [r for r in parent if isinstance(r, ChildConversationLinked)]
+            if links and any(
+                r.type == "assistant_tool_call"
+                for r in await rt.store.read(links[0].child_conversation_id)
+            ):
+                break
+            await anyio.sleep(0.01)
+        await rt.abort("shop", "p")
+        with pytest.raises(hearth.SubmissionAborted):
+            await rt.read(receipt, timeout=10)
+        child = await rt.store.read(links[0].child_conversation_id)
+    (outcome,) = [r for r in child if isinstance(r, ToolOutcome)]
+    assert len(asked) == 1
+    assert (outcome.reconciled, outcome.content) == ("done", {"charged": True})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from hearth.agent import Agent
 from hearth.effects import Done, NotDone
 from hearth.errors import app_failure
 from hearth.records import Record, Signal, ToolOutcome
@@ -124,17 +125,22 @@ async def bring_child_to_rest(
 
 
 async def settlement_at_rest(
-    scope: AttemptScope, d: Decision, tools: Mapping[str, Tool] | None = None
+    scope: AttemptScope,
+    d: Decision,
+    tools: Mapping[str, Tool] | None = None,
+    subagents: Mapping[str, Agent] | None = None,
 ) -> Settlement:
     """Settle aborted or failed: mark unresolved calls (asking the reconcile of those of
-    ``tools`` that have one), leave an advisory signal, settle."""
+    ``tools`` that have one), leave an advisory signal, settle. ``subagents``: the agents the
+    render declared as subagents (the App may not list them)."""
     reconciler = None if tools is None else reconciler_for(tools, scope.conversation_id)
     env = scope.env
+    subagent_agents = dict(subagents or {})
 
     async def reconcilers(conversation_id: str) -> Reconciler | None:
         # An abandoned child's calls are reconciled with the tools its agent declares now.
         agent_name, _, id = conversation_id.partition("/")
-        agent = env.agents.get(agent_name)
+        agent = env.agents.get(agent_name) or subagent_agents.get(agent_name)
         if agent is None:
             return None
         try:
@@ -143,6 +149,8 @@ async def settlement_at_rest(
             if not app_failure(exc):
                 raise
             return None  # its agent cannot render: the calls keep their markers
+        for name, sub in rendered.subagents.items():  # its own children's agents
+            subagent_agents.setdefault(name, sub.agent)
         return reconciler_for(rendered.tools, conversation_id)
 
     records = await bring_to_rest(

@@ -343,7 +343,10 @@ class Attempt:
             settlement = Settlement("completed", reply=d.reply or "")
         else:
             tools = rendered.tools if rendered is not None else None
-            settlement = await settlement_at_rest(self, d, tools)
+            subagents = (
+                {} if rendered is None else {n: s.agent for n, s in rendered.subagents.items()}
+            )
+            settlement = await settlement_at_rest(self, d, tools, subagents)
         await self.policy.finish(self, settlement)
         return True
 
