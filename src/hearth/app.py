@@ -206,7 +206,9 @@ def load_app(ref: str, app_dir: str | None = ".") -> App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        # The module itself (or a package on its path) is missing, not something it imports:
+        # "agents_api" importing a missing "agents" is the module's own error.
+        if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
             raise ConfigurationError(
                 f"cannot import {module_name!r}: no such module (run from its folder, or use"
                 " --app-dir)"

@@ -176,10 +176,9 @@ def serve(
 
     Runs until SIGTERM or Ctrl-C, then shuts down gracefully within HEARTH_SHUTDOWN_S.
     """
-    from hearth.app import load_app
     from hearth.server.serve import serve as run_server
 
-    app = load_app(app_ref, app_dir)
+    app = _load_app(app_ref, app_dir, code=1)
     app.configure(**options)
     settings = app.settings
     # Before the runtime starts (it would claim work, then the server fail to listen).
@@ -191,6 +190,19 @@ def serve(
         _serve_reload(app, {**spec, "log_level": log_level, "access_log": access_log})
         return
     run_server(app, log_level=log_level, access_log=access_log, on_ready=_ready(app))
+
+
+def _load_app(app_ref: str, app_dir: str, *, code: int) -> hearth.App:
+    """``load_app``, its failures one line (exit ``code``): the module's own import error, such
+    as a dependency not installed or a variable not set, is named with its type."""
+    from hearth.app import load_app
+
+    try:
+        return load_app(app_ref, app_dir)
+    except HearthError as exc:
+        fail(str(exc), code)
+    except Exception as exc:
+        fail(f"cannot import {app_ref}: {type(exc).__name__}: {exc}", code)
 
 
 def _ready(app: hearth.App) -> Callable[[str], None]:
@@ -695,15 +707,9 @@ def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
     the database cannot be read. On SQLite, stop the server first; on PostgreSQL it runs beside
     the servers.
     """
-    from hearth.app import load_app
     from hearth.redeploy import check_database
 
-    try:
-        app = load_app(app_ref, app_dir)
-    except HearthError as exc:
-        fail(str(exc), 2)
-    except Exception as exc:  # the module itself failed to import: its own error, one line
-        fail(f"cannot import {app_ref}: {type(exc).__name__}: {exc}", 2)
+    app = _load_app(app_ref, app_dir, code=2)
     try:
         report = asyncio.run(check_database(db if db is not None else app.settings.db, app.agents))
     except (HearthError, OSError) as exc:

@@ -331,3 +331,31 @@ def test_serve_reload_serves_as_serve_does(tmp_path: Path, access_log: bool) -> 
         assert any("/healthz?token=[redacted]" in line["message"] for line in requests), log
     else:
         assert requests == [], log
+
+
+def test_serve_and_check_name_the_modules_own_import_error_in_one_line(tmp_path: Path) -> None:
+    """A module that imports a package not installed was "no such module" when the names
+    shared a prefix (``zq_agents_api`` importing ``zq_agents``), and ``hearth serve`` printed a
+    traceback for any other error of the module's import (a KeyError, say)."""
+    (tmp_path / "zq_agents_api.py").write_text("import zq_agents  # not installed\n")
+    (tmp_path / "zq_raises.py").write_text("import os\n\nKEY = os.environ['ZQ_NOT_SET']\n")
+    expected = {
+        "zq_agents_api:app": "ModuleNotFoundError: No module named 'zq_agents'",
+        "zq_raises:app": "KeyError: 'ZQ_NOT_SET'",
+    }
+    where = ["--app-dir", str(tmp_path), "--db", str(tmp_path / "h.db")]
+    for command, code in (("serve", 1), ("check", 2)):
+        for ref, error in expected.items():
+            port = ["--port", "0"] if command == "serve" else []
+            done = subprocess.run(
+                [sys.executable, "-m", "hearth", command, ref, *where, *port],
+                capture_output=True,
+                text=True,
+                env=child_env(),
+                timeout=60,
+            )
+            assert done.returncode == code, (command, ref, done.stderr)
+            assert one_line_error(done.stdout + done.stderr) == (
+                f"hearth: cannot import {ref}: {error}"
+            )
+    assert not (tmp_path / "h.db").exists()
