@@ -223,8 +223,7 @@ def _check_listen(host: str, port: int) -> None:
     of this machine): it was uvicorn's own error line, after the runtime had started."""
     import errno
 
-    if port == 0:
-        return
+    # (Port 0 too: any free port is found, but an address not of this machine is not.)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:

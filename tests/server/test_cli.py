@@ -206,6 +206,9 @@ def test_serve_on_a_port_in_use_or_a_bad_host_is_one_line_before_anything_starts
         assert code == 1 and f"port {port} on 127.0.0.1 is in use" in one_line_error(out)
     code, out = run("serve", "serverapp:app", "--db", str(db), "--host", "999.1.1.1")
     assert code == 1 and "cannot listen on 999.1.1.1" in one_line_error(out)
+    # --port 0 skipped the check: the runtime started (and claimed work), then uvicorn failed.
+    code, out = run("serve", "serverapp:app", "--db", str(db), "--host", "192.0.2.1", "--port", "0")
+    assert code == 1 and "cannot listen on 192.0.2.1:0" in one_line_error(out)
     assert not db.exists()  # nothing was started
 
 
