@@ -101,6 +101,8 @@ def default_url() -> str:
     if os.environ.get("HEARTH_URL"):
         return os.environ["HEARTH_URL"]
     host = os.environ.get("HEARTH_HOST") or "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address, as a URL writes it
     return f"http://{host}:{os.environ.get('HEARTH_PORT') or 8000}"
 
 

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -362,3 +363,14 @@ def test_serve_and_check_name_the_modules_own_import_error_in_one_line(tmp_path:
                 f"hearth: cannot import {ref}: {error}"
             )
     assert not (tmp_path / "h.db").exists()
+
+
+def test_client_commands_reach_a_server_on_an_ipv6_hearth_host(
+    serve_app: Callable[..., ThreadServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HEARTH_HOST=::1`` made the default URL ``http://::1:PORT``: every command failed."""
+    server = serve_app(host="::1")
+    monkeypatch.setenv("HEARTH_HOST", "::1")
+    monkeypatch.setenv("HEARTH_PORT", server.url.rpartition(":")[2])
+    code, out = run("send", "echo", "c-1", "hello", "--wait")
+    assert code == 0 and out.strip().endswith("echo: hello"), out
