@@ -163,6 +163,25 @@ def test_commands_on_a_database_file_that_is_not_there_make_none(tmp_path: Path)
     assert not missing.exists()
 
 
+def test_commands_on_another_programs_sqlite_file_refuse_it_unchanged(tmp_path: Path) -> None:
+    """``hearth waits --db`` (and gc, resolve) refused it, but had switched it to WAL mode."""
+    other = tmp_path / "inventory.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO items (name) VALUES ('teapot')")
+    conn.close()
+    before = other.read_bytes()
+    for args in (
+        ("waits", "--db", str(other)),
+        ("gc", "--db", str(other), "--dry-run"),
+        ("resolve", "a", "c", "w_1", "true", "--db", str(other)),
+    ):
+        code, out = run(*args)
+        assert code == 1 and "holds no hearth database" in one_line_error(out), (args, out)
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.db"]
+
+
 def test_commands_on_a_postgresql_schema_that_is_not_there_make_none(pg_cluster: Cluster) -> None:
     """The SQLite check did not cover PostgreSQL: ``?schema=`` mistyped, each command created the
     schema with its ten tables and reported nothing to do (``hearth check`` passed, exit 0)."""

@@ -166,6 +166,9 @@ CREATE TABLE IF NOT EXISTS attachment_refs (
 _ATTACHMENT_TABLES = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS attachments") :]
 
 
+_HAS_META = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+
+
 def connect(
     path: str,
     synchronous: str,
@@ -182,6 +185,10 @@ def connect(
         conn.row_factory = sqlite3.Row
         # Exclusive locking first: then WAL keeps its index in heap memory, not in shared memory.
         conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        # Before the first pragma that writes: another program's file is refused unchanged
+        # (switched to WAL first, it stayed so).
+        if not create and not conn.execute(_HAS_META).fetchone():
+            raise StoreError("the file holds no hearth database: check --db (or HEARTH_DB)")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("PRAGMA foreign_keys = OFF")
