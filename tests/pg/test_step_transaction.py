@@ -137,3 +137,46 @@ def test_on_sqlite_it_raises_configuration_error_naming_postgresql(tmp_path: Pat
     assert outcome(records).startswith("ConfigurationError: ")
     assert "PostgreSQL" in outcome(records)
     assert steps(records) == []
+
+
+def test_an_abort_stops_an_open_transaction_instead_of_waiting_for_it(
+    pg: tuple[Cluster, str],
+) -> None:
+    """The transaction holds its submission's row locked: the abort's stamp waited for it to
+    end (here a minute). The owner is told to stop first; the transaction rolls back."""
+    cluster, url = pg
+    locked = asyncio.Event()
+
+    async def slow(conn: Any) -> int:
+        await take_seat(conn)
+        locked.set()
+        await conn.execute("SELECT pg_sleep(60)")
+        return 7
+
+    @hearth.tool(durable=True)
+    async def linger(ctx: hearth.ToolContext) -> Any:
+        """Take a seat, slowly."""
+        assert ctx.step is not None
+        return await ctx.step.transaction("seat", slow)
+
+    @hearth.agent
+    def usher(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/usher")
+        ctx.use_tool(linger)
+        return "Seat people slowly."
+
+    model = ScriptedModel("usher", [calls(call("linger")), reply("ok")])
+    app = hearth.App([usher], db=url, providers=[model])
+
+    async def main() -> list[Record]:
+        async with app.run() as rt:
+            receipt = await rt.dispatch("usher", "c1", "go")
+            await asyncio.wait_for(locked.wait(), 20)
+            result = await asyncio.wait_for(rt.abort("usher", "c1"), 20)
+            assert result.aborted and result.submission_ids == [receipt.submission_id]
+            with pytest.raises(hearth.SubmissionAborted):
+                await rt.read(receipt, timeout=20)
+            return await rt.history("usher", "c1")
+
+    records = asyncio.run(main())
+    assert steps(records) == [] and seats(cluster) == 0

@@ -44,7 +44,7 @@ from hearth.store import postgres_readback as readback
 from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
-from hearth.store.events import APPENDED, RELEASED, Event, StoreEvents
+from hearth.store.events import ABORT, APPENDED, RELEASED, Event, StoreEvents
 from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
@@ -89,6 +89,8 @@ T = TypeVar("T")
 # connect time is one), so "Tenant" would be created as one schema and searched as another.
 SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
+ABORT_LOCK_WAIT_MS = 200  # an abort's wait for a row lock before it tells the row's owner
+ABORT_LOCKED_WAIT_MS = 10_000  # and its wait after
 IDLE_IN_TRANSACTION_MS = 10_000
 _SKEW_TTL_S = 30.0
 _TAILS_KEPT = 4096
@@ -721,10 +723,26 @@ class PostgresStore(Store):
         return [row["lease_owner"] for row in rows]
 
     async def request_abort(self, conversation_id: str) -> list[str]:
-        return await self._write(
-            lambda conn, outbox: ops.request_abort(conn, conversation_id, outbox, self._now()),
-            budget_s=ADMIT_WAIT_S,  # asked for by a caller, who hears 503 soon, as admissions
-        )
+        # Asked for by a caller, who hears 503 soon, as admissions. A submission whose
+        # step.transaction is open holds its row locked until that transaction ends: its owner
+        # is told first, so that it stops the work (the transaction rolls back), then the stamp
+        # waits for the row.
+        def stamp(wait_ms: int) -> Work[list[str]]:
+            return lambda conn, outbox: ops.request_abort(
+                conn, conversation_id, outbox, self._now(), lock_wait_ms=wait_ms
+            )
+
+        try:
+            return await self._write(stamp(ABORT_LOCK_WAIT_MS), budget_s=ADMIT_WAIT_S)
+        except ops.RowsLocked:
+            await self._tx().announce([Event(ABORT, conversation_id)])
+        try:
+            return await self._write(stamp(ABORT_LOCKED_WAIT_MS), budget_s=ADMIT_WAIT_S)
+        except ops.RowsLocked:
+            raise StoreUnavailable(
+                f"{self.where}: the conversation's running step.transaction held its row for"
+                f" {ABORT_LOCKED_WAIT_MS / 1000:g} s after it was asked to stop; try again"
+            ) from None
 
     async def settle_batch(self, fence: Fence, batch: list[Record], result: Result) -> int:
         return await self._write(

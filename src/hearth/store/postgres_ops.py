@@ -17,6 +17,7 @@ from hearth.errors import (
     AbortRequested,
     ConversationExists,
     ConversationNotFound,
+    HearthError,
     StoreError,
     WaitNotFound,
 )
@@ -742,16 +743,33 @@ async def expire_owners(conn: Conn, owners: list[str], outbox: Outbox) -> int:
     return len(rows)
 
 
+class RowsLocked(HearthError):
+    """A row the write needs is locked by another transaction (an open ``step.transaction``)
+    for longer than the write would wait."""
+
+
 async def request_abort(
-    conn: Conn, conversation_id: str, outbox: Outbox, now: float | None
+    conn: Conn,
+    conversation_id: str,
+    outbox: Outbox,
+    now: float | None,
+    *,
+    lock_wait_ms: int | None = None,
 ) -> list[str]:
-    rows = await fetchall(
-        conn,
-        f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
-        f" WHERE conversation_id = %(c)s AND {UNSETTLED_SQL}"
-        " RETURNING id, seq, status",
-        {"c": conversation_id, "now": now},
-    )
+    """``Store.request_abort``; with ``lock_wait_ms``, ``RowsLocked`` after waiting that long
+    for a locked row (a running ``step.transaction`` holds its submission's row)."""
+    if lock_wait_ms is not None:
+        await conn.execute(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}".encode())
+    try:
+        rows = await fetchall(
+            conn,
+            f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
+            f" WHERE conversation_id = %(c)s AND {UNSETTLED_SQL}"
+            " RETURNING id, seq, status",
+            {"c": conversation_id, "now": now},
+        )
+    except psycopg.errors.LockNotAvailable:
+        raise RowsLocked(f"a submission of {conversation_id} is locked") from None
     rows.sort(key=lambda r: int(r["seq"]))
     for row in rows:
         if row["status"] == WAITING:

@@ -386,6 +386,14 @@ class Transactions:
         except (psycopg.Error, PoolTimeout):
             return None
 
+    async def announce(self, events: ops.Outbox) -> None:
+        """Tell this process and its peers of ``events`` that no commit carries (what a caller
+        wants done before it can write: the owner of a locked row stopping its work)."""
+        self.events.publish_all(events)
+        with contextlib.suppress(psycopg.Error, PoolTimeout):
+            async with self.pool.connection(timeout=ADMIT_WAIT_S) as conn:
+                await self._notify(conn, events)
+
     async def _notify(self, conn: ops.Conn, outbox: ops.Outbox) -> None:
         await conn.execute(
             "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
