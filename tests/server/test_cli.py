@@ -182,6 +182,18 @@ def test_commands_on_another_programs_sqlite_file_refuse_it_unchanged(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.db"]
 
 
+def test_a_sqlite_uri_as_the_database_is_refused_in_one_line(tmp_path: Path) -> None:
+    """SQLite read ``file:...`` as its own URI: ``?mode=memory`` served a database that was
+    never written to disk, and ``hearth waits`` said there was no ``file:/abs/x.db``."""
+    for db in (f"file:{tmp_path}/h.db?mode=memory", f"sqlite:///file:{tmp_path}/h.db"):
+        for command in (("migrate",), ("serve", "serverapp:app", "--port", "0")):
+            code, out = run(*command, "--db", db)
+            args = (*command, db)
+            assert code == 1 and "is a SQLite URI" in one_line_error(out), (args, out)
+            assert "sqlite:///path" in out
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_commands_on_a_postgresql_schema_that_is_not_there_make_none(pg_cluster: Cluster) -> None:
     """The SQLite check did not cover PostgreSQL: ``?schema=`` mistyped, each command created the
     schema with its ten tables and reported nothing to do (``hearth check`` passed, exit 0)."""

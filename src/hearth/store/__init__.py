@@ -51,7 +51,7 @@ def open_store(url: str | None, *, pg_pool: int = 10) -> Store:
     if not sep:
         if not text:
             raise ConfigurationError(f"the database URL is empty; use {_URL_FORMS}")
-        return SQLiteStore(text)
+        return SQLiteStore(_sqlite_path(text, url))
     scheme = scheme.lower()
     if scheme in ("postgresql", "postgres"):
         return _postgres(text, pg_pool)
@@ -69,7 +69,19 @@ def open_store(url: str | None, *, pg_pool: int = 10) -> Store:
         )
     if not path:
         raise ConfigurationError(f"database URL {url!r} names no file; use {_URL_FORMS}")
-    return SQLiteStore(":memory:" if path == ":memory:" else path, synchronous=synchronous)
+    path = ":memory:" if path == ":memory:" else _sqlite_path(path, url)
+    return SQLiteStore(path, synchronous=synchronous)
+
+
+def _sqlite_path(path: str, url: str) -> str:
+    """A file path SQLite reads as a path: it reads ``file:...`` as a URI of its own, whose
+    ``?mode=memory`` (say) would keep the database off the disk that hearth checks."""
+    if path[:5].lower() == "file:":
+        raise ConfigurationError(
+            f"the database {url!r} is a SQLite URI (file:...), which hearth does not take; give"
+            " the file's path, or sqlite:///path"
+        )
+    return path
 
 
 def _postgres(url: str, pool_size: int) -> Store:
