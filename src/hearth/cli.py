@@ -320,7 +320,12 @@ def _serve_reloaded(sockets: list[socket.socket] | None) -> None:
 @url_option
 @token_option
 @click.option("--wait", is_flag=True, help="Wait for the reply and print it.")
-@click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="With --wait: give up after this many seconds (inf: never, the default).",
+)
 @click.option("--idempotency-key", default=None, help="Admit at most once per key.")
 @click.option(
     "--attach",
@@ -344,6 +349,8 @@ def send(
     as_json: bool,
 ) -> None:
     """Send MESSAGE to conversation AGENT/ID (with --attach FILE, files too)."""
+    if timeout is not None and not timeout >= 0:  # (NaN too) before anything is admitted
+        fail(f"--timeout must be 0 or more seconds, not {timeout}", 2)
     files = [hearth.Attachment.from_path(path) for path in attach]
     with Client(url, token) as client:
         conv = client.conversation(agent, id)

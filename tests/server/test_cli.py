@@ -48,6 +48,18 @@ def test_send_reports_a_failed_outcome_as_one_line(server: ThreadServer) -> None
     assert "has not settled yet" in one_line_error(out)
 
 
+@pytest.mark.parametrize("timeout", ["-5", "nan"])
+def test_send_refuses_a_negative_or_nan_timeout_before_sending(
+    server: ThreadServer, timeout: str
+) -> None:
+    code, out = run(
+        "send", "echo", "c-1", "hi", "--url", server.url, "--wait", "--timeout", timeout
+    )
+    assert code == 2 and "--timeout must be 0 or more seconds" in one_line_error(out)
+    code, out = run("tail", "echo", "c-1", "--url", server.url, "--no-follow")
+    assert code == 1 and "no conversation" in one_line_error(out)  # nothing was admitted
+
+
 def test_send_wait_json_prints_a_failed_outcome_as_json_too(server: ThreadServer) -> None:
     """A script asking for JSON got nothing on stdout when the submission did not complete."""
     code, _ = run("send", "staller", "c-9", "hi", "--url", server.url, "--idempotency-key", "k")

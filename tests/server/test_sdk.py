@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable
 
 import pytest
-from httpharness import ThreadServer
+from httpharness import ThreadServer, wait_until
 
 import hearth
 from hearth.client import HTTPError, Unauthorized
@@ -75,6 +76,47 @@ def test_read_raises_for_aborted_and_times_out(server: ThreadServer) -> None:
         assert result.aborted and result.submission_ids == [receipt.submission_id]
         with pytest.raises(hearth.SubmissionAborted):
             conv.read(receipt, timeout=10)
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e12])
+def test_an_infinite_or_huge_read_timeout_is_no_timeout(
+    server: ThreadServer, timeout: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream's cut-off timer could not wait that long: OverflowError in its thread."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("staller", "c-1")
+        receipt = conv.send("hi")
+
+        def abort_once_followed() -> None:
+            wait_until(lambda: server.asgi.sse_streams == 1)
+            conv.abort()
+
+        aborter = threading.Thread(target=abort_once_followed)
+        aborter.start()
+        with pytest.raises(hearth.SubmissionAborted):
+            conv.read(receipt, timeout=timeout)
+        aborter.join(10)
+    for thread in threading.enumerate():
+        if isinstance(thread, threading.Timer):
+            thread.join(10)
+    assert raised == []
+
+
+@pytest.mark.parametrize("timeout", [-5.0, float("nan")])
+@pytest.mark.anyio
+async def test_a_negative_or_nan_read_timeout_is_refused(
+    server: ThreadServer, timeout: float
+) -> None:
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+            conv.read(conv.send("hi"), timeout=timeout)
+    async with hearth.AsyncClient(server.url) as aclient:
+        aconv = aclient.conversation("echo", "c-2")
+        with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+            await aconv.read(await aconv.send("hi"), timeout=timeout)
 
 
 @pytest.mark.parametrize(

@@ -114,7 +114,7 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
         """Wait for the submission's settlement and return its reply (see ``Conversation.read``)."""
         reading = self._reading(receipt, timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(reading.seconds):
                 return await self._settlement(reading)
         except TimeoutError:
             raise reading.expired() from None

@@ -31,6 +31,8 @@ WAIT_SLACK_S = 30.0  # beyond a long-poll's ``wait``, for the answer to arrive
 MAX_WAIT_S = 300.0  # the server refuses a longer long-poll (HTTP 400)
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 2.0
+# A read's timeout past this is none (a timer cannot wait ~300 years: 1e12 s raised).
+MAX_READ_TIMEOUT_S = 86_400.0 * 365
 
 T = TypeVar("T")
 HTTP = TypeVar("HTTP", httpx2.Client, httpx2.AsyncClient)
@@ -156,11 +158,22 @@ class Tail:
         return TimeoutError("the deadline has passed")
 
 
+def read_timeout(timeout: float | None) -> float | None:
+    """A ``read``'s timeout in seconds, None for none (so too infinity, or over a year);
+    ``ValueError`` for a negative one or NaN."""
+    if timeout is None:
+        return None
+    if not timeout >= 0:  # (NaN too: it fails every comparison)
+        raise ValueError(f"timeout must be 0 or more seconds, or None; not {timeout!r}")
+    return None if timeout > MAX_READ_TIMEOUT_S else float(timeout)
+
+
 class Reading(Tail):
     """A ``read``: the tail of the conversation, until one submission settles."""
 
     def __init__(self, base: str, submission_id: str, after: int, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        self.seconds = read_timeout(timeout)
+        deadline = None if self.seconds is None else time.monotonic() + self.seconds
         super().__init__(base, after, deadline)
         self.submission_id = submission_id
 
