@@ -162,16 +162,34 @@ def _check_conninfo(conninfo: str) -> None:
 def _convert(name: str, value: Any, kind: Any, *, source: str) -> Any:
     text = str(kind)
     conv: Callable[[Any], Any]
+    what = name
     if "float" in text:
-        conv = float
+        conv = _number
     elif "int" in text:
-        conv = int
+        conv, what = _whole, f"{name} (a whole number)"
     else:
         conv = str
     try:
         return conv(value)
     except (TypeError, ValueError):
-        raise ConfigurationError(f"{source}: {value!r} is not a valid {name}") from None
+        raise ConfigurationError(f"{source}: {value!r} is not a valid {what}") from None
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):  # True is 1 to Python, never a number of seconds to a reader
+        raise TypeError(value)
+    return float(value)
+
+
+def _whole(value: Any) -> int:
+    """As ``HEARTH_WORKERS=2.9`` is refused, ``App(workers=2.9)`` is: never cut to 2."""
+    if isinstance(value, str):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    return int(value)
 
 
 def shown_db(db: str | None) -> str:

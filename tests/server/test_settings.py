@@ -126,3 +126,26 @@ def test_libpq_url_forms_are_taken_with_only_the_schema_parameter_removed(url: s
     store = open_store(url)
     assert isinstance(store, PostgresStore) and store.schema == "s"
     assert store.conninfo == url.replace("schema=s&", "").replace("&schema=s", "")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("workers", 2.9), ("port", 8000.9), ("max_body", 1.99), ("workers", 0.5), ("pg_pool", True)],
+)
+def test_an_app_argument_that_is_not_a_whole_number_is_refused_as_the_variable_is(
+    name: str, value: object
+) -> None:
+    """``App(workers=2.9)`` became 2 (``HEARTH_WORKERS=2.9`` is refused), ``workers=0.5`` was
+    refused as 0, a value nobody wrote, and ``True`` was taken as 1."""
+    with pytest.raises(ConfigurationError, match=f"{name}: {value!r} is not a valid {name}"):
+        hearth.App(serverapp.AGENTS, providers=serverapp.MODELS, **{name: value})
+    with pytest.raises(ConfigurationError, match="is not a valid"):
+        Settings.resolve(env={f"HEARTH_{name.upper()}": str(value)})
+
+
+def test_seconds_are_not_booleans_and_whole_floats_are_whole_numbers() -> None:
+    with pytest.raises(ConfigurationError, match="lease_s: True is not a valid lease_s"):
+        hearth.App(serverapp.AGENTS, providers=serverapp.MODELS, lease_s=True)
+    settings = Settings.resolve(env={}, workers=8.0, port="9000", lease_s=20)
+    assert (settings.workers, settings.port, settings.lease_s) == (8, 9000, 20.0)
+    assert type(settings.workers) is int and type(settings.lease_s) is float
