@@ -67,6 +67,12 @@ def friendly(fn: F) -> F:
             return fn(*args, **kwargs)
         except KeyboardInterrupt:
             sys.exit(130)
+        except BrokenPipeError:
+            # The reader went away (`hearth tail | head`): end quietly, as Unix tools do (and as
+            # rich does when its own write fails), and keep Python from failing again as it
+            # flushes stdout on the way out.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except SubmissionError as exc:
@@ -129,7 +135,9 @@ def main() -> None:
 @click.option("--db", help="Database URL (HEARTH_DB); default ./hearth.db.")
 @click.option("--host", help="Interface to bind (HEARTH_HOST); default 127.0.0.1.")
 @click.option("--port", type=int, help="Port (HEARTH_PORT); default 8000, 0 for any free one.")
-@click.option("--token", help="Require this bearer token on every route but /healthz.")
+@click.option(
+    "--token", help="Require this bearer token on every route but /healthz (HEARTH_TOKEN)."
+)
 @click.option("--workers", type=int, help="Submissions run at once (HEARTH_WORKERS).")
 @click.option("--lease-s", type=float, help="Lease length in seconds (HEARTH_LEASE_S).")
 @click.option("--heartbeat-s", type=float, help="Lease renewal period (HEARTH_HEARTBEAT_S).")
@@ -589,12 +597,13 @@ def fork(agent: str, id: str, offset: int, new_id: str, url: str, token: str | N
 
 
 # --- resolve and waits -----------------------------------------------------------------------
-db_option = click.option(
-    "--db",
-    default=None,
-    help="Write to this database directly (a SQLite file no process holds, or PostgreSQL)"
-    " instead of asking a server.",
-)
+def db_option(verb: str) -> Callable[[F], F]:
+    return click.option(
+        "--db",
+        default=None,
+        help=f"{verb} this database directly (a SQLite file no process holds, or PostgreSQL)"
+        " instead of asking a server.",
+    )
 
 
 @main.command()
@@ -604,7 +613,7 @@ db_option = click.option(
 @click.argument("value")
 @url_option
 @token_option
-@db_option
+@db_option("Write to")
 @friendly
 def resolve(
     agent: str, id: str, wait_id: str, value: str, url: str, token: str | None, db: str | None
@@ -652,7 +661,7 @@ async def _resolve_in(db: str, agent: str, id: str, wait_id: str, value: Any) ->
 @main.command()
 @url_option
 @token_option
-@db_option
+@db_option("Read")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @friendly
 def waits(url: str, token: str | None, db: str | None, as_json: bool) -> None:

@@ -417,3 +417,32 @@ def test_client_commands_reach_a_server_on_an_ipv6_hearth_host(
     monkeypatch.setenv("HEARTH_PORT", server.url.rpartition(":")[2])
     code, out = run("send", "echo", "c-1", "hello", "--wait")
     assert code == 0 and out.strip().endswith("echo: hello"), out
+
+
+def test_tail_into_a_reader_that_went_away_ends_quietly(server: ThreadServer) -> None:
+    """``hearth tail | head`` ended with "[Errno 32] Broken pipe" on stderr."""
+    import os
+
+    run("send", "echo", "c-1", "hello", "--url", server.url, "--wait")
+    tail = [sys.executable, "-m", "hearth", "tail", "echo", "c-1", "--url", server.url]
+    for printed_as in (["--no-follow"], ["--no-follow", "--json"]):  # by rich, or by click
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before the first line
+        try:
+            done = subprocess.run(
+                [*tail, *printed_as],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                env=child_env(),
+                text=True,
+                timeout=60,
+            )
+        finally:
+            os.close(write_end)
+        assert (done.returncode, done.stderr) == (1, ""), printed_as
+
+
+def test_the_help_says_what_each_db_option_does_and_names_hearth_token() -> None:
+    assert "Read this database directly" in run("waits", "--help")[1]
+    assert "Write to this database directly" in run("resolve", "--help")[1]
+    assert "(HEARTH_TOKEN)" in run("serve", "--help")[1]
