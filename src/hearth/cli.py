@@ -448,7 +448,7 @@ def inspect(url: str, token: str | None, conversation: str | None, as_json: bool
                 sub.get("kind", ""),
                 source_text(sub.get("source")),
                 sub["status"],
-                f"{sub['attempt']}/{sub['max_attempts']}",
+                _attempts(sub),
                 sub["lease_owner"] or "",
             )
         out.print(table)
@@ -823,6 +823,21 @@ def migrate(db: str | None) -> None:
     with err.status(f"migrating {shown_db(db)}…"):
         said = asyncio.run(run())
     click.echo(f"hearth: {said}")
+
+
+def _attempts(sub: dict[str, Any]) -> str:
+    """The attempts that count toward ``max_attempts``, of it; and those that do not (after a
+    durable wait, or given back by a graceful shutdown), apart: "1/1 (+3 waits)", not "4/1"."""
+    from hearth.store.rows import counted_attempts
+
+    waits, releases = int(sub.get("waits") or 0), int(sub.get("releases") or 0)
+    shown = f"{counted_attempts(int(sub['attempt']), waits, releases)}/{sub['max_attempts']}"
+    apart = [
+        f"+{n} {what}{'s' if n > 1 else ''}"
+        for n, what in ((waits, "wait"), (releases, "restart"))
+        if n
+    ]
+    return f"{shown} ({', '.join(apart)})" if apart else shown
 
 
 # --- demo ------------------------------------------------------------------------------------

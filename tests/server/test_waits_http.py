@@ -157,6 +157,8 @@ def test_the_cli_lists_and_resolves_waits_through_the_server(wait_server: Thread
         [wait] = pending(http)
         listed = cli("waits", "--url", wait_server.url)
         assert listed.returncode == 0 and "approval" in listed.stdout
+        inspected = cli("inspect", "--url", wait_server.url)  # "1/1": a retry budget used up
+        assert inspected.returncode == 0 and "0/1 (+1 wait)" in inspected.stdout
         as_json = cli("waits", "--url", wait_server.url, "--json")
         assert [w["wait_id"] for w in json.loads(as_json.stdout)["waits"]] == [wait["wait_id"]]
         done = cli("resolve", "cashier", "c-1", wait["wait_id"], '"ok"', "--url", wait_server.url)
