@@ -335,6 +335,27 @@ async def test_what_a_caller_asks_for_gives_up_as_an_admission_does(
             await asyncio.wait_for(calls[operation](), 120)
 
 
+async def test_an_abort_locks_a_conversations_rows_in_admission_order(pg_cluster: Cluster) -> None:
+    """A settlement locks its row, then the next one's; an abort locked all of them in index
+    order (by status: the queued row before the running one), so the two could deadlock (one
+    then answered 503 "unreachable")."""
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        later = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 2}))).submission
+        (running,) = await store.claim("owner-1", 30.0, 1)
+        rows = f"{schema}.submissions"
+        async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as side:
+            await side.execute(f"SELECT 1 FROM {rows} WHERE id = %s FOR UPDATE", (running.id,))
+            aborting = asyncio.create_task(store.request_abort(CONV))
+            await asyncio.sleep(0.5)
+            # As the settlement of the running one would: the next row next. It is free, not
+            # held by the abort waiting for the first.
+            await side.execute(f"SELECT 1 FROM {rows} WHERE id = %s FOR UPDATE NOWAIT", (later.id,))
+            await side.commit()
+        assert await asyncio.wait_for(aborting, 20) == [running.id, later.id]
+
+
 # --- migrations ------------------------------------------------------------------------------
 
 

@@ -757,28 +757,37 @@ async def request_abort(
     lock_wait_ms: int | None = None,
 ) -> list[str]:
     """``Store.request_abort``; with ``lock_wait_ms``, ``RowsLocked`` after waiting that long
-    for a locked row (a running ``step.transaction`` holds its submission's row)."""
+    for a locked row (a running ``step.transaction`` holds its submission's row).
+
+    The rows are locked in admission order first, the order a settlement locks its row and
+    then the next one's: one ``UPDATE`` of them all locked them in the order it found them,
+    and an abort racing a settlement deadlocked."""
     if lock_wait_ms is not None:
         await conn.execute(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}".encode())
     try:
+        locked = await fetchall(
+            conn,
+            f"SELECT id FROM submissions WHERE conversation_id = %(c)s AND {UNSETTLED_SQL}"
+            " ORDER BY seq FOR UPDATE",
+            {"c": conversation_id},
+        )
         rows = await fetchall(
             conn,
             f"UPDATE submissions SET abort_requested_at = COALESCE(abort_requested_at, {NOW})"
-            f" WHERE conversation_id = %(c)s AND {UNSETTLED_SQL}"
-            " RETURNING id, seq, status",
-            {"c": conversation_id, "now": now},
+            " WHERE id = ANY(%(ids)s::text[]) RETURNING id, seq, status",
+            {"ids": [row["id"] for row in locked], "now": now},
         )
+        rows.sort(key=lambda r: int(r["seq"]))
+        for row in rows:
+            if row["status"] == WAITING:
+                for wait in await pending_waits(conn, row["id"], lock=True):
+                    await end_wait(conn, wait, WAIT_ABORTED, None, outbox, now)
+                await resume(conn, row["id"], outbox, now)
+        ids = [row["id"] for row in rows]
+        if ids:
+            outbox.append(Event(ABORT, conversation_id, await last_offset(conn, conversation_id)))
     except psycopg.errors.LockNotAvailable:
         raise RowsLocked(f"a submission of {conversation_id} is locked") from None
-    rows.sort(key=lambda r: int(r["seq"]))
-    for row in rows:
-        if row["status"] == WAITING:
-            for wait in await pending_waits(conn, row["id"], lock=True):
-                await end_wait(conn, wait, WAIT_ABORTED, None, outbox, now)
-            await resume(conn, row["id"], outbox, now)
-    ids = [row["id"] for row in rows]
-    if ids:
-        outbox.append(Event(ABORT, conversation_id, await last_offset(conn, conversation_id)))
     return ids
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ READ_RETRY_S = 10.0
 # burst of work is slow, not a server that cannot be reached.
 POOL_BUSY_S = 30.0
 RECONNECT_S = 3.0
+MAX_CONFLICT_RETRIES = 5  # tries after a deadlock, past the budget, before giving up
 _STALE_PLAN = "cached plan must not change result type"
 
 
@@ -238,7 +240,7 @@ class Transactions:
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
-        delay, queued, stale = 0.05, False, 0
+        delay, queued, stale, conflicts = 0.05, False, 0, 0
         while True:
             outbox: ops.Outbox = []
             try:
@@ -284,6 +286,18 @@ class Transactions:
                 # An index key or a row over the server's limits (an OperationalError by its
                 # class): the same work is refused again however often it is retried.
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+            except psycopg.errors.TransactionRollback as exc:
+                # A deadlock or a serialization failure: the server rolled this transaction
+                # back (nothing of it committed) for a conflict with another; tried again at once.
+                conflicts += 1
+                if (
+                    time.monotonic() >= end and conflicts > MAX_CONFLICT_RETRIES
+                ) or self.pool.closed:
+                    raise StoreUnavailable(
+                        f"{self.where} is busy: the operation kept conflicting with others"
+                        f" ({first_line(exc)})"
+                    ) from None
+                await asyncio.sleep(random.uniform(0, 0.05))
             except psycopg.OperationalError as exc:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
