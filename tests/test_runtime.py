@@ -1204,6 +1204,34 @@ async def test_work_that_winds_down_past_the_shutdown_time_is_still_given_back_g
         assert (await rt.read(receipt, timeout=10)).text == "finished"
 
 
+async def test_an_abort_just_after_the_settlement_is_not_reported_as_a_takeover(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The abort interrupted work whose own settlement had just committed; the concluding run
+    found the row settled and one process logged that another owner had taken its work."""
+    from hearth.store.events import ABORT, Event
+
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("done")])])
+    async with app.run() as rt:
+        settle = rt.store.settle
+
+        async def settle_then_abort(*args: Any, **kwargs: Any) -> int:
+            offset = await settle(*args, **kwargs)
+            rt.coordinator._on_event(Event(ABORT, "a/c"))  # the abort's notice, arriving now
+            return offset
+
+        rt.store.settle = settle_then_abort  # type: ignore[method-assign]
+        with caplog.at_level("DEBUG", logger="hearth.coordinator"):
+            assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "done"
+            await rt.settle_all(timeout=10)
+            for _ in range(100):
+                if "already settled" in caplog.text:
+                    break
+                await asyncio.sleep(0.01)
+    assert "taken over" not in caplog.text
+    assert "already settled by attempt 1" in caplog.text
+
+
 async def test_a_sync_tool_runs_off_the_event_loop() -> None:
     import threading
 

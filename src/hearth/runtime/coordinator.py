@@ -267,6 +267,15 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 await self.store.release(fence, self.owner)
 
+    async def _settled_by_this_attempt(self, sub: Submission) -> bool:
+        """Whether the row is settled under ``sub``'s attempt number (a peer that takes work
+        over runs it under the next number)."""
+        try:
+            row = await self.store.get_submission(sub.id)
+        except Exception:
+            return False
+        return row is not None and row.attempt == sub.attempt and row.outcome is not None
+
     async def _ended_by_this_attempt(self, claim: _Claim) -> bool:
         """The row's word, for a settlement whose event has not reached this loop yet (a store
         shared by processes may publish it after a renewal committed later), or for an attempt
@@ -338,7 +347,12 @@ class Coordinator:
             elif claim.reason == "shutdown":
                 await self._release(sub, graceful=True)
         except FencedOut:
-            log.warning("submission %s was taken over by another owner", sub.id)
+            if claim.settled or await self._settled_by_this_attempt(sub):
+                # An abort or a deadline interrupted work whose own settlement had just
+                # committed: the concluding run found it settled. Nothing was taken over.
+                log.debug("submission %s was already settled by attempt %d", sub.id, sub.attempt)
+            else:
+                log.warning("submission %s was taken over by another owner", sub.id)
         except asyncio.CancelledError:
             if claim.work is not None:
                 claim.work.cancel()
