@@ -204,6 +204,29 @@ def test_a_multipart_body_with_neither_message_nor_file_is_a_400(server: ThreadS
     assert db_rows(server, "SELECT count(*) FROM submissions") == [(0,)]
 
 
+def test_a_form_field_that_is_not_utf8_is_a_400_and_utf8_is_kept(server: ThreadServer) -> None:
+    """Bytes that are not UTF-8 were read as Latin-1 and stored as the message."""
+
+    def form(message: bytes) -> bytes:
+        return (
+            b'--b\r\nContent-Disposition: form-data; name="message"\r\n\r\n'
+            + message
+            + b'\r\n--b\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n'
+            b"Content-Type: text/plain\r\n\r\nhello\r\n--b--\r\n"
+        )
+
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    with server.client() as http:
+        refused = http.post("/agents/echo/c-1", content=form(b"caf\xe9"), headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert "'message' is not utf-8 text" in refused.json()["error"]["message"]
+        kept = http.post("/agents/echo/c-1", content=form("café".encode()), headers=headers)
+        assert kept.status_code == 202, kept.text
+    wait_until(lambda: any(r["type"] == "user_message" for r in records(server)))
+    assert user_parts(server)[0] == {"type": "text", "text": "café"}
+    assert db_rows(server, "SELECT count(*) FROM submissions") == [(1,)]  # the refused: none
+
+
 def test_an_empty_uploaded_file_is_a_400(server: ThreadServer) -> None:
     with server.client() as http:
         answer = http.post(

@@ -38,6 +38,19 @@ class _InMemoryParser(MultiPartParser):
     # The body is already in memory (bounded by HEARTH_MAX_UPLOAD): no temporary files.
     spool_max_size = 1 << 62
 
+    def on_part_end(self) -> None:
+        # A text field that is not in its charset (UTF-8 unless the body says otherwise) is
+        # refused: the parser would read it as Latin-1, and store mojibake as the message.
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset or "utf-8")
+            except (UnicodeDecodeError, LookupError):
+                raise MultiPartException(
+                    f"the form field {part.field_name!r} is not {self._charset or 'utf-8'} text"
+                ) from None
+        super().on_part_end()
+
 
 def is_multipart(request: Request) -> bool:
     media = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
