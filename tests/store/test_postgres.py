@@ -700,6 +700,29 @@ async def test_the_listener_reconnects_after_its_backend_is_terminated(
         await asyncio.wait_for(waiter, 5.0)
 
 
+async def test_what_was_appended_while_the_listener_was_away_wakes_its_waiters_at_once(
+    pg_cluster: Cluster,
+) -> None:
+    """Its notice was lost: a follower of the conversation saw the append only at its own next
+    look (an SSE channel's, 5 s later)."""
+    schema = new_schema()
+    async with (
+        opened(pg_cluster.conninfo, schema) as one,
+        opened(pg_cluster.conninfo, schema) as two,
+    ):
+        await one.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        listener = two._listener
+        assert listener is not None and listener.connected.is_set()
+        waiter = asyncio.create_task(two.events.wait(CONV, timeout=30.0))
+        pg_cluster.sql(f"SELECT pg_terminate_backend({two.listener_pid})")
+        for _ in range(200):
+            if not listener.connected.is_set():
+                break
+            await asyncio.sleep(0.005)
+        await one.append(CONV, [msg(1)])  # while nobody listens for two
+        await asyncio.wait_for(waiter, 4.0)
+
+
 # --- a lost COMMIT reply ---------------------------------------------------------------------
 
 

@@ -95,6 +95,16 @@ class StoreEvents:
             if event.kind != APPENDED:
                 self.publish(event)
 
+    def wake_all(self) -> None:
+        """Wake every waiter, of appends (with -1) and of settlements (with None: read the row),
+        as if each had its event: after notices may have been lost, each looks again."""
+        appended, self._appended = self._appended, {}
+        settled, self._settled = self._settled, {}
+        for waiters in appended.values():
+            _fire(waiters, -1)
+        for found in settled.values():
+            _fire(found, None)
+
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` for every event from now on; returns the function that stops it."""
         self._listeners.append(listener)

@@ -274,7 +274,9 @@ class PostgresStore(Store):
 
     def _missed(self) -> None:
         # The listener was away: wake the claimers, so that work admitted meanwhile is claimed
-        # now rather than at the next scan (waiters re-read on their own timers).
+        # now rather than at the next scan, and every waiter (streams, long-polls, readers of
+        # a settlement), so that each reads what was appended or settled meanwhile now.
+        self.events.wake_all()
         self.events.publish(Event(RELEASED, ""))
 
     # --- transactions ---------------------------------------------------------------------------
