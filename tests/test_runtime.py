@@ -1232,6 +1232,30 @@ async def test_an_abort_just_after_the_settlement_is_not_reported_as_a_takeover(
     assert "already settled by attempt 1" in caplog.text
 
 
+async def test_a_sync_tool_raising_stop_iteration_gets_an_error_outcome() -> None:
+    """A next() that found nothing, in a sync tool: no future can carry the StopIteration out
+    of the worker thread, and the call never ended (the submission ran to its deadline)."""
+
+    @hearth.tool
+    def find(name: str) -> str:
+        """Find a name."""
+        return next(n for n in ["ada", "bob"] if n == name)
+
+    def script(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        return (
+            reply(str(last.content))
+            if isinstance(last, ToolResult)
+            else calls(call("find", name="eve"))
+        )
+
+    async with app_with(simple_agent("a", find), models=[ScriptedModel("a", script)]).run() as rt:
+        answer = await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)
+        (outcome,) = of(await rt.history("a", "c"), ToolOutcome)
+    assert outcome.is_error and "StopIteration" in str(outcome.content)
+    assert "StopIteration" in answer.text
+
+
 async def test_a_sync_tool_runs_off_the_event_loop() -> None:
     import threading
 

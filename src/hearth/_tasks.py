@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
@@ -13,3 +16,17 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``asyncio.to_thread`` for an application's sync code. A ``StopIteration`` it raises (a
+    ``next()`` that found nothing) cannot be carried by a future: the await would never end.
+    It arrives as a ``RuntimeError`` naming it."""
+    return await asyncio.to_thread(_stop_iteration_raised, fn, *args, **kwargs)
+
+
+def _stop_iteration_raised(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except StopIteration as exc:
+        raise RuntimeError(f"StopIteration raised: {exc!r}"[:500]) from exc

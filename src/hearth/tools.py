@@ -13,7 +13,6 @@ The input schema comes from the signature through pydantic; a parameter annotate
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import re
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 import pydantic
 
+from hearth._tasks import in_thread
 from hearth.attachments import ConversationAttachments
 from hearth.effects import RECONCILE_TIMEOUT_S
 from hearth.errors import ConfigurationError
@@ -158,7 +158,7 @@ class Tool:
         else:
             # A sync tool runs on a worker thread so it cannot stall the event loop (and with it
             # heartbeats and other conversations); context variables travel with it.
-            result = await asyncio.to_thread(_tracked, ctx, self.fn, kwargs)
+            result = await in_thread(_tracked, ctx, self.fn, kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return to_json_value(result)

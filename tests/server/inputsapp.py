@@ -54,6 +54,8 @@ def route_hooks(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
     fixed = os.environ.get("HEARTH_TEST_FIXED")
     if data.get("fail") and not (fixed and Path(fixed).exists()):
         raise RuntimeError("the routing table is broken")
+    if data.get("find"):  # a next() that finds nothing: StopIteration
+        return [next(d for d in [] if d == data["find"])]
     if data.get("fail"):
         return [hearth.Dispatch("triage", "fixed", message="routed after the fix")]
     return [

@@ -209,6 +209,15 @@ def test_a_body_over_the_limit_is_413(start: Callable[..., ThreadServer]) -> Non
     assert submissions(server) == []
 
 
+def test_a_sync_receive_raising_stop_iteration_is_a_500_not_a_request_that_never_ends(
+    server: ThreadServer,
+) -> None:
+    """No future can carry a StopIteration out of a worker thread: the request hung."""
+    answer = hook(server, {"find": "nothing"}, "n-1")
+    assert answer.status_code == 500
+    assert "its receive raised RuntimeError" in answer.json()["error"]["message"]
+
+
 def test_a_receive_that_raises_is_500_kept_failed_and_replayed_after_a_fix(
     server: ThreadServer, receive_log: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

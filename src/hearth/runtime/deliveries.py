@@ -10,7 +10,6 @@ replay once the code is fixed.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import math
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
+from hearth._tasks import in_thread
 from hearth.channels import Channel, Delivery, Dispatch
 from hearth.errors import (
     ChannelFailed,
@@ -189,7 +189,7 @@ async def _called(fn: Callable[..., Any], *args: Any) -> Any:
     a blocking call in it (a lookup over the network, say) does not stall the server."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    value = await asyncio.to_thread(fn, *args)
+    value = await in_thread(fn, *args)
     return await value if inspect.isawaitable(value) else value
 
 

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from hearth._tasks import in_thread
 from hearth.effects import Answer, Done, NotDone, ReconcileCall
 from hearth.errors import app_failure
 from hearth.records import AssistantToolCall
@@ -77,7 +78,7 @@ async def ask(tool: Tool, call: ReconcileCall) -> Answer:
 async def _call(fn: Any, call: ReconcileCall) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await fn(call)
-    answer = await asyncio.to_thread(fn, call)  # a sync lookup must not stall the event loop
+    answer = await in_thread(fn, call)  # a sync lookup must not stall the event loop
     if inspect.isawaitable(answer):
         answer = await answer
     return answer
