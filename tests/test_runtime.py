@@ -653,6 +653,40 @@ async def test_state_written_by_a_tool_is_visible_to_the_next_render() -> None:
         assert len(writes) == 1
 
 
+async def test_state_changed_in_place_and_set_again_is_written_each_time() -> None:
+    """The value handed out was the committed one itself: appended to and set, it compared
+    equal to itself, and every write after the first was dropped."""
+
+    @hearth.agent
+    def notes(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/notes")
+        items, set_items = ctx.use_state("items", [])
+
+        @hearth.tool
+        def remember(note: str) -> list[str]:
+            """Remember a note."""
+            items.append(note)
+            set_items(items)
+            return list(items)
+
+        ctx.use_tool(remember)
+        return f"notes: {items}"
+
+    def script(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        if isinstance(last, ToolResult):
+            return reply(request.system)
+        return calls(call("remember", note=str(last.content)))  # type: ignore[union-attr]
+
+    app = app_with(notes, models=[ScriptedModel("notes", script)])
+    async with app.run() as rt:
+        for note in ("milk", "eggs", "bread"):
+            await rt.read(await rt.dispatch("notes", "c", note), timeout=10)
+        assert await rt.store.get_state("notes/c") == {"items": ["milk", "eggs", "bread"]}
+        writes = [r for r in await rt.history("notes", "c") if r.type == "state_write"]
+        assert len(writes) == 3
+
+
 async def test_setting_state_during_render_fails_the_submission_clearly() -> None:
     @hearth.agent
     def eager(ctx: hearth.AgentContext) -> str:

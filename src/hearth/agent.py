@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from collections.abc import Awaitable, Callable
@@ -177,7 +178,9 @@ class AgentContext:
         a JSON value (stored as JSON gives it back) and raises ``HearthError`` for any other."""
         if not is_name(name):
             raise ConfigurationError(name_rule("state", name))
-        value = self._state.get(name, default)
+        # A copy: changed in place and set again, the committed value itself would have
+        # changed, and the write been dropped as "the value it already has".
+        value = copy.deepcopy(self._state[name]) if name in self._state else default
 
         def set_value(new: Any) -> None:
             if self._rendering:
