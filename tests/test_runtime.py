@@ -477,6 +477,15 @@ def test_agent_names_default_from_the_function_and_must_be_valid() -> None:
         hearth.Durability(max_attempt=3)  # type: ignore[call-arg]
 
 
+class _Shop:
+    def lookup(self, order_id: str) -> str:
+        return order_id
+
+
+def _sync_durable(ctx: hearth.ToolContext) -> int:
+    return 1
+
+
 def _positional_only(a: int, /) -> int:
     return a
 
@@ -511,14 +520,52 @@ def _nan_default(x: float = float("nan")) -> float:
         (_callable_param, "no JSON schema"),
         (_nan_default, "no JSON schema"),
         (functools.partial(_underscore, 1), "tool name None"),
+        (_Shop.lookup, "not a method; the model cannot give 'self'"),
+        (_sync_durable, "must be an async function"),
     ],
 )
 def test_a_tool_no_model_could_call_is_refused_when_declared(fn: Any, says: str) -> None:
     """Each was accepted: a schema pydantic could not make failed every turn as a runtime bug
     (until the attempts ran out, naming no tool); the others were told to the model wrongly
-    (an argument left out, an empty schema, a NaN default) and every call failed."""
+    (an argument left out, an empty schema, a NaN default, ``self``) and every call failed,
+    or (a sync durable tool) its steps never ran."""
     with pytest.raises(hearth.ConfigurationError, match=re.escape(says)):
-        hearth.tool(fn)
+        if fn is _sync_durable:
+            hearth.tool(durable=True)(fn)
+        else:
+            hearth.tool(fn)
+
+
+def _lookup(order_id: str, region: str) -> str:
+    return f"{order_id}@{region}"
+
+
+class _Lookup:
+    def __call__(self, order_id: str, ctx: hearth.ToolContext | None = None) -> str:
+        return order_id
+
+
+def test_partials_and_callable_objects_are_described_by_what_the_model_gives() -> None:
+    """``get_type_hints`` refused both; what a partial fixes is not the model's to choose, and
+    ``Optional[ToolContext]`` is the context too."""
+    for fn in (functools.partial(_lookup, region="eu"), _Lookup()):
+        declared = hearth.tool(name="lookup")(fn)
+        assert declared.spec().parameters["properties"].keys() == {"order_id"}
+    assert hearth.tool(name="lookup")(_Lookup()).context_param == "ctx"
+
+
+class _Order(pydantic.BaseModel):
+    id: str
+
+
+async def test_pydantic_models_inside_a_tools_result_are_dumped() -> None:
+    @hearth.tool
+    async def orders() -> dict[str, list[_Order]]:
+        """All orders."""
+        return {"open": [_Order(id="7"), _Order(id="8")]}
+
+    ctx: Any = None
+    assert await orders.invoke({}, ctx) == {"open": [{"id": "7"}, {"id": "8"}]}
 
 
 def test_durability_takes_only_what_the_stores_can_keep() -> None:

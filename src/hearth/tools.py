@@ -13,15 +13,27 @@ The input schema comes from the signature through pydantic; a parameter annotate
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import re
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, get_type_hints, overload
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    overload,
+)
 
 import pydantic
+import pydantic_core
 
 from hearth._tasks import in_thread
 from hearth.attachments import ConversationAttachments
@@ -96,13 +108,21 @@ class Tool:
             raise ConfigurationError(f"tool {self.name!r}: description must be a string")
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.durable = durable
-        self.is_async = inspect.iscoroutinefunction(fn)
+        # (an object whose __call__ is async too)
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
         self.context_param, self.input_model = _input_model(fn, self.name)
         self._spec: ToolSpec | None = None
         if durable and self.context_param is None:
             raise ConfigurationError(
                 f"durable tool {self.name!r} needs a parameter annotated hearth.ToolContext "
                 "to reach ctx.step"
+            )
+        if durable and not self.is_async:
+            raise ConfigurationError(
+                f"durable tool {self.name!r} must be an async function: its ctx.step calls are"
+                " awaited (a sync one would never run them)"
             )
         if reconcile is not None and durable:
             raise ConfigurationError(
@@ -184,21 +204,74 @@ def to_json_value(value: Any) -> Any:
     JSON-serialisable (``TypeError`` otherwise: NaN and the infinities too, a model's fields
     included, and a value nested too deep to encode)."""
     try:
-        if isinstance(value, pydantic.BaseModel):
-            value = value.model_dump(mode="json")  # a float field's NaN stays NaN here
+        if _holds_a_model(value):
+            # Models anywhere in it (a list of them, say) are dumped; a float field's NaN
+            # stays NaN here, and is refused below.
+            value = pydantic_core.to_jsonable_python(value)
         return json_round_trip(value)  # NaN has no JSON form: no reader could take it
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"tool result is not JSON-serialisable: {exc}") from None
 
 
+def _holds_a_model(value: Any, depth: int = 0) -> bool:
+    """Whether a pydantic model is in ``value`` (itself, or in its lists and dicts)."""
+    if isinstance(value, pydantic.BaseModel):
+        return True
+    if depth > 64:
+        return False  # too deep to be JSON anyway: refused by the round trip
+    if isinstance(value, list | tuple):
+        return any(_holds_a_model(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_a_model(v, depth + 1) for v in value.values())
+    return False
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The type hints of ``fn``'s parameters: of the function a ``functools.partial`` wraps,
+    and of the ``__call__`` of a callable object."""
+    target: Any = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not (inspect.isfunction(target) or inspect.ismethod(target)) and callable(target):
+        target = type(target).__call__
+    return get_type_hints(target, include_extras=True)
+
+
+def _is_context(annotation: Any) -> bool:
+    """``hearth.ToolContext``, also as ``Optional[...]`` or ``Annotated[...]``."""
+    if annotation is ToolContext:
+        return True
+    if get_origin(annotation) is Annotated:
+        return _is_context(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        rest = [a for a in get_args(annotation) if a is not type(None)]
+        return len(rest) == 1 and _is_context(rest[0])
+    return False
+
+
 def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[pydantic.BaseModel]]:
     try:
-        hints = get_type_hints(fn, include_extras=True)
+        hints = _hints(fn)
     except Exception as exc:
         raise ConfigurationError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
     context_param: str | None = None
     fields: dict[str, Any] = {}
-    for param in inspect.signature(fn).parameters.values():
+    parameters = list(inspect.signature(fn).parameters.values())
+    if parameters and parameters[0].name in ("self", "cls") and "self" not in hints:
+        if parameters[0].annotation is inspect.Parameter.empty:
+            raise ConfigurationError(
+                f"tool {name!r}: its first parameter is {parameters[0].name!r}: declare a"
+                " function (or a staticmethod), not a method; the model cannot give"
+                f" {parameters[0].name!r}"
+            )
+    fixed: set[str] = set()  # what a functools.partial gives: not the model's to choose
+    target: Any = fn
+    while isinstance(target, functools.partial):
+        fixed |= set(target.keywords)
+        target = target.func
+    for param in parameters:
+        if param.name in fixed:
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(
                 f"tool {name!r}: *args/**kwargs cannot be described to a model"
@@ -210,7 +283,7 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[py
                 " arguments are passed by name"
             )
         annotation = hints.get(param.name, Any)
-        if annotation is ToolContext:
+        if _is_context(annotation):
             if context_param is not None:
                 raise ConfigurationError(
                     f"tool {name!r}: one parameter may take hearth.ToolContext, not"
