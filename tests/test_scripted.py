@@ -380,3 +380,33 @@ def test_the_size_estimate_counts_characters_as_sent_whatever_their_script() -> 
         assert estimate_tokens(as_result) - estimate_tokens(plain) in range(expected, expected + 5)
         added = estimate_tokens(as_arguments) - estimate_tokens(plain)
         assert added in range(expected, expected + 10)
+
+
+@pytest.mark.anyio
+async def test_a_list_script_goes_on_after_a_compaction_instead_of_starting_over() -> None:
+    """The summary call played the list's next step, and the turns after it counted only what
+    the summary had left: a large tool result replayed the tool call for ever."""
+    import hearth
+
+    ran: list[int] = []
+
+    @hearth.tool
+    def big() -> str:
+        """A large result."""
+        ran.append(1)
+        return "x" * 40_000  # ~10,000 tokens: more than the window below
+
+    @hearth.agent
+    def reader(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/m")
+        ctx.use_tool(big)
+        return "Read."
+
+    model = ScriptedModel("m", [calls(call("big")), reply("done")], context_window=8192)
+    app = hearth.App([reader], db="memory", providers=[model])
+    async with app.run() as rt:
+        answer = await rt.read(await rt.dispatch("reader", "c", "go"), timeout=20)
+        kinds = [r.type for r in await rt.history("reader", "c")]
+    assert answer.text == "done" and len(ran) == 1 and kinds.count("compaction") == 1
+    assert [r.purpose for r in model.requests] == ["turn", "summary", "turn"]
+    assert model.requests[-1].summary == "(scripted summary of 1 assistant turns)"

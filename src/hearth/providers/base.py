@@ -71,6 +71,7 @@ class ModelRequest:
     options: dict[str, Any] = field(default_factory=dict)
     summary: str | None = None  # the latest compaction summary, shown before the messages
     conversation_id: str = ""
+    purpose: str = "turn"  # "turn": the agent's own call; "summary": compaction's summary call
 
 
 # --- what a provider streams back -------------------------------------------------------------

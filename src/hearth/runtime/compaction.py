@@ -273,6 +273,7 @@ def summary_request(
         messages=(UserTurn(SUMMARY_ASK),),
         summary=summary,
         conversation_id=conversation_id,
+        purpose="summary",
     )
     room = budget - estimate_tokens(bare)
     sizes = [messages_tokens((m,)) for m in messages]
@@ -294,6 +295,7 @@ def summary_request(
         messages=(*kept, UserTurn(SUMMARY_ASK)),
         summary=summary,
         conversation_id=conversation_id,
+        purpose="summary",
     )
     return request, len(messages) - first
 

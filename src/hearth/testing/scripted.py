@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -219,7 +220,10 @@ def stall(after_chunks: Sequence[str] = (), seconds: float | None = None) -> Sta
 def overflow(message: str = "scripted model: the input exceeds the context window") -> ErrorStep:
     """Raise ``ProviderError(kind="overflow")``, as a provider does when the context is too long.
 
-    Example: ``ScriptedModel("m", [overflow(), reply("ok after compaction")])``
+    An overflow leaves no assistant turn, so in a list the turn after the compaction would
+    play it again: give it in a function of the request, e.g.
+    ``lambda req: overflow() if req.purpose == "turn" and not req.summary else reply("ok")``
+    (the summary call gets "ok" as its summary too).
     """
     return ErrorStep(kind="overflow", message=message)
 
@@ -292,7 +296,16 @@ class ScriptedModel:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Play the step chosen for ``request``; cancelling stops it at once (sleeps included)."""
         self.requests.append(request)
-        position = sum(1 for m in request.messages if isinstance(m, AssistantTurn))
+        turns = sum(1 for m in request.messages if isinstance(m, AssistantTurn))
+        position = turns + _summarised(request.summary)
+        if request.purpose == "summary" and self._function is None:
+            # A list is the agent's turns: compaction's summary call plays none of them. Its
+            # summary says how many turns it stands for, so that the turns after it go on
+            # where the list was, not from its start again.
+            text = f"(scripted summary of {position} assistant turns)"
+            yield TextDelta(text)
+            yield Finished("stop", _usage(request, text))
+            return
         step = await self._step_for(position, request)
 
         if isinstance(step, str):
@@ -364,6 +377,15 @@ class ScriptedModel:
                 "not a step (use reply(), stream(), calls(), error(), stall() or overflow())"
             )
         return result
+
+
+_SUMMARISED = re.compile(r"\(scripted summary of (\d+) assistant turns\)")
+
+
+def _summarised(summary: str | None) -> int:
+    """The assistant turns a list script's summary stands for (0 without one)."""
+    found = _SUMMARISED.search(summary or "")
+    return int(found.group(1)) if found else 0
 
 
 def _usage(request: ModelRequest, output: str) -> dict[str, int]:
