@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import killpoints
@@ -350,3 +352,21 @@ def test_a_chained_point_kills_at_its_last_stage_only_after_the_earlier_ones(
         assert len(kills) == 1
     finally:
         _faults.configure(None)
+
+
+def test_every_point_the_code_reaches_is_a_crash_at_the_harness_takes() -> None:
+    """A point no code reaches ran the child to its end, no kill, and the test passed: the
+    harness now refuses it, so every point that exists must pass its check."""
+    from hearth.testing.points import check_crash_at
+
+    reached = re.findall(
+        r'_faults\.reached\("([^"]+)"\)',
+        "\n".join(p.read_text() for p in Path(hearth.__file__).parent.rglob("*.py")),
+    )
+    assert len(set(reached)) > 20
+    for name in sorted(set(reached)):
+        assert check_crash_at(name) == name
+    for typo in ("bogus", "tool:", "tool:refund#0", "tool:refund#x", "after:store.nothing"):
+        with pytest.raises(ValueError, match="crash_at"):
+            check_crash_at(typo)
+    assert check_crash_at("before:store.admit>store:commit-done#2")

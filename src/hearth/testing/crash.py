@@ -47,6 +47,7 @@ from hearth.testing.invariants import (
     check_invariants,
     recorded_keys,
 )
+from hearth.testing.points import check_crash_at
 
 Message = str | dict[str, Any]  # a text message, or a signal
 MidTool = tuple[str, str, str, Message | None]  # (action, agent, id, message)
@@ -98,7 +99,7 @@ class CrashHarness:
         env.update(extra or {})
         env["HEARTH_CRASH_RUN"] = str(self.runs)
         if crash_at:
-            env["HEARTH_CRASH_AT"] = crash_at
+            env["HEARTH_CRASH_AT"] = check_crash_at(crash_at)
         paths = [*self.pythonpath, env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         return env

@@ -132,6 +132,22 @@ EFFECT_POINTS: Mapping[str, str] = MappingProxyType(
 )
 
 
+# The writes made for an operator, outside any attempt (a wait's resolve, a fork, ``hearth gc``),
+# bracketed the same way.
+OPERATOR_WRITES: tuple[str, ...] = ("resolve_wait", "fork", "collect_attachments")
+
+OPERATOR_POINTS: Mapping[str, str] = MappingProxyType(
+    {
+        f"{when}:store.{method}": f"Store.{method} {what}"
+        for method in OPERATOR_WRITES
+        for when, what in (
+            ("before", "is about to be called"),
+            ("after", "committed and returned"),
+        )
+    }
+)
+
+
 def _concrete() -> dict[str, str]:
     points: dict[str, str] = {}
     for method in STORE_WRITES:
@@ -146,6 +162,34 @@ def _concrete() -> dict[str, str]:
 
 KILL_POINTS: Mapping[str, str] = MappingProxyType(_concrete())
 
+# Points named after a tool, step, wait, hook or ledger entry (``tool:refund``).
+_NAMED = (
+    *(pattern.split("<", 1)[0] for pattern in KILL_POINT_PATTERNS),
+    "hook:",
+    "hook-done:",
+    "ledger:",
+    "ledger-done:",
+)
+
+
+def check_crash_at(spec: str) -> str:
+    """``spec`` as ``HEARTH_CRASH_AT`` takes it (``name``, ``name#N``, ``a>b#N``), or
+    ``ValueError`` naming what is wrong: a point no code reaches (a typo would run the child
+    to its end, no kill, and the test pass), or an occurrence that is not a whole number ≥ 1."""
+    known = {**KILL_POINTS, **INPUT_POINTS, **EFFECT_POINTS, **OPERATOR_POINTS}
+    for stage in spec.split(">"):
+        name, hash_, count = stage.strip().partition("#")
+        if hash_ and not (count.isascii() and count.isdigit() and int(count) >= 1):
+            raise ValueError(f"crash_at {spec!r}: #{count} must be a whole number from 1")
+        named = any(name.startswith(p) and len(name) > len(p) for p in _NAMED)
+        if name not in known and not named:
+            raise ValueError(
+                f"crash_at {spec!r}: no point is named {name!r} (see hearth.testing.KILL_POINTS"
+                " and KILL_POINT_PATTERNS)"
+            )
+    return spec
+
+
 __all__ = [
     "EFFECT_POINTS",
     "EFFECT_WRITES",
@@ -153,6 +197,9 @@ __all__ = [
     "INPUT_WRITES",
     "KILL_POINTS",
     "KILL_POINT_PATTERNS",
+    "OPERATOR_POINTS",
+    "OPERATOR_WRITES",
     "RUNNER_SEAMS",
     "STORE_WRITES",
+    "check_crash_at",
 ]
