@@ -233,3 +233,21 @@ def test_an_unexpected_exception_in_an_attempt_fails_the_run_instead_of_passing_
 ) -> None:
     with pytest.raises(RuntimeError, match="a bug the runtime did not expect"):
         lab.harness.run(dispatch=[("buggy", "c1", "hi")])
+
+
+def test_the_harness_works_from_an_async_test_too(lab: Lab) -> None:
+    """Called from a running event loop (an async test, a notebook), every read of the
+    database raised "asyncio.run() cannot be called from a running event loop", after the
+    child had been killed."""
+    import asyncio
+
+    async def an_async_test() -> None:
+        first = lab.harness.run(dispatch=[("toolie", "c1", "charge me")], crash_at="tool:charge")
+        assert first.killed
+        assert lab.harness.run().ok
+        (done,) = settled(lab.harness.history("toolie/c1"))
+        assert done.reply == "saw charge=interrupted"
+        assert lab.harness.submissions("toolie/c1")[0].outcome == "completed"
+        assert lab.harness.check_invariants() == []
+
+    asyncio.run(an_async_test())

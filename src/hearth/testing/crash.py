@@ -25,14 +25,15 @@ coordinator would release such work for a retry, which must not hide a bug.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from hearth.records import Record
 from hearth.runtime.coordinator import UNEXPECTED
@@ -69,6 +70,20 @@ class ChildRun:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+T = TypeVar("T")
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)``; from code already in an event loop (an async test, a notebook),
+    on a thread of its own, since a loop cannot run inside another."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hearth-harness") as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 class CrashHarness:
@@ -148,7 +163,7 @@ class CrashHarness:
             raise RuntimeError(f"child exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
         if UNEXPECTED in proc.stderr:  # a bug must not pass as a retry
             raise RuntimeError(f"the child's runtime raised:\n{proc.stderr[-4000:]}")
-        for key in asyncio.run(self._with_store(recorded_keys)):
+        for key in _run(self._with_store(recorded_keys)):
             self.on_disk_after.setdefault(key, self.runs)
         self.runs += 1
         self.kills += result.killed
@@ -163,23 +178,23 @@ class CrashHarness:
 
     # --- inspecting the database after the child is gone ----------------------------------
     def history(self, conversation_id: str) -> list[Record]:
-        return asyncio.run(self._with_store(lambda s: s.read(conversation_id)))
+        return _run(self._with_store(lambda s: s.read(conversation_id)))
 
     def submissions(self, conversation_id: str | None = None) -> list[Submission]:
-        return asyncio.run(self._with_store(lambda s: all_submissions(s, conversation_id)))
+        return _run(self._with_store(lambda s: all_submissions(s, conversation_id)))
 
     def request_abort(self, conversation_id: str) -> list[str]:
         """Stamp an abort intent while no process is running (as a peer process would)."""
-        return asyncio.run(self._with_store(lambda s: s.request_abort(conversation_id)))
+        return _run(self._with_store(lambda s: s.request_abort(conversation_id)))
 
     def state(self, conversation_id: str) -> dict[str, Any]:
-        return asyncio.run(self._with_store(lambda s: s.get_state(conversation_id)))
+        return _run(self._with_store(lambda s: s.get_state(conversation_id)))
 
     def check_invariants(self, tool_runs: Sequence[ToolRun] | None = None) -> list[Violation]:
         """``hearth.testing.invariants.check_invariants`` on the database, with the tools' log
         (``ToolRun.run`` being ``HEARTH_CRASH_RUN``) judged against what each run left on disk."""
         log = None if tool_runs is None else ToolLog(list(tool_runs), self.on_disk_after)
-        return asyncio.run(self._with_store(lambda s: check_invariants(s, tool_log=log)))
+        return _run(self._with_store(lambda s: check_invariants(s, tool_log=log)))
 
     def assert_invariants(self, tool_runs: Sequence[ToolRun] | None = None) -> None:
         """``check_invariants``, raising ``InvariantsBroken`` (an ``AssertionError``)."""
