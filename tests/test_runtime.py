@@ -982,6 +982,54 @@ async def test_the_deadline_is_enforced_on_running_work() -> None:
     assert info.value.type == "timeout"
 
 
+async def test_a_deadline_whose_timer_fired_holds_though_the_store_clock_reads_behind() -> None:
+    """The concluding run asked the store's clock again; read a little behind (PostgreSQL's,
+    re-measured from a round trip's middle), it said the deadline had not passed, started a
+    new turn no timer watched, and the submission ran for good."""
+    agent = simple_agent("a", durability=hearth.Durability(timeout=0.5))
+    app = app_with(agent, models=[ScriptedModel("a", [stall()])])
+    async with app.run() as rt:
+        real_now, reads = rt.store.now, 0
+
+        async def behind() -> float:
+            nonlocal reads
+            reads += 1
+            return await real_now() - (0 if reads == 1 else 2.0)
+
+        rt.store.now = behind  # type: ignore[method-assign]
+        receipt = await rt.dispatch("a", "c", "go")
+        with pytest.raises(hearth.SubmissionFailed) as info:
+            await rt.read(receipt, timeout=10)
+    assert info.value.type == "timeout"
+
+
+async def test_a_shutdown_stops_the_run_that_concludes_a_deadline(tmp_path: Path) -> None:
+    """That run (here asking a reconcile at rest) was no claim's work: the shutdown waited
+    HEARTH_SHUTDOWN_S for it, then released it as after a crash."""
+    asking = asyncio.Event()
+
+    async def slow_answer(call: hearth.ReconcileCall) -> None:
+        asking.set()
+        await asyncio.sleep(60)
+
+    @hearth.tool(reconcile=slow_answer, reconcile_timeout=120)
+    async def pay() -> str:
+        """Pay."""
+        await asyncio.sleep(60)
+        return "paid"
+
+    agent = simple_agent("a", pay, durability=hearth.Durability(timeout=0.5))
+    model = ScriptedModel("a", [calls(call("pay")), reply("done")])
+    app = hearth.App([agent], db=f"sqlite:///{tmp_path / 'h.db'}", providers=[model])
+    app.configure(shutdown_s=0.5)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("a", "c", "go")
+        await asyncio.wait_for(asking.wait(), 10)
+    async with app.run() as rt:
+        sub = await rt.submission(receipt.submission_id)
+    assert sub.outcome is None and (sub.releases, sub.interruptions) == (1, 0)
+
+
 async def test_transient_provider_errors_are_retried_then_succeed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

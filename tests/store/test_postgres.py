@@ -674,6 +674,16 @@ async def test_concurrent_appenders_in_two_processes_leave_no_gap_behind_a_taile
         )
 
 
+async def test_the_store_clock_never_answers_behind_an_earlier_answer(pg_cluster: Cluster) -> None:
+    """Each reading of the server's clock is taken from the middle of its round trip, so a new
+    one can be a little behind the last: a deadline judged passed was then not passed."""
+    async with opened(pg_cluster.conninfo, new_schema()) as store:
+        first = await store.now()
+        assert store._skew is not None
+        store._skew = (store._skew[0] - 1.0, store._skew[1])  # a reading a second behind
+        assert await store.now() >= first
+
+
 # --- the listener ----------------------------------------------------------------------------
 
 

@@ -343,7 +343,19 @@ class Coordinator:
                 self._note_expiry(attempt.next_expiry)
             elif claim.reason in ("abort", "deadline"):
                 # The same claim concludes: the classifier now sees the intent or the deadline.
-                await Attempt(self.env, sub, lease=claim.lease).run()
+                # It runs as the claim's work, so that a later interrupt (a shutdown) stops it.
+                concluding = Attempt(
+                    self.env, sub, lease=claim.lease, past_deadline=claim.reason == "deadline"
+                )
+                claim.work = asyncio.create_task(concluding.run())
+                try:
+                    await claim.work
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # this supervisor itself is being stopped
+                    # Interrupted again (a shutdown): given back; its next attempt concludes.
+                    await self._release(sub, graceful=self._stopping)
             elif claim.reason == "shutdown":
                 await self._release(sub, graceful=True)
         except FencedOut:

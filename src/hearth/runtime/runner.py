@@ -66,10 +66,14 @@ class Attempt:
         policy: TurnPolicy | None = None,
         spending: Spending | None = None,
         lease: Lease | None = None,
+        past_deadline: bool = False,
     ) -> None:
         self.env = env
         self.sub = sub  # the claim: fence, attempt number, budget and deadline
         self.lease = lease  # None: not watched (the row is read before each step runs)
+        # The deadline's timer fired already: it has passed, whatever the store's clock says
+        # (a clock read a little behind would start a new turn that no timer watches).
+        self.past_deadline = past_deadline
         self.policy: TurnPolicy = policy if policy is not None else SubmissionPolicy(sub)
         self.store = env.store
         self.conversation_id = self.policy.conversation_id
@@ -264,7 +268,9 @@ class Attempt:
         whether the deadline has passed."""
         abort = row is not None and row.abort_requested_at is not None
         deadline = self.sub.deadline
-        return abort, deadline is not None and await self.store.now() >= deadline
+        if deadline is None:
+            return abort, False
+        return abort, self.past_deadline or await self.store.now() >= deadline
 
     async def _retry_too_late(self, d: Decision) -> bool:
         """Fail the submission now, naming the provider's error, when the retry's delay (a

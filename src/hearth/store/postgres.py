@@ -167,6 +167,7 @@ class PostgresStore(Store):
         # (database clock - local monotonic clock, measured at): the database's clock between
         # two readings, advanced by the monotonic clock, so a local wall-clock jump moves nothing
         self._skew: tuple[float, float] | None = None
+        self._latest_now = float("-inf")  # the latest time ``now`` answered
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def open(self, *, create: bool = True) -> None:
@@ -260,7 +261,11 @@ class PostgresStore(Store):
             assert row is not None
             self._skew = (float(row["t"]) - (local + after) / 2, after)
             local = after
-        return local + self._skew[0]
+        # Never behind an answer given before: a new reading, taken from the middle of its
+        # round trip, can be a little behind the last one's (a deadline judged passed must
+        # stay passed).
+        self._latest_now = max(self._latest_now, local + self._skew[0])
+        return self._latest_now
 
     async def notified(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
         """Wait until the notifications of this store's commits so far are sent (for tests)."""
