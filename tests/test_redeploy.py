@@ -19,6 +19,7 @@ from hearth.records import (
     StateWrite,
     ToolStepSettled,
     UserMessage,
+    WaitStarted,
 )
 from hearth.redeploy import Report, check_store
 from hearth.runtime.outcomes import rerun_started
@@ -224,3 +225,34 @@ async def test_queued_work_of_a_removed_agent_is_reported(store: Store) -> None:
     report = await check_store(store, {})
     assert kinds(report) == ["agent_removed"]
     assert report.submissions[0].status == "queued"
+
+
+async def test_pending_waits_are_read_once_not_once_per_waiting_submission(store: Store) -> None:
+    """Every pending wait was read again for each waiting submission: 10,000 waits took longer
+    than any deploy waits."""
+    for n in range(150):
+        conversation = f"support/w-{n}"
+        await store.admit(NewSubmission(conversation, "support", "message", {"text": "hi"}))
+        (sub,) = await store.claim("owner-1", 30.0, 1)
+        wait = WaitStarted(
+            id=f"m{n}:wait",
+            submission_id=sub.id,
+            attempt=sub.attempt,
+            wait_id=f"w_{n}",
+            tool_call_id="call-1",
+            name="approval",
+            prompt="ok?",
+        )
+        await store.begin_wait(sub.fence, [(conversation, wait)])
+    reads = 0
+    list_waits = store.list_waits
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal reads
+        reads += 1
+        return await list_waits(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.list_waits = counted  # type: ignore[method-assign]
+    report = await check_store(store, {})
+    assert len(report.submissions) == 150
+    assert reads <= 3  # pages of 100

@@ -167,9 +167,16 @@ async def check_store(store: Store, agents: Mapping[str, Agent]) -> Report:
     """What recovery would do, under ``agents``, to every unsettled submission in ``store``."""
     now = await store.now()
     checks = []
-    for sub in await all_submissions(store, statuses=OPEN):
+    submissions = await all_submissions(store, statuses=OPEN)
+    # Every pending wait read once (they were read again for each waiting submission: 10,000
+    # of them took longer than any deploy waits), then handed to its submission.
+    pending: dict[str, list[Wait]] = {}
+    if any(sub.status == WAITING for sub in submissions):
+        for wait in await _pending_waits(store):
+            pending.setdefault(wait.submission_id, []).append(wait)
+    for sub in submissions:
         check = SubmissionCheck(sub.id, sub.conversation_id, sub.status)
-        waits = [] if sub.status != WAITING else await _pending_waits(store, sub)
+        waits = pending.get(sub.id, []) if sub.status == WAITING else []
         reader = _Reader(store, sub, now, {w.tool_call_id: w for w in waits}, check.findings)
         await reader.conversation(
             sub.conversation_id, agents.get(sub.agent), f"{sub.id}:input", depth=0
@@ -178,13 +185,13 @@ async def check_store(store: Store, agents: Mapping[str, Agent]) -> Report:
     return Report(checks)
 
 
-async def _pending_waits(store: Store, sub: Submission) -> list[Wait]:
+async def _pending_waits(store: Store) -> list[Wait]:
     found: list[Wait] = []
     while True:
         page = await store.list_waits(after=found[-1].seq if found else 0)
         found += page
         if len(page) < LIST_LIMIT:
-            return [w for w in found if w.submission_id == sub.id]
+            return found
 
 
 class _Reader:
