@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from httpharness import ThreadServer, sse_records
+from httpharness import ThreadServer, sse_records, wait_until
 
 from hearth.server import tail
 
@@ -169,3 +169,27 @@ def test_sse_for_an_unknown_conversation_is_404_json(server: ThreadServer) -> No
         r = http.get("/agents/echo/nobody/stream", headers=SSE)
         assert r.status_code == 404
         assert r.json()["error"]["type"] == "conversation_not_found"
+
+
+def test_a_long_poll_whose_client_hung_up_ends_at_once(server: ThreadServer) -> None:
+    """It went on waiting (and, on a shared store, reading once a second) for the rest of its
+    ``wait``, up to 5 minutes, holding its tasks: a client retrying with a shorter timeout of
+    its own piled them up."""
+    import socket
+
+    with server.client() as http:
+        sid = settle(http, "echo", "c-1")
+        last = http.get("/agents/echo/c-1/stream").json()["next_offset"]
+        queued = http.post("/agents/staller/c-2", json={"message": "hang"}).json()
+    events = server.asgi._runtime.store.events
+    port = int(server.url.rsplit(":", 1)[1])
+    for path in (
+        f"/agents/echo/c-1/stream?offset={last}&wait=60",
+        f"/agents/staller/c-2/submissions/{queued['submission_id']}?wait=60",
+    ):
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            wait_until(lambda: bool(events._appended or events._settled), timeout=5)
+        # The client is gone: its poll stops waiting.
+        wait_until(lambda: not events._appended and not events._settled, timeout=5)
+    assert sid

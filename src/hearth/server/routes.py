@@ -232,7 +232,7 @@ async def stream(server: ServerContext, request: Request) -> Response:
         )
     limit = int_param(query(request, "limit"), "limit", default=PAGE_LIMIT, low=1, high=PAGE_LIMIT)
     wait = _wait_param(request, server.max_wait_s)
-    page = await json_page(rt, conversation_id, after, limit, wait, server.closing)
+    page = await json_page(rt, conversation_id, after, limit, wait, server.closing, request.receive)
     return JSONResponse(page)
 
 
@@ -243,7 +243,7 @@ async def get_submission(server: ServerContext, request: Request) -> Response:
     sub = await rt.conversation_submission(path["agent"], path["id"], path["sid"])
     wait = _wait_param(request, server.max_wait_s)
     if wait > 0 and sub.outcome is None:
-        sub = await wait_for_settlement(rt, sub, wait, server.closing)
+        sub = await wait_for_settlement(rt, sub, wait, server.closing, request.receive)
     return JSONResponse(submission_view(sub))
 
 

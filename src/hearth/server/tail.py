@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,15 @@ class _Pinger:
         self.handle.cancel()
 
 
+def client_gone(receive: Receive | None) -> asyncio.Future[None]:
+    """A future done once the client of a request has gone (a long-poll's client that hung up
+    must not hold the poll, and its reads, for the rest of its ``wait``); never done without
+    ``receive``. Cancel it when the request is answered."""
+    if receive is None:
+        return asyncio.get_running_loop().create_future()
+    return asyncio.ensure_future(_until_disconnect(receive))
+
+
 async def json_page(
     runtime: Runtime,
     conversation_id: str,
@@ -172,6 +182,7 @@ async def json_page(
     limit: int,
     wait: float,
     closing: Closing,
+    receive: Receive | None = None,
 ) -> dict[str, Any]:
     """Up to ``limit`` records after ``after``; with ``wait``, long-poll for the first one.
 
@@ -181,16 +192,19 @@ async def json_page(
     deadline = time.monotonic() + wait
     look = LOOK_EVERY_S if runtime.store.shared else None
     stop = closing.watch()
+    gone = client_gone(receive if wait > 0 else None)
+    either = asyncio.ensure_future(asyncio.wait({stop, gone}, return_when=FIRST_COMPLETED))
     try:
         while True:
             with runtime.next_append(conversation_id) as woken:
                 records, more = await runtime.read_stream(conversation_id, after, limit, PAGE_BYTES)
                 left = deadline - time.monotonic()
-                if records or left <= 0 or stop.done():
+                if records or left <= 0 or stop.done() or gone.done():
                     break
-                await _until_woken(woken, stop, left if look is None else min(left, look))
+                await _until_woken(woken, either, left if look is None else min(left, look))
     finally:
-        stop.cancel()
+        for pending in (stop, gone, either):
+            pending.cancel()
     return {
         "records": [r.to_json() for r in records],
         "next_offset": records[-1].offset if records else after,
@@ -199,7 +213,11 @@ async def json_page(
 
 
 async def wait_for_settlement(
-    runtime: Runtime, sub: Submission, wait: float, closing: Closing
+    runtime: Runtime,
+    sub: Submission,
+    wait: float,
+    closing: Closing,
+    receive: Receive | None = None,
 ) -> Submission:
     """The submission once settled, or as it stands after ``wait`` seconds (or once the server
     closes). It waits as ``Runtime.wait_settled`` does, so a settlement whose notice was lost
@@ -207,11 +225,14 @@ async def wait_for_settlement(
     if sub.outcome is not None:
         return sub
     stop = closing.watch()
+    gone = client_gone(receive)
     settled = asyncio.ensure_future(runtime.wait_settled(sub.id, wait))
     try:
-        await asyncio.wait({settled, stop}, return_when=asyncio.FIRST_COMPLETED)
+        waits: set[asyncio.Future[Any]] = {settled, stop, gone}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
+        gone.cancel()
         if not settled.done():
             settled.cancel()
     if settled.done() and not settled.cancelled() and settled.exception() is None:
