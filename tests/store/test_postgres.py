@@ -22,6 +22,7 @@ import hearth.store
 from hearth.errors import ConfigurationError, SchemaTooNew, StoreError, StoreUnavailable
 from hearth.records import ToolStepSettled, UserMessage
 from hearth.store import NewSubmission, open_store, rules
+from hearth.store import postgres_ops as ops
 from hearth.store.postgres import PostgresStore
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.rules import settlement
@@ -394,7 +395,7 @@ async def test_a_version_8_schema_counts_graceful_releases_after_its_migration(
         row = await store.get_submission(first.id)
         assert row is not None and (row.attempt, row.releases, row.interruptions) == (1, 1, 0)
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "9"
+    assert found == str(SCHEMA_VERSION) == "10"
 
 
 def _as_version_7(pg_cluster: Cluster, schema: str) -> None:
@@ -522,6 +523,42 @@ async def test_a_page_of_100000_conversations_is_read_through_an_index(
         assert [c.conversation_id for c in page] == ["b/c-59999", "b/c-59997", "b/c-59995"]
 
 
+async def test_a_claim_reads_only_heads_that_may_run_not_waiting_ones(pg_cluster: Cluster) -> None:
+    """Waiting heads (a person's answer may take days) stayed in the index a claim reads, and
+    each claim filtered all of them out: 10,000 waiting conversations made every claim, and
+    every write behind it, slower."""
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        for n in range(300):
+            await store.admit(NewSubmission(f"support/w-{n}", "support", "message", {"t": n}))
+        pg_cluster.sql(
+            f"UPDATE {schema}.submissions SET status = 'waiting'; ANALYZE {schema}.submissions"
+        )
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))
+        params = {
+            "owner": "o",
+            "lease_s": 30.0,
+            "limit": 10,
+            "excluded": [],
+            "agents": None,
+            "others_after": 0.0,
+            "token": "t",
+            "now": None,
+        }
+        plan = ""
+        async with store._tx().connection(5) as conn:
+            with contextlib.suppress(LookupError):
+                async with conn.transaction():  # rolled back: nothing claimed for good
+                    explain = "EXPLAIN (ANALYZE, COSTS OFF) " + ops.CLAIM
+                    cursor = await conn.execute(explain.encode(), params)
+                    plan = "\n".join(str(row["QUERY PLAN"]) for row in await cursor.fetchall())
+                    raise LookupError("roll back")
+        assert "submissions_claimable" in plan, plan
+        assert "Rows Removed by Filter: 300" not in plan, plan
+        (claimed,) = await store.claim("owner-1", 30.0, 10)
+        assert claimed.conversation_id == CONV
+
+
 async def test_a_version_1_schema_gains_sources_deliveries_and_schedules(
     pg_cluster: Cluster,
 ) -> None:
@@ -592,7 +629,7 @@ async def test_a_version_6_schema_gets_the_partial_type_indexes(pg_cluster: Clus
         assert found is not None and (found.id, found.offset) == ("m1", 1)
         assert await store.last_of_type(CONV, Compaction.type) is None
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == str(SCHEMA_VERSION) == "9"
+    assert version == str(SCHEMA_VERSION) == "10"
     names = pg_cluster.sql(
         f"SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
         f" WHERE schemaname = '{schema}' AND tablename = 'records'"
@@ -1129,7 +1166,7 @@ async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster
         got = await store.get_attachment(b.sha256)
         assert got is not None and got.data == data
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "9"
+    assert found == str(SCHEMA_VERSION) == "10"
 
 
 # --- over the server's limits ------------------------------------------------------------------

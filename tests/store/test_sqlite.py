@@ -169,6 +169,7 @@ async def test_a_schema_1_file_is_migrated_with_the_heads_of_its_conversations(
     with sqlite3.connect(path) as conn:  # as schema 1 left it: no heads
         _as_schema_2(conn)
         conn.execute("DROP INDEX submissions_heads")
+        conn.execute("DROP INDEX submissions_claimable")
         conn.execute("ALTER TABLE submissions DROP COLUMN is_head")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     conn.close()
@@ -229,6 +230,38 @@ async def test_a_schema_9_file_counts_graceful_releases_after_its_migration(
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
     assert version == (str(SCHEMA_VERSION),) == ("10",)
+
+
+async def test_a_claim_reads_only_heads_that_may_run_on_new_and_older_files(
+    tmp_path: Path,
+) -> None:
+    """Waiting heads stayed in the index a claim read: each claim stepped over all of them on
+    the writer thread, every other write waiting behind it."""
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        for n in range(50):
+            await store.admit(new(f"support/w-{n}"))
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE submissions SET status = 'waiting'")
+        conn.execute("DROP INDEX submissions_claimable")  # as a file of an earlier release
+    conn.close()
+    store = await opened(path)
+    try:
+        await store.admit(new("support/c-1"))
+        (claimed,) = await store.claim("owner-1", 30.0, 10)
+        assert claimed.conversation_id == "support/c-1"
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        waiting = conn.execute(
+            "SELECT count(*) FROM submissions INDEXED BY submissions_claimable"
+            " WHERE is_head = 1 AND status IN ('queued', 'running')"
+        ).fetchone()
+    conn.close()
+    assert waiting == (1,)  # the running one; none of the 50 waiting heads
 
 
 def _as_schema_8(conn: sqlite3.Connection) -> None:

@@ -69,7 +69,7 @@ NOW = "COALESCE(%(now)s::float8, extract(epoch FROM clock_timestamp()))"
 CLAIM = f"""
 WITH picked AS (
     SELECT seq FROM submissions
-    WHERE is_head
+    WHERE is_head AND status IN ('queued', 'running')
       AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= {NOW}))
       AND NOT (conversation_id = ANY(%(excluded)b::text[]))
       AND (%(agents)b::text[] IS NULL OR accepted_at <= {NOW} - %(others_after)s

@@ -13,13 +13,14 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 9  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+SCHEMA_VERSION = 10  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 # 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
 # 7: records_by_type (every record's type) gives way to partial indexes of compactions and of
 #    settlements, the only types looked up by type: a step's record writes one index fewer
 # 8: the conversation list's indexes hold activity_bucket (a column generated from last_activity,
 #    to the 10 seconds) in place of last_activity: an append's update of the row is heap-only
 # 9: submissions.releases counts the attempts a graceful shutdown gave back (not counted)
+# 10: submissions_claimable, the heads a claim reads (not those of waiting conversations)
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -92,6 +93,8 @@ CREATE TABLE IF NOT EXISTS submissions (
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
     ON submissions (conversation_id, status, seq);
 CREATE INDEX IF NOT EXISTS submissions_heads ON submissions (seq) WHERE is_head;
+CREATE INDEX IF NOT EXISTS submissions_claimable ON submissions (seq)
+    WHERE is_head AND status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS submissions_by_owner ON submissions (lease_owner)
     WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS submissions_by_claim ON submissions (claim_token)

@@ -40,6 +40,9 @@ READ_RETRY_S = 10.0
 POOL_BUSY_S = 30.0
 RECONNECT_S = 3.0
 MAX_CONFLICT_RETRIES = 5  # tries after a deadlock, past the budget, before giving up
+# How long a caller already queued for a busy pool gives the server to answer on a new
+# connection of its own before calling it unreachable (a loaded machine opens them slowly).
+PROBE_TIMEOUT_S = 5.0
 _STALE_PLAN = "cached plan must not change result type"
 
 
@@ -354,7 +357,7 @@ class Transactions:
                 done, _ = await asyncio.wait({getting}, timeout=ADMIT_WAIT_S / 3)
                 if done:
                     return getting.result()
-                if not (self._exhausted() and await self.answering()):
+                if not (self._exhausted() and await self.answering(PROBE_TIMEOUT_S)):
                     raise PoolTimeout(
                         "the server stopped answering while every connection was busy"
                     )

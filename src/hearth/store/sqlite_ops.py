@@ -54,7 +54,8 @@ from hearth.store.rows import SETTLED as SETTLED_STATUS
 from hearth.store.sqlite_writer import Outbox
 
 # Only heads are looked at (one per conversation: its oldest queued or running submission), so a
-# claim costs the same however many submissions wait behind them.
+# claim costs the same however many submissions wait behind them; and only heads that may run,
+# so waiting conversations (a person's answer may take days) cost it nothing either.
 CLAIM = """
 UPDATE submissions SET
     status = 'running',
@@ -64,8 +65,8 @@ UPDATE submissions SET
     started_at = COALESCE(started_at, :now),
     deadline = COALESCE(deadline, :now + timeout)
 WHERE seq IN (
-    SELECT seq FROM submissions INDEXED BY submissions_heads
-    WHERE is_head = 1
+    SELECT seq FROM submissions INDEXED BY submissions_claimable
+    WHERE is_head = 1 AND status IN ('queued', 'running')
       AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= :now))
       AND conversation_id NOT IN (SELECT value FROM json_each(:excluded))
       AND (:agents IS NULL OR accepted_at <= :others_before OR substr(conversation_id, 1,

@@ -106,6 +106,9 @@ CREATE INDEX IF NOT EXISTS submissions_by_conversation
     ON submissions (conversation_id, status, seq);
 CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions (status);
 CREATE INDEX IF NOT EXISTS submissions_heads ON submissions (seq) WHERE is_head = 1;
+-- What a claim reads: heads that may run (a waiting head, which holds no lease, is not one).
+CREATE INDEX IF NOT EXISTS submissions_claimable ON submissions (seq)
+    WHERE is_head = 1 AND status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS submissions_by_host ON submissions (joined_to)
     WHERE joined_to IS NOT NULL;
 CREATE TABLE IF NOT EXISTS deliveries (
