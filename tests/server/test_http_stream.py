@@ -48,7 +48,7 @@ def test_pages_and_sse_of_large_records_come_in_bounded_reads_and_miss_nothing(
     pages that follow carry on from it, and an SSE stream catching up from the start reads the
     store in bounded batches too, sending every record once, in order."""
     monkeypatch.setattr(tail, "PAGE_BYTES", 100_000)
-    monkeypatch.setattr(tail, "BATCH_BYTES", 100_000)
+    monkeypatch.setattr(tail, "CATCH_UP_BYTES", 100_000)
     with server.client() as http:
         for n in range(6):  # each: the message and its echo, ~60 kB
             settle(http, "echo", "c-big", f"{n}" + "x" * 30_000)
@@ -193,3 +193,18 @@ def test_a_long_poll_whose_client_hung_up_ends_at_once(server: ThreadServer) -> 
         # The client is gone: its poll stops waiting.
         wait_until(lambda: not events._appended and not events._settled, timeout=5)
     assert sid
+
+
+def test_a_stream_writes_in_pieces_a_slow_client_is_waited_for() -> None:
+    """4 MB in one write: the server buffered all of it for a client that had stopped reading
+    (5.6 MB held per stalled client, where 1 MiB was documented)."""
+    import asyncio
+
+    sizes: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sizes.append(len(message["body"]))
+
+    asyncio.run(tail._write(send, b"x" * (4 << 20)))
+    assert sum(sizes) == 4 << 20 and max(sizes) == tail.WRITE_PIECE == 64 << 10
+    assert tail.CATCH_UP_BYTES <= 1 << 20

@@ -8,8 +8,9 @@ an append costs one store read and one encoding whatever the number of followers
 follower only writes bytes to its socket.
 
 A stream whose client reads too slowly to keep up leaves the channel once its unsent bytes pass
-``MAX_PENDING`` and catches up by reading the store again, so a stalled client costs memory for
-at most that much.
+``MAX_PENDING`` and catches up by reading the store again, in reads of about that much, written
+in pieces the server waits for the client to take: a stalled client costs memory for about that
+much (the records of one read, and their encoding), not for what it has yet to read.
 """
 
 from __future__ import annotations

@@ -19,13 +19,17 @@ from starlette.responses import Response
 from hearth.errors import StoreError
 from hearth.runtime.runtime import Runtime
 from hearth.runtime.settled import LOOK_EVERY_S
-from hearth.server.broadcast import BATCH, BATCH_BYTES, ENCODED, Follower, broadcasts
+from hearth.server.broadcast import BATCH, ENCODED, MAX_PENDING, Follower, broadcasts
 from hearth.server.context import Closing
 from hearth.store.base import Submission
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
+# What one stream reads for itself while it catches up, and holds while its client is slow to
+# take it: as much as it may hold pending once it follows its conversation's channel.
+CATCH_UP_BYTES = MAX_PENDING
+WRITE_PIECE = 64 << 10  # the most bytes written to a stream at once
 PAGE_LIMIT = 1000  # records in one JSON page
 PAGE_BYTES = 4 << 20  # and their size: a page ends after the record that reaches it
 MAX_WAIT_S = 300.0  # the longest long-poll (?wait=); longer is refused (400)
@@ -115,7 +119,7 @@ class ConversationStream(Response):
                 # Catching up alone: read the store until this stream has what the channel has.
                 try:
                     batch, more = await runtime.read_stream(
-                        self.conversation_id, follower.last, BATCH, BATCH_BYTES
+                        self.conversation_id, follower.last, BATCH, CATCH_UP_BYTES
                     )
                     start = None
                     if not batch and self.conversation_id not in hub.channels:
@@ -136,7 +140,11 @@ class ConversationStream(Response):
 
 
 async def _write(send: Send, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": True})
+    # In pieces: the server waits for a slow client to take each one before it buffers the
+    # next, so a client that stops reading holds at most one piece more in its buffer.
+    for start in range(0, len(data), WRITE_PIECE):
+        piece = data[start : start + WRITE_PIECE]
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
 
 
 async def _until_disconnect(receive: Receive) -> None:
