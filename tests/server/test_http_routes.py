@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from httpharness import ThreadServer
@@ -243,6 +244,30 @@ def test_snapshot_shows_messages_and_submissions(server: ThreadServer) -> None:
         assert snap["submissions"][0]["outcome"] == "completed"
         last = http.get("/agents/echo/c-1/stream").json()["records"][-1]
         assert snap["offset"] == last["offset"]
+
+
+def test_a_snapshot_is_folded_and_encoded_off_the_event_loop(
+    server: ThreadServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long conversation's took over a second on the event loop: every other request of
+    the process waited for it."""
+    import threading
+
+    from hearth.server import routes
+
+    threads: list[str] = []
+    fold = routes.snapshot
+
+    def recorded(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return fold(*args)
+
+    monkeypatch.setattr(routes, "snapshot", recorded)
+    with server.client() as http:
+        sid = http.post("/agents/echo/c-1", json={"message": "hello"}).json()["submission_id"]
+        http.get(f"/agents/echo/c-1/submissions/{sid}", params={"wait": 5})
+        assert http.get("/agents/echo/c-1").json()["messages"][1]["text"] == "echo: hello"
+    assert threads and threads[0] != server.thread.name
 
 
 def test_submission_wait_answers_soon_after_settlement(server: ThreadServer) -> None:

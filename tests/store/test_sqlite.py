@@ -672,6 +672,29 @@ async def test_a_lone_operation_runs_on_the_event_loop_and_commits_before_it_ans
         await reopened.close()
 
 
+async def test_a_whole_stream_is_read_on_the_writer_thread_never_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot of a 100,000-record conversation was decoded on the event loop (run inline,
+    as small reads are): every other request of the process waited over a second."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        await store.admit(new("support/c-1"))
+        await store.append("support/c-1", [msg(n) for n in range(1, 50)])
+        inline = store._writer.inline
+        admitted = asyncio.ensure_future(store.admit(new("support/c-2")))  # asked for first
+        whole = await store.read("support/c-1")
+        assert [r.offset for r in whole] == list(range(50))
+        assert store._writer.inline == inline  # neither ran on the loop
+        await admitted
+        inline = store._writer.inline
+        assert len(await store.read("support/c-1", after=40)) == 9  # a tail: inline
+        assert store._writer.inline == inline + 1
+    finally:
+        await store.close()
+
+
 async def test_operations_asked_for_in_one_loop_iteration_share_one_commit_on_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,6 +5,7 @@ Each endpoint is ``async (server, request) -> Response``; errors are raised (``A
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -194,7 +195,9 @@ async def get_snapshot(server: ServerContext, request: Request) -> Response:
     records = await rt.history(agent, id)
     conversation_id = await rt.addressed(agent, id)
     subs = await rt.submissions(conversation_id)
-    return JSONResponse(snapshot(conversation_id, records, subs))
+    # Folded and encoded on a thread: a long conversation's took over a second, every other
+    # request of the process waiting.
+    return await asyncio.to_thread(lambda: JSONResponse(snapshot(conversation_id, records, subs)))
 
 
 # --- GET /agents/{agent}/{id}/stream ---------------------------------------------------------

@@ -221,7 +221,14 @@ class SQLiteStore(Store):
     async def read(
         self, conversation_id: str, after: int = -1, limit: int | None = None
     ) -> list[Record]:
-        return await self._read(lambda conn: _records(conn, conversation_id, after, limit))
+        def work(conn: sqlite3.Connection, _: Outbox | None = None) -> list[Record]:
+            return _records(conn, conversation_id, after, limit)
+
+        if after < 0 and limit is None:
+            # A whole stream (a snapshot, an export) may be long: decoded on the writer thread,
+            # never on the event loop, where every request would wait for it.
+            return await self._writer.call(work, write=False, inline=False)
+        return await self._read(work)
 
     async def read_page(
         self, conversation_id: str, after: int, limit: int, max_bytes: int

@@ -134,14 +134,20 @@ class GroupCommitWriter:
     def resume(self) -> None:
         self._gate.set()
 
-    async def call(self, work: Work[T], *, write: bool) -> T:
+    async def call(self, work: Work[T], *, write: bool, inline: bool = True) -> T:
+        """Run ``work`` on the connection. ``inline=False``: never on the event loop (a read
+        of a whole long stream would hold the loop, and every request, while it decodes)."""
         if self._thread is None or self._closing:
             raise StoreError("the SQLite store is not open")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self.submitted += 1
         op = _Op(work, write, loop, future)
-        if loop is self._home:
+        if loop is self._home and not inline:
+            self._hand_over()  # what this loop asked for before runs before it
+            self._handed += 1
+            self._queue.put(op)
+        elif loop is self._home:
             if not self._collected:
                 loop.call_soon(self._dispatch)
             self._collected.append(op)
