@@ -53,6 +53,7 @@ class Scheduler:
         self.cursors: dict[str, ScheduleCursor | None] = {}
         # Schedules whose cursor is ahead of the clock: the clock's time when that was noticed.
         self._ahead: dict[str, float] = {}
+        self._next: dict[str, tuple[float, float | None]] = {}  # name → (since, next after it)
         self._task: asyncio.Task[None] | None = None
 
     async def now(self) -> float:
@@ -87,8 +88,12 @@ class Scheduler:
         firing = []
         for s in self.schedules:
             cursor = self.cursors[s.name]
-            due = None if cursor is None else s.latest_due(self._since(s, cursor, now), now)
-            if cursor is not None and due is not None:
+            if cursor is None:
+                continue
+            since = self._since(s, cursor, now)
+            upcoming = self._upcoming(s, since)
+            due = None if upcoming is None or upcoming > now else s.latest_due(since, now)
+            if due is not None:
                 firing.append((s, cursor, due))
         # Schedules due at once are admitted at once: their commits share the store's fsyncs.
         fired = await asyncio.gather(*(self._fire(s, c, due) for s, c, due in firing))
@@ -97,11 +102,27 @@ class Scheduler:
         wake = now + self.tick_s
         for s in self.schedules:
             cursor = self.cursors[s.name]
-            since = None if cursor is None else self._since(s, cursor, now)
-            upcoming = None if since is None else s.next_after(max(since, now))
+            if cursor is None:
+                continue
+            since = self._since(s, cursor, now)
+            # Nothing is due in (since, now] once it fired: the next one after since is the
+            # next after now.
+            upcoming = self._upcoming(s, since)
+            if upcoming is not None and upcoming <= now:  # due, yet its cursor did not move
+                upcoming = s.next_after(now)
             if upcoming is not None:
                 wake = min(wake, upcoming)
         return max(0.0, wake - await self.now())
+
+    def _upcoming(self, s: Schedule, since: float) -> float | None:
+        """The schedule's first occurrence after ``since``, computed once per ``since``: a
+        tick that finds nothing due evaluates no cron expression (5,000 schedules took 0.4 s
+        of the event loop every second)."""
+        known = self._next.get(s.name)
+        if known is None or known[0] != since:
+            known = (since, s.next_after(since))
+            self._next[s.name] = known
+        return known[1]
 
     def _since(self, s: Schedule, cursor: ScheduleCursor, now: float) -> float:
         """Where the next occurrence is looked for from: the cursor, or the time this process
