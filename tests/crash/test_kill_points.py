@@ -48,6 +48,8 @@ STORE_READS = {
     "turn_view",
     "list_conversations",
     "list_submissions",
+    "count_submissions",
+    "latest_settled",
     "lease_owners",
     "get_delivery",
     "list_deliveries",

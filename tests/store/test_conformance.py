@@ -486,6 +486,34 @@ async def test_list_submissions_pages_with_a_cursor(store: Store) -> None:
     assert await store.list_submissions(limit=0) == []
 
 
+async def test_submissions_are_counted_and_the_latest_settled_read_from_the_newest(
+    store: Store,
+) -> None:
+    for n in range(3):  # settled, one after another, in CONV
+        sub = await running(store, CONV)
+        outcome = "failed" if n == 1 else "completed"
+        await store.settle(
+            sub.fence, settlement(sub, outcome), outcome=outcome, error=None, reply=""
+        )
+    other = await running(store, OTHER)
+    queued = await admitted(store, OTHER)
+    assert await store.count_submissions() == {
+        ("settled", "completed"): 2,
+        ("settled", "failed"): 1,
+        ("running", None): 1,
+        ("queued", None): 1,
+    }
+    assert await store.count_submissions(OTHER) == {("running", None): 1, ("queued", None): 1}
+    assert await store.count_submissions("support/nothing") == {}
+    latest = await store.latest_settled(2)
+    every = await store.list_submissions(CONV)
+    assert [s.id for s in latest] == [every[2].id, every[1].id]  # newest first
+    assert latest[0].outcome == "completed" and latest[1].outcome == "failed"
+    assert await store.latest_settled(10, OTHER) == []
+    assert [s.id for s in await store.latest_settled(10, CONV)] == [s.id for s in every[::-1]]
+    assert other.id != queued.id and await store.latest_settled(0) == []
+
+
 # --- the conversation list ------------------------------------------------------------------
 
 

@@ -447,10 +447,24 @@ class Runtime:
         finally:
             events.unsubscribe(conversation_id, woken)
 
-    async def submissions(self, conversation_id: str | None = None) -> list[Submission]:
-        """Submissions in admission order: every one, or one conversation's (read page by page:
-        an operator's view, not a hot path)."""
-        return await all_submissions(self.store, conversation_id)
+    async def submissions(
+        self, conversation_id: str | None = None, statuses: Sequence[str] | None = None
+    ) -> list[Submission]:
+        """Submissions in admission order: every one (of these ``statuses``), or one
+        conversation's (read page by page: an operator's view, not a hot path)."""
+        return await all_submissions(self.store, conversation_id, statuses)
+
+    async def submission_counts(
+        self, conversation_id: str | None = None
+    ) -> dict[tuple[str, str | None], int]:
+        """How many submissions there are by status and outcome (``Store.count_submissions``)."""
+        return await self.store.count_submissions(conversation_id)
+
+    async def latest_settled(
+        self, limit: int, conversation_id: str | None = None
+    ) -> list[Submission]:
+        """The last ``limit`` settled submissions, newest first (``Store.latest_settled``)."""
+        return await self.store.latest_settled(limit, conversation_id)
 
     async def conversation_info(self, conversation_id: str) -> ConversationInfo | None:
         """The conversation's agent, parent and last offset; None before its first admission."""

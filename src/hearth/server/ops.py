@@ -13,6 +13,7 @@ from hearth.server.errors import ApiError
 from hearth.server.openapi import openapi_document
 from hearth.server.params import query
 from hearth.store.base import Submission
+from hearth.store.rows import JOINED, OPEN
 
 RECENT = 20  # settled submissions listed by the admin view
 _QUEUED_TOO_LONG_S = 60.0
@@ -47,7 +48,9 @@ async def openapi(server: ServerContext, request: Request) -> Response:
 async def admin_submissions(server: ServerContext, request: Request) -> Response:
     """Submissions by status, the leases held, and work that looks stuck (for ``hearth inspect``).
 
-    Counting reads every submission row: an operator's tool, not a hot path.
+    What it reads grows with the unsettled work, not with the history: the database counts the
+    rows, and the latest settled ones are read from the newest back (it read every row, 1.6 s
+    and 80 MB for 100,000 settled submissions).
     """
     rt = await server.runtime()
     conversation = query(request, "conversation")
@@ -61,20 +64,33 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
                 f"conversation must be agent/id (as support/c-1), not {conversation!r}",
                 {"field": "conversation"},
             )
-    subs = await rt.submissions(conversation)
-    now = await rt.now()  # the clock the leases were stamped with
-    unsettled = [s for s in subs if s.outcome is None]
-    waiting = {s.conversation_id for s in unsettled if s.status == "waiting"}
-    settled = [s for s in subs if s.outcome is not None]
+    counted = await rt.submission_counts(conversation)
+    open_work = await rt.submissions(conversation, OPEN)
+    # Messages joined to a response that has not settled: in the conversations of open work.
+    joined: list[Submission] = []
+    for conversation_id in dict.fromkeys(s.conversation_id for s in open_work):
+        if conversation is None or conversation == conversation_id:
+            found = await rt.submissions(conversation_id, [JOINED])
+            joined += [s for s in found if s.outcome is None]
+    unsettled = sorted([*open_work, *joined], key=lambda s: s.seq)
+    settled = await rt.latest_settled(RECENT, conversation)
     settled.sort(key=lambda s: s.settled_at or 0.0, reverse=True)
+    now = await rt.now()  # the clock the leases were stamped with
+    waiting = {s.conversation_id for s in unsettled if s.status == "waiting"}
+    counts: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for (status, outcome), n in counted.items():
+        counts[status] += n
+        if outcome is not None:
+            outcomes[outcome] += n
     return JSONResponse(
         {
             "now": now,
             "owner": rt.owner,
-            "counts": dict(Counter(s.status for s in subs)),
-            "outcomes": dict(Counter(s.outcome for s in settled)),
+            "counts": dict(counts),
+            "outcomes": dict(outcomes),
             "unsettled": [s.to_json() for s in unsettled],
-            "recent": [s.to_json() for s in settled[:RECENT]],
+            "recent": [s.to_json() for s in settled],
             "leases": [
                 {
                     "submission_id": s.id,

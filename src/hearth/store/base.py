@@ -240,6 +240,22 @@ class Store(ABC):
         ...
 
     @abstractmethod
+    async def count_submissions(
+        self, conversation_id: str | None = None
+    ) -> dict[tuple[str, str | None], int]:
+        """How many submissions there are (of one conversation, or of all) by status and
+        outcome, counted by the database (an operator's view of a large store)."""
+        ...
+
+    @abstractmethod
+    async def latest_settled(
+        self, limit: int, conversation_id: str | None = None
+    ) -> list[Submission]:
+        """The last ``limit`` settled submissions in admission order (of one conversation, or
+        of all), newest first; read from the newest back, never every row."""
+        ...
+
+    @abstractmethod
     async def list_conversations(
         self,
         agent: str | None = None,

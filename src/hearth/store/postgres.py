@@ -644,6 +644,33 @@ class PostgresStore(Store):
         )
         return [submission_from_row(row) for row in rows]
 
+    async def count_submissions(
+        self, conversation_id: str | None = None
+    ) -> dict[tuple[str, str | None], int]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT status, outcome, count(*) AS n FROM submissions"
+                " WHERE %(c)s::text IS NULL OR conversation_id = %(c)s GROUP BY status, outcome",
+                {"c": conversation_id},
+            )
+        )
+        return {(row["status"], row["outcome"]): int(row["n"]) for row in rows}
+
+    async def latest_settled(
+        self, limit: int, conversation_id: str | None = None
+    ) -> list[Submission]:
+        rows = await self._read(
+            lambda conn: ops.fetchall(
+                conn,
+                "SELECT * FROM submissions WHERE outcome IS NOT NULL"
+                " AND (%(c)s::text IS NULL OR conversation_id = %(c)s)"
+                " ORDER BY seq DESC LIMIT %(limit)s",
+                {"c": conversation_id, "limit": max(limit, 0)},
+            )
+        )
+        return [submission_from_row(row) for row in rows]
+
     async def list_conversations(
         self,
         agent: str | None = None,

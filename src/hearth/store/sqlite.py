@@ -335,6 +335,32 @@ class SQLiteStore(Store):
 
         return await self._read(work)
 
+    async def count_submissions(
+        self, conversation_id: str | None = None
+    ) -> dict[tuple[str, str | None], int]:
+        where, args = (
+            ("WHERE conversation_id = ?", [conversation_id]) if conversation_id else ("", [])
+        )
+        sql = f"SELECT status, outcome, count(*) FROM submissions {where} GROUP BY status, outcome"
+
+        def work(conn: sqlite3.Connection) -> dict[tuple[str, str | None], int]:
+            return {(row[0], row[1]): int(row[2]) for row in conn.execute(sql, args)}
+
+        return await self._read(work)
+
+    async def latest_settled(
+        self, limit: int, conversation_id: str | None = None
+    ) -> list[Submission]:
+        where = "outcome IS NOT NULL" + (" AND conversation_id = ?" if conversation_id else "")
+        args: list[object] = [conversation_id] if conversation_id else []
+        sql = f"SELECT * FROM submissions WHERE {where} ORDER BY seq DESC LIMIT ?"
+
+        def work(conn: sqlite3.Connection) -> list[Submission]:
+            rows = conn.execute(sql, [*args, max(limit, 0)])
+            return [submission_from_row(row) for row in rows]
+
+        return await self._read(work)
+
     async def list_conversations(
         self,
         agent: str | None = None,
