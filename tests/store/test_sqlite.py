@@ -264,6 +264,31 @@ async def test_a_claim_reads_only_heads_that_may_run_on_new_and_older_files(
     assert waiting == (1,)  # the running one; none of the 50 waiting heads
 
 
+async def test_one_conversations_pending_waits_are_found_through_its_key(
+    tmp_path: Path,
+) -> None:
+    """With both forms in one statement, SQLite walked every pending wait of the database
+    for one conversation's (``GET /agents/{agent}/{id}/waits``)."""
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        conn = store._writer._conn
+        assert conn is not None
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        await store.list_waits("support/c-1")
+        await store.list_waits()
+        conn.set_trace_callback(None)
+        one, every = [q for q in statements if "FROM waits" in q]
+        plans = [
+            " | ".join(str(r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {q}"))
+            for q in (one, every)
+        ]
+    finally:
+        await store.close()
+    assert "(conversation_id=?)" in plans[0], plans[0]
+    assert "waits_pending" in plans[1], plans[1]
+
+
 def _as_schema_8(conn: sqlite3.Connection) -> None:
     """The conversations table as schema 8 left it: the list's indexes on last_activity."""
     _as_schema_9(conn)

@@ -554,12 +554,17 @@ class SQLiteStore(Store):
         self, conversation_id: str | None = None, *, after: int = 0, limit: int = LIST_LIMIT
     ) -> list[Wait]:
         def work(conn: sqlite3.Connection) -> list[Wait]:
-            # The state is written out, so the partial index of pending waits serves the query.
-            rows = conn.execute(
-                f"SELECT * FROM waits WHERE state = '{WAIT_PENDING}' AND seq > ?"
-                " AND (? IS NULL OR conversation_id = ?) ORDER BY seq LIMIT ?",
-                (after, conversation_id, conversation_id, max(limit, 0)),
-            )
+            # The state is written out, so the partial index of pending waits serves the query
+            # of all of them; one conversation's are found through its key (with the two in one
+            # statement, SQLite walked every pending wait for one conversation's).
+            pending = f"SELECT * FROM waits WHERE state = '{WAIT_PENDING}' AND seq > ?"
+            if conversation_id is None:
+                rows = conn.execute(f"{pending} ORDER BY seq LIMIT ?", (after, max(limit, 0)))
+            else:
+                rows = conn.execute(
+                    f"{pending} AND conversation_id = ? ORDER BY seq LIMIT ?",
+                    (after, conversation_id, max(limit, 0)),
+                )
             return [wait_from_row(row) for row in rows]
 
         return await self._read(work)
