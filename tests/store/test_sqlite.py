@@ -949,6 +949,31 @@ def test_the_sqlite_clock_does_not_follow_a_wall_clock_jump(
     assert 0 <= store.clock() - before < 1.0
 
 
+async def test_a_page_counts_the_open_work_of_its_own_rows_only(tmp_path: Path) -> None:
+    """The count of each row's open submissions ran for every row of the buckets the page
+    reached, before the sort: a first page among 100,000 conversations active within the same
+    ten seconds took 142 ms. It is counted for the page's rows, after its LIMIT."""
+    path = tmp_path / "hearth.db"
+    store = await opened(path)
+    try:
+        for n in range(5):
+            await store.admit(new(f"support/c-{n}"))
+        page = await store.list_conversations(limit=3)
+        assert [c.conversation_id for c in page] == [f"support/c-{n}" for n in (4, 3, 2)]
+        assert [c.unsettled for c in page] == [1, 1, 1]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        sql = rules.conversation_list_sql(False, None, False, lambda n: f":{n}")
+        plan = [(r[0], r[1], r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", {"limit": 3})]
+    conn.close()
+    scan_page = next(node for node, _, text in plan if text == "SCAN p")
+    counting = next(parent for _, parent, text in plan if "CORRELATED SCALAR SUBQUERY" in text)
+    assert counting == 0 and scan_page < next(
+        node for node, _, text in plan if "CORRELATED SCALAR SUBQUERY" in text
+    ), plan
+
+
 async def test_a_page_of_100000_conversations_is_read_through_an_index(tmp_path: Path) -> None:
     """Every form of the list query walks an index in its order: no sort of all rows."""
     path = tmp_path / "hearth.db"

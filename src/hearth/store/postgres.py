@@ -685,7 +685,7 @@ class PostgresStore(Store):
             args["t"], args["c"] = before
             args["b"] = rules.activity_bucket(before[0])
         rows = await self._read(lambda conn: ops.fetchall(conn, sql, args))
-        return [summary_from_row(row) for row in rows]
+        return rules.newest_first([summary_from_row(row) for row in rows])
 
     async def claim(
         self,

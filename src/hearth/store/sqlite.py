@@ -376,7 +376,7 @@ class SQLiteStore(Store):
             args["b"] = rules.activity_bucket(before[0])
 
         def work(conn: sqlite3.Connection) -> list[ConversationSummary]:
-            return [summary_from_row(row) for row in conn.execute(sql, args)]
+            return rules.newest_first([summary_from_row(row) for row in conn.execute(sql, args)])
 
         return await self._read(work)
 
