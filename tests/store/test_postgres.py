@@ -238,13 +238,11 @@ async def test_connections_held_by_long_transactions_are_a_busy_pool_not_an_outa
             await asyncio.gather(*holders)
 
 
-class Freezer:
-    """A loopback TCP proxy to PostgreSQL that, once frozen, forwards nothing more in either
-    direction and leaves new connections unanswered: a server that stopped answering."""
+class Proxy:
+    """A loopback TCP proxy to PostgreSQL; ``_serve`` says what it does with a connection."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
-        self.frozen = asyncio.Event()
         self.server: asyncio.Server | None = None
         self.port = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -258,6 +256,18 @@ class Freezer:
             self.server.close()
         for task in self._tasks:
             task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class Freezer(Proxy):
+    """A proxy that, once frozen, forwards nothing more in either direction and leaves new
+    connections unanswered: a server that stopped answering."""
+
+    def __init__(self, upstream_port: int) -> None:
+        super().__init__(upstream_port)
+        self.frozen = asyncio.Event()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.frozen.is_set():
@@ -773,25 +783,15 @@ async def test_what_was_appended_while_the_listener_was_away_wakes_its_waiters_a
 # --- a lost COMMIT reply ---------------------------------------------------------------------
 
 
-class CommitCutter:
-    """A loopback TCP proxy to PostgreSQL that, once armed, forwards the next ``COMMIT`` and
-    then cuts that connection before the server's reply can return."""
+class CommitCutter(Proxy):
+    """A proxy that, once armed, forwards the next ``COMMIT`` and then cuts that connection
+    before the server's reply can return."""
 
     def __init__(self, upstream_port: int, marker: bytes = b"COMMIT") -> None:
-        self.upstream_port = upstream_port
+        super().__init__(upstream_port)
         self.marker = marker
         self.armed = False
         self.cuts = 0
-        self.server: asyncio.Server | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)

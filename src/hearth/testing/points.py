@@ -106,16 +106,21 @@ INPUT_WRITES: tuple[str, ...] = (
     "admit_occurrence",
 )
 
-INPUT_POINTS: Mapping[str, str] = MappingProxyType(
-    {
-        f"{when}:store.{method}": f"Store.{method} {what}"
-        for method in INPUT_WRITES
-        for when, what in (
-            ("before", "is about to be called"),
-            ("after", "committed and returned"),
-        )
-    }
-)
+def _bracketed(methods: tuple[str, ...]) -> Mapping[str, str]:
+    """The ``before:`` and ``after:`` points of each of these store writes."""
+    return MappingProxyType(
+        {
+            f"{when}:store.{method}": f"Store.{method} {what}"
+            for method in methods
+            for when, what in (
+                ("before", "is about to be called"),
+                ("after", "committed and returned"),
+            )
+        }
+    )
+
+
+INPUT_POINTS: Mapping[str, str] = _bracketed(INPUT_WRITES)
 
 
 # The store write of ``step.transaction`` (PostgreSQL only), bracketed the same way; kept apart
@@ -136,16 +141,7 @@ EFFECT_POINTS: Mapping[str, str] = MappingProxyType(
 # bracketed the same way.
 OPERATOR_WRITES: tuple[str, ...] = ("resolve_wait", "fork", "collect_attachments")
 
-OPERATOR_POINTS: Mapping[str, str] = MappingProxyType(
-    {
-        f"{when}:store.{method}": f"Store.{method} {what}"
-        for method in OPERATOR_WRITES
-        for when, what in (
-            ("before", "is about to be called"),
-            ("after", "committed and returned"),
-        )
-    }
-)
+OPERATOR_POINTS: Mapping[str, str] = _bracketed(OPERATOR_WRITES)
 
 
 def _concrete() -> dict[str, str]:
