@@ -256,3 +256,32 @@ async def test_pending_waits_are_read_once_not_once_per_waiting_submission(store
     report = await check_store(store, {})
     assert len(report.submissions) == 150
     assert reads <= 3  # pages of 100
+
+
+def test_a_wait_is_matched_to_its_call_in_its_own_conversation() -> None:
+    """Waits were keyed by tool call id alone: a provider numbering its calls from 0 in each
+    conversation gives a parent's call and its child's the same id, and the parent's removed
+    tool was reported as orphaning the child's wait."""
+    from hearth.redeploy import TOOL_REMOVED, WAIT_ORPHANED, _Reader
+    from hearth.store.rows import Wait
+
+    child = "clerk/p.task-0123456789abcdef"
+    wait = Wait(
+        conversation_id=child,
+        wait_id="w_1",
+        submission_id="s_1",
+        tool_call_id="call_0_0",
+        name="approval",
+        prompt=None,
+        expires_at=None,
+        created_at=0.0,
+        state="pending",
+    )
+    reader = _Reader(None, None, 0.0, {(child, "call_0_0"): wait}, [])  # type: ignore[arg-type]
+    call = AssistantToolCall(
+        id="m1:call", message_id="m1", tool_call_id="call_0_0", name="gone", arguments={}
+    )
+    in_parent = reader._marked("manager/p", call, {}, False)
+    in_child = reader._marked(child, call, {}, False)
+    assert in_parent is not None and in_parent.kind == TOOL_REMOVED
+    assert in_child is not None and in_child.kind == WAIT_ORPHANED

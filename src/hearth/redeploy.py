@@ -177,7 +177,8 @@ async def check_store(store: Store, agents: Mapping[str, Agent]) -> Report:
     for sub in submissions:
         check = SubmissionCheck(sub.id, sub.conversation_id, sub.status)
         waits = pending.get(sub.id, []) if sub.status == WAITING else []
-        reader = _Reader(store, sub, now, {w.tool_call_id: w for w in waits}, check.findings)
+        by_call = {(w.conversation_id, w.tool_call_id): w for w in waits}
+        reader = _Reader(store, sub, now, by_call, check.findings)
         await reader.conversation(
             sub.conversation_id, agents.get(sub.agent), f"{sub.id}:input", depth=0
         )
@@ -202,13 +203,15 @@ class _Reader:
         store: Store,
         sub: Submission,
         now: float,
-        waits: dict[str, Wait],
+        waits: dict[tuple[str, str], Wait],
         findings: list[Finding],
     ) -> None:
         self.store = store
         self.sub = sub
         self.now = now
-        self.waits = waits  # tool_call_id → its pending wait
+        # (conversation, tool_call_id) → its pending wait: a provider may number its calls in
+        # each conversation from 0, so a parent's call and a child's can share an id
+        self.waits = waits
         self.findings = findings
 
     async def conversation(
@@ -347,7 +350,7 @@ class _Reader:
         why (an ordinary tool still declared gets its marker under any code)."""
         name, where = call.name, call.tool_call_id
         now = "no longer declared" if name not in declared else "no longer durable"
-        wait = self.waits.get(where)
+        wait = self.waits.get((conversation_id, where))
         if wait is not None:
             return Finding(
                 WAIT_ORPHANED,

@@ -106,6 +106,7 @@ INPUT_WRITES: tuple[str, ...] = (
     "admit_occurrence",
 )
 
+
 def _bracketed(methods: tuple[str, ...]) -> Mapping[str, str]:
     """The ``before:`` and ``after:`` points of each of these store writes."""
     return MappingProxyType(
