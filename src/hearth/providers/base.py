@@ -141,7 +141,7 @@ def estimate_tokens(request: ModelRequest) -> int:
 
 def _chars(value: Any) -> int:
     """The characters ``value`` takes in a request: a string as it is sent, anything else as
-    its JSON with every character as itself (``\\uXXXX`` escapes would count six for one)."""
+    its JSON with every character as itself (a ``\\u`` escape would count six for one)."""
     import json
 
     if isinstance(value, str):

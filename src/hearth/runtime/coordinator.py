@@ -369,8 +369,9 @@ class Coordinator:
             if claim.work is not None:
                 claim.work.cancel()
             with contextlib.suppress(Exception):
-                # A shutdown that stopped waiting for the work to wind down: still graceful.
-                await self._release(sub, graceful=claim.reason == "shutdown")
+                # A shutdown that stopped waiting for the work to wind down: still graceful,
+                # as every release while this process stops (only its stop cancels this task).
+                await self._release(sub, graceful=self._stopping)
             raise
         except StoreUnavailable as exc:  # expected while the database is away: one line
             log.warning("attempt %d of %s stopped: %s; releasing it", sub.attempt, sub.id, exc)

@@ -69,9 +69,8 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     # Messages joined to a response that has not settled: in the conversations of open work.
     joined: list[Submission] = []
     for conversation_id in dict.fromkeys(s.conversation_id for s in open_work):
-        if conversation is None or conversation == conversation_id:
-            found = await rt.submissions(conversation_id, [JOINED])
-            joined += [s for s in found if s.outcome is None]
+        found = await rt.submissions(conversation_id, [JOINED])
+        joined += [s for s in found if s.outcome is None]
     unsettled = sorted([*open_work, *joined], key=lambda s: s.seq)
     settled = await rt.latest_settled(RECENT, conversation)
     settled.sort(key=lambda s: s.settled_at or 0.0, reverse=True)

@@ -93,7 +93,7 @@ class ConversationStream(Response):
     async def _stream(self, receive: Receive, send: Send) -> None:
         follower = Follower(self.after)
         loop = asyncio.get_running_loop()
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher = client_gone(receive)
         watcher.add_done_callback(lambda done: _closed_by(done, follower))
         stop_closing = self.closing.on_set(follower.close)
         pinger = _Pinger(loop, follower, self.heartbeat_s) if self.heartbeat_s > 0 else None
