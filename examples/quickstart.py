@@ -10,13 +10,13 @@ sent: list[str] = []
 
 
 @hearth.tool
-async def lookup_order(order_id: str) -> dict:
+async def lookup_order(order_id: str) -> dict[str, str]:
     """Look an order up."""  # the docstring is what the model reads
     return {"id": order_id, "status": "shipped", "email": "ada@example.com"}
 
 
 @hearth.tool(durable=True)
-async def send_receipt(order_id: str, ctx: hearth.ToolContext) -> dict:
+async def send_receipt(order_id: str, ctx: hearth.ToolContext) -> dict[str, bool]:
     """Email the receipt of an order."""
     email = await ctx.step.do("load", lambda: f"customer-{order_id}@example.com")
     await ctx.step.do("send", lambda: sent.append(f"receipt:{order_id}:{email}"))

@@ -29,7 +29,6 @@ loads: Counter[str] = Counter()  # order loads per conversation, to show a step 
 @hearth.tool(durable=True)
 async def refund(order_id: str, amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Refund part of an order. Refunds above 100 need a person's approval."""
-    assert ctx.step is not None
 
     def load_order() -> dict[str, Any]:
         loads[ctx.conversation_id] += 1
@@ -47,7 +46,7 @@ async def refund(order_id: str, amount: int, ctx: hearth.ToolContext) -> dict[st
             return {"refunded": 0, "reason": "nobody approved it within a day"}
         if not decision.get("approved"):
             return {"refunded": 0, "reason": f"refused by {decision.get('by')}"}
-    paid = await ctx.step.do("pay", lambda: {"refunded": amount, "order": order_id})
+    paid: dict[str, Any] = await ctx.step.do("pay", lambda: {"refunded": amount, "order": order_id})
     return paid
 
 

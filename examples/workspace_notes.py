@@ -6,6 +6,7 @@ import asyncio
 import shutil
 
 import hearth
+from hearth.records import ToolOutcome
 from hearth.testing import ScriptedModel, call, calls, reply
 
 NOTES = hearth.LocalWorkspace("notes-workspaces")  # ./notes-workspaces/{agent}/{id}
@@ -15,7 +16,6 @@ SANDBOX = shutil.which("bwrap") is not None
 @hearth.tool
 async def word_count(path: str, ctx: hearth.ToolContext) -> int:
     """Count the words of a file of the workspace."""
-    assert ctx.workspace is not None  # None only for an agent without a workspace
     text = await ctx.workspace.read_file(path)  # a path outside is an error the model reads
     return len(text.split())
 
@@ -47,7 +47,7 @@ async def main() -> None:
         for text in ("Remember: buy milk, call Ada.", "What do my notes say?"):
             print(await rt.read(await rt.dispatch("scribe", "me", text)))
         for record in await rt.history("scribe", "me"):
-            if record.type == "tool_outcome":
+            if isinstance(record, ToolOutcome):
                 print(f"  {record.name}: {record.content}")
 
 

@@ -56,7 +56,6 @@ def sync_exit(text: str) -> int:
 @hearth.tool(durable=True)
 async def step_exit(text: str, ctx: hearth.ToolContext) -> int:
     """Parse a count inside a step."""
-    assert ctx.step is not None
     return int(await ctx.step.do("parse", lambda: parse_count(text)))
 
 

@@ -45,7 +45,6 @@ def anyio_backend() -> str:
 @hearth.tool(durable=True)
 async def provision(ctx: hearth.ToolContext) -> int:
     """Two steps."""
-    assert ctx.step is not None
     return await ctx.step.do("one", lambda: 1) + await ctx.step.do("two", lambda: 2)
 
 

@@ -302,7 +302,6 @@ async def leaky() -> str:
 @hearth.tool(durable=True)
 async def leaky_durable(ctx: hearth.ToolContext) -> str:
     """The same, in a durable tool's step."""
-    assert ctx.step is not None
     await ctx.step.do("first", lambda: 1)
     await leak_a_cancellation()
     return "never"
@@ -391,7 +390,6 @@ async def test_step_names_must_be_unique_non_empty_and_values_json() -> None:
     @hearth.tool(durable=True)
     async def misuse(how: str, ctx: hearth.ToolContext) -> str:
         """Break step rules."""
-        assert ctx.step is not None
         if how == "reuse":
             await ctx.step.do("a", lambda: 1)
             await ctx.step.do("a", lambda: 2)
@@ -428,7 +426,6 @@ async def test_a_step_returns_the_json_form_of_its_value() -> None:
     @hearth.tool(durable=True)
     async def values(ctx: hearth.ToolContext) -> str:
         """Return values of several kinds from steps."""
-        assert ctx.step is not None
         got = [
             await ctx.step.do("int", lambda: 7),
             await ctx.step.do("text", lambda: "é"),
@@ -797,14 +794,12 @@ async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool(
     @hearth.tool(durable=True)
     async def stepper(ctx: hearth.ToolContext) -> str:
         """Take a step with a name no store can keep."""
-        assert ctx.step is not None
         await ctx.step.do(name, lambda: 1)
         return "stepped"
 
     @hearth.tool(durable=True)
     async def longest(ctx: hearth.ToolContext) -> str:
         """Take a step with the longest name there may be."""
-        assert ctx.step is not None
         return str(await ctx.step.do(LONG[:256], lambda: "kept"))
 
     model = ScriptedModel("a", [calls(call("stepper"), call("longest")), reply("ok")])
@@ -892,7 +887,6 @@ async def test_nan_from_a_step_a_tool_or_state_is_an_error_outcome_not_a_stored_
         @hearth.tool(durable=True)
         async def stepped(ctx: hearth.ToolContext) -> float:
             """A step that returns NaN."""
-            assert ctx.step is not None
             return float(await ctx.step.do("ratio", lambda: float("nan")))
 
         @hearth.tool

@@ -309,7 +309,9 @@ async def test_a_wait_outside_a_durable_tool_is_not_possible() -> None:
     @hearth.tool
     async def plain(ctx: hearth.ToolContext) -> str:
         """No steps here."""
-        assert ctx.step is None
+        assert not ctx.durable
+        with pytest.raises(hearth.ConfigurationError, match="durable=True"):
+            ctx.step  # noqa: B018 (reading it raises)
         return "plain"
 
     model = ScriptedModel("p", [calls(call("plain")), reply("ok")])

@@ -47,7 +47,6 @@ def runs(step: str) -> int:
 @hearth.tool(durable=True)
 async def place_order(item: str, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Price the item, then save the order."""
-    assert ctx.step is not None
 
     async def expensive_calculation() -> float:
         count_run("expensive_calculation")

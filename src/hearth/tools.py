@@ -20,7 +20,6 @@ import re
 import threading
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Annotated,
@@ -38,7 +37,7 @@ import pydantic_core
 from hearth._tasks import in_thread
 from hearth.attachments import ConversationAttachments
 from hearth.effects import RECONCILE_TIMEOUT_S
-from hearth.errors import ConfigurationError
+from hearth.errors import ConfigurationError, WorkspaceError
 from hearth.jsontext import json_round_trip
 from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
@@ -63,19 +62,69 @@ def thread_still_running(conversation_id: str, tool_call_id: str) -> threading.E
         return _THREADS.get((conversation_id, tool_call_id))
 
 
-@dataclass
 class ToolContext:
-    """What a running tool can know about its call. Add a parameter annotated with this type."""
+    """What a running tool can know about its call. Add a parameter annotated with this type.
 
-    tool_call_id: str
-    conversation_id: str
-    log: logging.LoggerAdapter[logging.Logger]
-    step: Steps | None = None  # durable tools only
-    workspace: OpenWorkspace | None = None  # when the agent declared ctx.use_workspace
-    # the conversation's files: ``await ctx.attachments.read(name_or_sha256)``
-    attachments: ConversationAttachments = field(
-        default_factory=lambda: ConversationAttachments([], _nothing)
-    )
+    ``step`` (a durable tool's checkpoints) and ``workspace`` (the agent's open workspace) are
+    typed as always there, so ``await ctx.step.do(...)`` type-checks as written; reading one a
+    call does not have raises an error that says what to declare.
+    """
+
+    def __init__(
+        self,
+        tool_call_id: str,
+        conversation_id: str,
+        log: logging.LoggerAdapter[logging.Logger],
+        step: Steps | None = None,
+        workspace: OpenWorkspace | None = None,
+        attachments: ConversationAttachments | None = None,
+    ) -> None:
+        self.tool_call_id = tool_call_id
+        self.conversation_id = conversation_id
+        self.log = log
+        self._step = step
+        self._workspace = workspace
+        # the conversation's files: ``await ctx.attachments.read(name_or_sha256)``
+        self.attachments = (
+            ConversationAttachments([], _nothing) if attachments is None else attachments
+        )
+
+    @property
+    def step(self) -> Steps:
+        """The call's ``step.do`` / ``step.wait`` / ``step.transaction`` (durable tools only)."""
+        if self._step is None:
+            raise ConfigurationError(
+                "ctx.step is for durable tools only: declare this tool with"
+                " @hearth.tool(durable=True) to record steps"
+            )
+        return self._step
+
+    @property
+    def durable(self) -> bool:
+        """Whether this call has ``ctx.step`` (its tool was declared ``durable=True``)."""
+        return self._step is not None
+
+    @property
+    def workspace(self) -> OpenWorkspace:
+        """The attempt's open workspace (when the agent declared ``ctx.use_workspace``)."""
+        if self._workspace is None:
+            raise WorkspaceError(
+                "this agent has no workspace: declare one with ctx.use_workspace(...) in its"
+                " render function"
+            )
+        return self._workspace
+
+    @property
+    def has_workspace(self) -> bool:
+        """Whether the agent declared a workspace (``ctx.workspace`` can be read)."""
+        return self._workspace is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolContext(tool_call_id={self.tool_call_id!r},"
+            f" conversation_id={self.conversation_id!r}, durable={self.durable},"
+            f" has_workspace={self.has_workspace})"
+        )
 
 
 async def _nothing(sha256: str) -> bytes | None:

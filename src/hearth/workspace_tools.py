@@ -8,9 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from hearth.errors import WorkspaceError
 from hearth.tools import Tool, ToolContext, tool
-from hearth.workspaces.base import OpenWorkspace
 
 READ_LIMIT = 200_000  # characters of a file returned to the model
 LIST_LIMIT = 2_000  # entries of a listing returned to the model
@@ -18,18 +16,12 @@ LIST_LIMIT = 2_000  # entries of a listing returned to the model
 Relative = Annotated[str, Field(description="a path relative to the workspace")]
 
 
-def _workspace(ctx: ToolContext) -> OpenWorkspace:
-    if ctx.workspace is None:
-        raise WorkspaceError("this agent has no workspace")
-    return ctx.workspace
-
-
 @tool(name="read_file")
 async def read_file(path: Relative, ctx: ToolContext) -> str:
     """Read a text file of the workspace."""
     # Only the head is read: a file of a gigabyte cost two of memory, to keep 200,000
     # characters of it.
-    text, cut = await _workspace(ctx).read_file_head(path, READ_LIMIT)
+    text, cut = await ctx.workspace.read_file_head(path, READ_LIMIT)
     if cut:
         return text + f"\n[file truncated: {cut} more bytes were cut]"
     return text
@@ -39,7 +31,7 @@ async def read_file(path: Relative, ctx: ToolContext) -> str:
 async def write_file(path: Relative, content: str, ctx: ToolContext) -> dict[str, Any]:
     """Write a text file of the workspace, replacing it if it exists; missing directories are
     made."""
-    written = await _workspace(ctx).write_file(path, content)
+    written = await ctx.workspace.write_file(path, content)
     return {"path": path, "bytes": written}
 
 
@@ -47,7 +39,7 @@ async def write_file(path: Relative, content: str, ctx: ToolContext) -> dict[str
 async def list_files(ctx: ToolContext, path: Relative = ".") -> dict[str, Any]:
     """List the files under a directory of the workspace, recursively (directories end with
     /)."""
-    entries = await _workspace(ctx).list_files(path)
+    entries = await ctx.workspace.list_files(path)
     result: dict[str, Any] = {"files": entries[:LIST_LIMIT]}
     if len(entries) > LIST_LIMIT:
         result["truncated"] = f"{len(entries) - LIST_LIMIT} more entries were left out"
@@ -62,7 +54,7 @@ async def run(
 ) -> dict[str, object]:
     """Run a shell command in the workspace's top directory (usually in a sandbox: no network,
     only the workspace writable). Returns its exit code and its output (stdout and stderr)."""
-    result = await _workspace(ctx).run(command, timeout=timeout)
+    result = await ctx.workspace.run(command, timeout=timeout)
     return result.as_json()
 
 

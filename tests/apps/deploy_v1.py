@@ -42,7 +42,6 @@ MODELS = [
 
 
 async def _step_then_block(ctx: hearth.ToolContext, name: str) -> str:
-    assert ctx.step is not None
     await ctx.step.do(name, lambda: f"{name} started")
     await asyncio.sleep(FOREVER_S)
     return name
@@ -69,7 +68,6 @@ async def keep(ctx: hearth.ToolContext) -> str:
 @hearth.tool(durable=True)
 async def ask(ctx: hearth.ToolContext) -> str:
     """Ask a human for approval."""
-    assert ctx.step is not None
     approved = await ctx.step.wait("approval", prompt="ship it?")
     return f"approved: {approved}"
 

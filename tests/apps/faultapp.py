@@ -38,7 +38,6 @@ def acked(what: str, ctx: hearth.ToolContext, detail: str = "") -> None:
 @hearth.tool(durable=True)
 async def chores(ctx: hearth.ToolContext) -> str:
     """Several recorded steps, a moment apart."""
-    assert ctx.step is not None
     ran("chores-start", ctx)
     for n in range(STEPS):
         name = f"s{n}"

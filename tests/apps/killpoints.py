@@ -44,7 +44,6 @@ async def hang() -> str:
 @hearth.tool(durable=True)
 async def provision(ctx: hearth.ToolContext) -> str:
     """Two recorded steps."""
-    assert ctx.step is not None
     first = await ctx.step.do("reserve", lambda: 1)
     second = await ctx.step.do("confirm", lambda: 2)
     return f"provisioned {first + second}"
@@ -53,7 +52,6 @@ async def provision(ctx: hearth.ToolContext) -> str:
 @hearth.tool(durable=True)
 async def approve(ctx: hearth.ToolContext, timeout: float | None = None) -> str:
     """A durable wait: resolved from outside, or timed out."""
-    assert ctx.step is not None
     try:
         return str(await ctx.step.wait("approval", prompt="approve?", timeout=timeout))
     except hearth.WaitTimedOut:

@@ -32,7 +32,6 @@ async def insert(conn: Any, call_id: str, step: str, n: int) -> int:
 @hearth.tool(durable=True)
 async def book(n: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Book a seat, twice over."""
-    assert ctx.step is not None
     ran("book-start", ctx)
     call_id = f"{ctx.conversation_id}:{ctx.tool_call_id}"
     first = await ctx.step.transaction("first", lambda conn: insert(conn, call_id, "first", n))
@@ -44,7 +43,6 @@ async def book(n: int, ctx: hearth.ToolContext) -> dict[str, Any]:
 @hearth.tool(durable=True)
 async def slow_book(ctx: hearth.ToolContext) -> int:
     """Book a seat, lingering inside the transaction for ``$TX_SLEEP`` seconds."""
-    assert ctx.step is not None
     call_id = f"{ctx.conversation_id}:{ctx.tool_call_id}"
 
     async def linger(conn: Any) -> int:

@@ -31,7 +31,6 @@ def log(what: str, ctx: hearth.ToolContext) -> None:
 @hearth.tool(durable=True)
 async def refund(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
     """Refund an amount; above 100 a person approves it first."""
-    assert ctx.step is not None
 
     def load() -> str:
         log("step-load", ctx)
@@ -59,7 +58,6 @@ async def refund(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
 @hearth.tool(durable=True)
 async def approvals(ctx: hearth.ToolContext) -> list[Any]:
     """Ask two people, one after the other."""
-    assert ctx.step is not None
     first = await ctx.step.wait("first", prompt="first approval")
     second = await ctx.step.wait("second", prompt="second approval")
     return [first, second]

@@ -24,7 +24,6 @@ HOLD_S = float(os.environ.get("HEARTH_TEST_HOLD_S", "60"))
 @hearth.tool(durable=True)
 async def tidy(ctx: hearth.ToolContext, room: str) -> str:
     """Tidy a room in two durable steps."""
-    assert ctx.step is not None
     await ctx.step.do("sweep", lambda: f"swept the {room}")
     await asyncio.sleep(0.2)
     await ctx.step.do("dust", lambda: f"dusted the {room}")
@@ -66,7 +65,6 @@ def _holder(request: ModelRequest) -> Step:
 @hearth.tool(durable=True)
 async def refund(ctx: hearth.ToolContext, amount: int) -> str:
     """Refund an amount once a person approves it."""
-    assert ctx.step is not None
     approved = await ctx.step.wait("approval", prompt={"question": f"refund {amount}?"})
     return f"refunded {amount}" if approved is True else f"not refunded ({approved!r})"
 

@@ -27,7 +27,6 @@ async def take_seat(conn: Any) -> int:
 @hearth.tool(durable=True)
 async def seat(how: str, ctx: hearth.ToolContext) -> Any:
     """Take a seat in one of several ways."""
-    assert ctx.step is not None
     try:
         if how == "once":
             return await ctx.step.transaction("seat", take_seat)
@@ -156,7 +155,6 @@ def test_an_abort_stops_an_open_transaction_instead_of_waiting_for_it(
     @hearth.tool(durable=True)
     async def linger(ctx: hearth.ToolContext) -> Any:
         """Take a seat, slowly."""
-        assert ctx.step is not None
         return await ctx.step.transaction("seat", slow)
 
     @hearth.agent

@@ -35,7 +35,6 @@ def _echo(request: ModelRequest) -> Step:
 @hearth.tool(durable=True)
 async def slow_job(ctx: hearth.ToolContext) -> str:
     """Start, wait a while, finish."""
-    assert ctx.step is not None
     await ctx.step.do("start", lambda: "started")
     await asyncio.sleep(SLOW_S)
     await ctx.step.do("finish", lambda: "finished")

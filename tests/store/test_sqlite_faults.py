@@ -79,7 +79,6 @@ def disk() -> Iterator[Disk]:
 @hearth.tool(durable=True)
 async def job(ctx: hearth.ToolContext) -> str:
     """Three steps, a moment apart."""
-    assert ctx.step is not None
     for name in ("one", "two", "three"):
         await ctx.step.do(name, lambda step=name: step)
         await asyncio.sleep(0.4)

@@ -139,7 +139,6 @@ async def test_a_path_outside_is_an_error_outcome_the_model_sees(tmp_path: Path,
 @hearth.tool
 async def save_report(path: str, ctx: hearth.ToolContext) -> str:
     """Save a report where the model says."""
-    assert ctx.workspace is not None
     await ctx.workspace.write_file(path, "report")
     return path
 
@@ -230,7 +229,7 @@ async def test_run_is_offered_only_when_asked_for(tmp_path: Path) -> None:
 @hearth.tool
 async def has_workspace(ctx: hearth.ToolContext) -> bool:
     """Whether a workspace is there."""
-    return ctx.workspace is not None
+    return ctx.has_workspace
 
 
 async def test_an_agent_without_a_workspace_has_none_in_its_tools() -> None:
@@ -242,6 +241,24 @@ async def test_an_agent_without_a_workspace_has_none_in_its_tools() -> None:
     agent = hearth.Agent(render, name="coder")
     records = await play(agent, [calls(call("has_workspace", id="h")), reply("done")])
     assert outcomes(records)["h"].content is False
+
+
+@hearth.tool
+async def read_workspace(ctx: hearth.ToolContext) -> str:
+    """Read a file of the workspace the agent may not have."""
+    return await ctx.workspace.read_file("notes.txt")
+
+
+async def test_reading_the_workspace_an_agent_has_not_declared_says_what_to_declare() -> None:
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/coder")
+        ctx.use_tool(read_workspace)
+        return "plain"
+
+    agent = hearth.Agent(render, name="coder")
+    records = await play(agent, [calls(call("read_workspace", id="r")), reply("done")])
+    outcome = outcomes(records)["r"]
+    assert refused(outcome, "declare one with ctx.use_workspace")
 
 
 def test_a_root_that_is_not_writable_is_a_configuration_error(tmp_path: Path) -> None:
@@ -275,7 +292,6 @@ def test_run_limits_refuse_nonsense() -> None:
 @hearth.tool(durable=True)
 async def draft(ctx: hearth.ToolContext) -> dict[str, Any]:
     """Write a draft, wait for a go-ahead, then list the workspace."""
-    assert ctx.step is not None and ctx.workspace is not None
     workspace = ctx.workspace
 
     async def write() -> int:

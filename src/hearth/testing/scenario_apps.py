@@ -65,7 +65,6 @@ async def pause(ctx: hearth.ToolContext) -> str:
 @hearth.tool(durable=True)
 async def provision(customer: str, ctx: hearth.ToolContext) -> str:
     """Three recorded steps, with a wait between two of them (heartbeats renew meanwhile)."""
-    assert ctx.step is not None
     ran("provision-start", ctx)
 
     def step(name: str, value: int) -> int:
@@ -85,7 +84,6 @@ APPROVAL_S = 0.3  # how long ``approve`` waits for an approval nobody sends
 @hearth.tool(durable=True)
 async def approve(ctx: hearth.ToolContext) -> str:
     """A step, a durable wait that times out, another step."""
-    assert ctx.step is not None
     ran("approve-start", ctx)
 
     def step(name: str) -> str:

@@ -45,6 +45,7 @@ from hearth.providers.base import (
 __all__ = [
     "CallsStep",
     "ErrorStep",
+    "Response",
     "ScriptStep",
     "ScriptStepFunction",
     "ScriptedModel",
@@ -69,7 +70,13 @@ _ERROR_KINDS = ("transient", "overflow", "terminal")
 
 
 @dataclass(frozen=True)
-class TextStep:
+class Response:
+    """What ``reply``, ``stream``, ``calls``, ``error`` and ``stall`` make: one scripted response
+    (the common base lets a type checker take a list mixing them as a script)."""
+
+
+@dataclass(frozen=True)
+class TextStep(Response):
     """Stream ``chunks`` as text deltas, sleeping ``delays[i]`` before chunk ``i``; then stop."""
 
     chunks: tuple[str, ...]
@@ -86,7 +93,7 @@ class ToolCallSpec:
 
 
 @dataclass(frozen=True)
-class CallsStep:
+class CallsStep(Response):
     """One assistant message: optional ``text``, then the (parallel) tool ``calls``."""
 
     calls: tuple[ToolCallSpec, ...]
@@ -94,7 +101,7 @@ class CallsStep:
 
 
 @dataclass(frozen=True)
-class ErrorStep:
+class ErrorStep(Response):
     """Stream ``after_chunks``, then raise ``ProviderError`` with these fields."""
 
     kind: str
@@ -105,14 +112,14 @@ class ErrorStep:
 
 
 @dataclass(frozen=True)
-class StallStep:
+class StallStep(Response):
     """Stream ``after_chunks``, then hang: forever, or for ``seconds`` and then stop normally."""
 
     after_chunks: tuple[str, ...] = ()
     seconds: float | None = None
 
 
-ScriptStep: TypeAlias = TextStep | CallsStep | ErrorStep | StallStep | ToolCallSpec | str
+ScriptStep: TypeAlias = Response | ToolCallSpec | str
 """One scripted response. A bare ``str`` means ``reply(s)``; a ``ToolCallSpec``, ``calls(c)``."""
 
 _STEP_TYPES = (TextStep, CallsStep, ErrorStep, StallStep, ToolCallSpec, str)
@@ -342,7 +349,7 @@ class ScriptedModel:
             raise ProviderError(
                 step.message, kind=step.kind, status=step.status, retry_after=step.retry_after
             )
-        else:
+        elif isinstance(step, StallStep):
             for chunk in step.after_chunks:
                 await asyncio.sleep(0)
                 if chunk:
@@ -352,6 +359,8 @@ class ScriptedModel:
             else:
                 await asyncio.sleep(step.seconds)
             yield Finished("stop", _usage(request, "".join(step.after_chunks)))
+        else:  # the bare base class
+            raise TypeError(f"scripted model '{self.model_name}': {step!r} plays nothing")
 
     async def _step_for(self, position: int, request: ModelRequest) -> ScriptStep:
         chosen: ScriptStep | ScriptStepFunction
