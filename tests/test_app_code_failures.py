@@ -21,6 +21,7 @@ import pytest
 from leaky_library import leak_a_cancellation
 
 import hearth
+from hearth.errors import app_failure
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
 from hearth.records import ToolOutcome
 from hearth.runtime.hooks import AgentStart
@@ -138,13 +139,15 @@ class ForeignBase(BaseException):
     """What ``pytest.fail`` raises in a test double: a BaseException, not an Exception."""
 
 
-@pytest.mark.parametrize("raised", [Unprintable, ForeignBase])
+@pytest.mark.parametrize("raised", [Unprintable, ForeignBase, GeneratorExit])
 async def test_what_cannot_be_printed_or_is_a_foreign_base_exception_fails_its_work_once(
     raised: type[BaseException],
 ) -> None:
     """Rendering raised past every boundary (formatting the message raised again, or the class
     was no Exception): the submission was retried for ever, an abort included, never settled.
-    In a tool the call was marked interrupted; in a hook the submission ran out of attempts."""
+    In a tool the call was marked interrupted; in a hook the submission ran out of attempts.
+    A ``GeneratorExit`` the code raised itself (not a close of it) ended the attempt's
+    supervisor: the submission stayed running until its lease expired."""
 
     def fail() -> None:
         raise raised("a double")
@@ -162,6 +165,12 @@ async def test_what_cannot_be_printed_or_is_a_foreign_base_exception_fails_its_w
 
     @hearth.tool
     def failing() -> str:
+        """Fail (on a worker thread)."""
+        fail()
+        return ""
+
+    @hearth.tool
+    async def failing_async() -> str:
         """Fail."""
         fail()
         return ""
@@ -170,24 +179,55 @@ async def test_what_cannot_be_printed_or_is_a_foreign_base_exception_fails_its_w
     def tools(ctx: hearth.AgentContext) -> str:
         ctx.use_model("scripted/t")
         ctx.use_tool(failing)
+        ctx.use_tool(failing_async)
         return ""
 
     models = [
         ScriptedModel("m", [reply("fine")]),
-        ScriptedModel("t", [calls(call("failing")), reply("handled")]),
+        ScriptedModel("t", [calls(call("failing"), call("failing_async")), reply("handled")]),
     ]
-    said = f"{raised.__name__}: " + ("a double" if raised is ForeignBase else "<its message")
+    said = f"{raised.__name__}: " + ("<its message" if raised is Unprintable else "a double")
     async with hearth.App([renders, hooks, tools], db="memory", providers=models).run() as rt:
         with pytest.raises(hearth.SubmissionFailed) as rendered:
             await rt.read(await rt.dispatch("renders", "c", "go"), timeout=10)
         with pytest.raises(hearth.SubmissionFailed) as hooked:
             await rt.read(await rt.dispatch("hooks", "c", "go"), timeout=10)
         assert (await rt.read(await rt.dispatch("tools", "c", "go"), timeout=10)).text == "handled"
-        [outcome] = [r for r in await rt.history("tools", "c") if isinstance(r, ToolOutcome)]
+        told = {r.name: r for r in await rt.history("tools", "c") if isinstance(r, ToolOutcome)}
         assert [s.attempt for s in await rt.submissions()] == [1, 1, 1]
     assert rendered.value.type == "agent_error" and said in str(rendered.value)
     assert hooked.value.type == "hook_error" and said in str(hooked.value)
-    assert outcome.content["type"] == "exception" and outcome.content["message"].startswith(said)
+    threaded, direct = told["failing"], told["failing_async"]
+    assert direct.content["type"] == "exception" and direct.content["message"].startswith(said)
+    if raised is GeneratorExit:  # (out of a worker thread, a future would carry it as a close)
+        said = "RuntimeError: GeneratorExit raised: GeneratorExit('a double')"
+    assert threaded.content["type"] == "exception"
+    assert threaded.content["message"].startswith(said)
+
+
+async def test_a_close_of_suspended_code_is_not_taken_for_its_failure() -> None:
+    """A ``GeneratorExit`` thrown in by a close of the suspended coroutine goes on up (a
+    coroutine that swallows it is an error); one raised in the caller's own task is the code's."""
+    seen: list[bool] = []
+    parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def boundary() -> None:
+        caller = asyncio.current_task()
+        try:
+            await parked
+        except BaseException as exc:
+            seen.append(app_failure(exc, caller))
+            raise
+
+    task = asyncio.create_task(boundary())
+    await asyncio.sleep(0)  # parked on the future
+    task.get_coro().close()  # type: ignore[union-attr]  # (what the garbage collector does)
+    assert seen == [False]
+    parked.set_result(None)
+    with pytest.raises(RuntimeError):
+        await task  # (its coroutine was closed under it)
+    assert app_failure(GeneratorExit(), asyncio.current_task())
+    assert not app_failure(GeneratorExit())
 
 
 @hearth.agent

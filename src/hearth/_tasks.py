@@ -20,13 +20,14 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
 
 async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """``asyncio.to_thread`` for an application's sync code. A ``StopIteration`` it raises (a
-    ``next()`` that found nothing) cannot be carried by a future: the await would never end.
-    It arrives as a ``RuntimeError`` naming it."""
+    ``next()`` that found nothing) cannot be carried by a future: the await would never end. A
+    ``GeneratorExit`` can, but the task awaiting it takes it for a close of its coroutines,
+    which end without a word. Each arrives as a ``RuntimeError`` naming it."""
     return await asyncio.to_thread(_stop_iteration_raised, fn, *args, **kwargs)
 
 
 def _stop_iteration_raised(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     try:
         return fn(*args, **kwargs)
-    except StopIteration as exc:
-        raise RuntimeError(f"StopIteration raised: {exc!r}"[:500]) from exc
+    except (StopIteration, GeneratorExit) as exc:
+        raise RuntimeError(f"{type(exc).__name__} raised: {exc!r}"[:500]) from exc

@@ -13,18 +13,31 @@ class Interruption(BaseException):
     that code's failure."""
 
 
-def app_failure(exc: BaseException) -> bool:
+def app_failure(exc: BaseException, task: asyncio.Task[Any] | None = None) -> bool:
     """Whether ``exc``, out of the application's own code (a tool, a step's function, a render
     function, a hook, a channel's verify or receive, a reconcile, a model provider of its own),
     is that code's failure, which hearth reports and goes on: any exception; ``SystemExit`` (a
     tool that calls ``sys.exit``, as argparse does on arguments it cannot parse, fails its call
     and does not end the process); any other ``BaseException`` a library raises (pytest's
     ``Failed``, say); and a ``CancelledError`` nothing cancelled (a library's, leaked). Not:
-    hearth stopping the work (``stopping``), ``KeyboardInterrupt``, ``GeneratorExit``, or
-    hearth's own ``Interruption``, which go on up."""
-    if isinstance(exc, KeyboardInterrupt | GeneratorExit | Interruption):
+    hearth stopping the work (``stopping``), ``KeyboardInterrupt``, or hearth's own
+    ``Interruption``, which go on up.
+
+    A ``GeneratorExit`` goes on up too (a close of the suspended coroutine throws it in), unless
+    ``task`` — the task that called the code — is the one running now: a closing coroutine is
+    never its task's running step, so the code raised it itself (a library's, leaked)."""
+    if isinstance(exc, GeneratorExit):
+        return task is not None and _running_task() is task
+    if isinstance(exc, KeyboardInterrupt | Interruption):
         return False
     return not stopping(exc)
+
+
+def _running_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: a coroutine closed by the garbage collector
+        return None
 
 
 def message_of(exc: object) -> str:

@@ -208,6 +208,7 @@ class ToolBatch:
                 call, "unknown_tool", f"there is no tool named {call.name!r}", ms()
             )
         token = current_unit.set(buffer)
+        caller = asyncio.current_task()
         try:
             content = await self._invoke(tool, call)
         except asyncio.CancelledError as exc:
@@ -223,7 +224,7 @@ class ToolBatch:
         except pydantic.ValidationError as exc:
             return error_outcome(call, "validation", _validation_message(exc), ms())
         except BaseException as exc:
-            if not app_failure(exc):
+            if not app_failure(exc, caller):
                 raise  # hearth's own: a durable wait's pause, an interrupt
             return error_outcome(call, "exception", described(exc), ms())
         finally:

@@ -10,6 +10,7 @@ replay once the code is fixed.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
@@ -74,6 +75,7 @@ class Deliveries:
         """Verify one request to channel ``name`` and admit what it routes to, once."""
         channel = self.channel(name)
         lowered = {k.lower(): v for k, v in headers.items()}
+        caller = asyncio.current_task()
         try:
             delivery = await _called(channel.verify, lowered, body)
         except InvalidSignature as exc:
@@ -82,7 +84,7 @@ class Deliveries:
         except InvalidInput:
             raise
         except BaseException as exc:
-            if not app_failure(exc):
+            if not app_failure(exc, caller):
                 raise
             log.error("channel %s: verify raised", name, exc_info=exc)
             raise ChannelFailed(
@@ -133,6 +135,7 @@ class Deliveries:
         self, channel: Channel, delivery: Delivery, new: NewDelivery
     ) -> DeliveryReceipt:
         name = channel.name
+        caller = asyncio.current_task()
         try:
             routed = await _called(channel.receive, delivery)
             subs = [
@@ -141,7 +144,7 @@ class Deliveries:
             for sub in subs:  # a delegated task takes input only from its parent's attempt
                 await refuse_delegated(self.env.store, sub.conversation_id)
         except BaseException as exc:
-            if not app_failure(exc):
+            if not app_failure(exc, caller):
                 raise
             # A routing bug is fixed in code, then the delivery replayed: keep it meanwhile.
             ours = isinstance(exc, HearthError)

@@ -7,6 +7,7 @@ committed seam never runs again, an interrupted one runs again on recovery (at l
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ async def run_seam(
     """Run every callback of one seam, then commit its writes with its seam record."""
     buffer = StateBuffer(rendered.state)
     token = current_unit.set(buffer)
+    caller = asyncio.current_task()
     try:
         for fn in callbacks:
             _faults.reached(f"hook:{hook}")
@@ -91,7 +93,7 @@ async def run_seam(
                 if inspect.isawaitable(result):
                     await result
             except BaseException as exc:
-                if not app_failure(exc):
+                if not app_failure(exc, caller):
                     raise
                 name = getattr(fn, "__name__", "callback")
                 raise HookFailure(f"{hook} callback {name} raised {described(exc)}") from exc

@@ -51,6 +51,7 @@ async def ask(tool: Tool, call: ReconcileCall) -> Answer:
             call.name,
         )
         return None
+    caller = asyncio.current_task()
     try:
         async with asyncio.timeout(max(end - time.monotonic(), 0.001)):
             answer = await _call(fn, call)
@@ -63,7 +64,7 @@ async def ask(tool: Tool, call: ReconcileCall) -> Answer:
         )
         return None
     except BaseException as exc:
-        if not app_failure(exc):
+        if not app_failure(exc, caller):
             raise
         log.warning(
             "reconcile of %s (%s) raised; its outcome stays unknown",

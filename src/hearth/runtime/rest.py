@@ -146,7 +146,7 @@ async def settlement_at_rest(
         try:
             rendered = agent.render(id, await env.store.get_state(conversation_id))
         except BaseException as exc:
-            if not app_failure(exc):
+            if not app_failure(exc, asyncio.current_task()):  # (a sync call: none was closed)
                 raise
             return None  # its agent cannot render: the calls keep their markers
         for name, sub in rendered.subagents.items():  # its own children's agents

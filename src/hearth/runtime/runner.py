@@ -381,7 +381,7 @@ class Attempt:
         except ConfigurationError:
             raise
         except BaseException as exc:
-            if not app_failure(exc):
+            if not app_failure(exc, asyncio.current_task()):  # (a sync call: none was closed)
                 raise
             raise _AgentFailure(f"rendering {self.agent_name!r} raised {described(exc)}") from exc
 
