@@ -992,9 +992,21 @@ async def test_a_page_of_100000_conversations_is_read_through_an_index(tmp_path:
                     sql = rules.conversation_list_sql(agent, status, before, lambda n: f":{n}")
                     args = {"agent": "a", "b": 5000, "t": 5e4, "c": "a/c-50000", "limit": 51}
                     plan = " | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args))
-                    # Only the rows of the buckets a page reaches are sorted, never all rows.
-                    assert "TEMP B-TREE FOR ORDER BY" not in plan, plan
                     assert "USING INDEX conversations_recent" in plan, plan
+                    if status == "active":
+                        # A window of the newest, in index order; then (a page it did not
+                        # fill) the open submissions, each conversation found by its key.
+                        assert f"LIMIT {rules.ACTIVE_WINDOW})" in sql
+                        exact = rules.active_conversations_sql(agent, before, lambda n: f":{n}")
+                        plan = " | ".join(
+                            r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {exact}", args)
+                        )
+                        assert "SEARCH s USING INDEX submissions_by_status" in plan, plan
+                        assert "SEARCH c USING INDEX sqlite_autoindex_conversations_1" in plan
+                        assert "SCAN c" not in plan, plan
+                    else:
+                        # Only the rows of the buckets a page reaches are sorted, never all rows.
+                        assert "TEMP B-TREE FOR ORDER BY" not in plan, plan
     conn.close()
     store = await opened(path)
     try:

@@ -59,6 +59,7 @@ from hearth.store.postgres_tx import (
     stale_plan,
 )
 from hearth.store.rows import (
+    ACTIVE,
     RUNNING,
     WAIT_PENDING,
     Admission,
@@ -679,12 +680,22 @@ class PostgresStore(Store):
         before: tuple[float, str] | None = None,
         limit: int = LIST_LIMIT,
     ) -> list[ConversationSummary]:
-        sql = rules.conversation_list_sql(agent is not None, status, before is not None, _named)
+        shape = (agent is not None, before is not None)
+        sql = rules.conversation_list_sql(shape[0], status, shape[1], _named)
         args: dict[str, Any] = {"agent": agent, "limit": max(limit, 0)}
         if before is not None:
             args["t"], args["c"] = before
             args["b"] = rules.activity_bucket(before[0])
-        rows = await self._read(lambda conn: ops.fetchall(conn, sql, args))
+
+        async def work(conn: Any) -> list[Any]:
+            rows = await ops.fetchall(conn, sql, args)
+            if status == ACTIVE and len(rows) < max(limit, 0):
+                rows = await ops.fetchall(
+                    conn, rules.active_conversations_sql(*shape, _named), args
+                )
+            return rows
+
+        rows = await self._read(work)
         return rules.newest_first([summary_from_row(row) for row in rows])
 
     async def claim(

@@ -32,6 +32,7 @@ from hearth.store import sqlite_ops as ops
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import StoreEvents
 from hearth.store.rows import (
+    ACTIVE,
     RUNNING,
     WAIT_PENDING,
     Admission,
@@ -369,14 +370,18 @@ class SQLiteStore(Store):
         before: tuple[float, str] | None = None,
         limit: int = LIST_LIMIT,
     ) -> list[ConversationSummary]:
-        sql = rules.conversation_list_sql(agent is not None, status, before is not None, _named)
+        shape = (agent is not None, before is not None)
+        sql = rules.conversation_list_sql(shape[0], status, shape[1], _named)
         args: dict[str, object] = {"agent": agent, "limit": max(limit, 0)}
         if before is not None:
             args["t"], args["c"] = before
             args["b"] = rules.activity_bucket(before[0])
 
         def work(conn: sqlite3.Connection) -> list[ConversationSummary]:
-            return rules.newest_first([summary_from_row(row) for row in conn.execute(sql, args)])
+            rows = conn.execute(sql, args).fetchall()
+            if status == ACTIVE and len(rows) < max(limit, 0):
+                rows = conn.execute(rules.active_conversations_sql(*shape, _named), args).fetchall()
+            return rules.newest_first([summary_from_row(row) for row in rows])
 
         return await self._read(work)
 
