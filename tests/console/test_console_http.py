@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,6 +186,25 @@ def test_a_wrong_token_sets_no_cookie(guarded: ThreadServer) -> None:
         assert r.status_code == 401 and "set-cookie" not in r.headers
         assert 'id="sign-in-error"' in r.text
         assert sign_in(http, TOKEN, None).status_code == 403  # no Origin: refused
+
+
+def test_a_sign_in_declaring_a_body_over_its_limit_is_refused_before_it_is_sent(
+    guarded: ThreadServer,
+) -> None:
+    """Anyone may call the route: a body it would not take is not read (it was read whole
+    into memory, however large, before its size was checked)."""
+    host = guarded.url.removeprefix("http://")
+    address, port = host.rsplit(":", 1)
+    head = (
+        f"POST /console/session HTTP/1.1\r\nHost: {host}\r\nOrigin: {guarded.url}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {1 << 30}\r\n\r\n"
+    )
+    with socket.create_connection((address, int(port))) as conn:
+        conn.settimeout(20)  # the body is never sent: only an answer before it ends the wait
+        conn.sendall(head.encode() + b"token=")
+        status_line = conn.recv(200).split(b"\r\n", 1)[0]
+    assert status_line == b"HTTP/1.1 413 Request Entity Too Large"
 
 
 def test_a_state_change_with_the_cookie_must_come_from_the_same_origin(

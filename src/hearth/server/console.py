@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
+from hearth.server.body import read_body
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.session import SESSION_S, make_session, same_origin, set_cookie_header
@@ -124,9 +125,8 @@ async def sign_in(server: ServerContext, request: Request) -> Response:
         return RedirectResponse(f"{root}/", status_code=303)
     if not same_origin(request.scope):
         raise ApiError(403, "forbidden", "sign in from the console's own page")
-    body = await request.body()
-    if len(body) > _MAX_SIGN_IN_BODY:
-        raise ApiError(413, "too_large", "the sign-in form is too large")
+    # Anyone may call this route: its body is read as the API's are, bounded and timed.
+    body = await read_body(request, _MAX_SIGN_IN_BODY, "the sign-in form's limit")
     form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     given = (form.get("token") or [""])[0]
     target = _next_path((form.get("next") or [""])[0], root)

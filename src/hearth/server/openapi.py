@@ -777,7 +777,7 @@ def openapi_document(
                 "responses": {
                     "303": {"description": "signed in: Set-Cookie, then the page asked for"},
                     "401": _html("wrong token: the sign-in form again"),
-                    **_answers({}, 403, 413, token=False),
+                    **_answers({}, 400, 403, 408, 413, 415, token=False),
                 },
             }
         },
