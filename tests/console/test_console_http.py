@@ -247,6 +247,26 @@ def test_a_cookie_whose_expiry_is_not_ascii_digits_is_refused(guarded: ThreadSer
         assert http.get("/conversations", headers={b"cookie": cookie}).status_code == 401
 
 
+def test_a_cookie_whose_signature_is_not_ascii_is_refused(guarded: ThreadServer) -> None:
+    """hmac.compare_digest raises on a str with non-ASCII characters: it answered 500."""
+    with httpx2.Client(base_url=guarded.url) as http:
+        cookie = f"{COOKIE}=9999999999.\u00e9abc".encode("latin-1")
+        assert http.get("/conversations", headers={b"cookie": cookie}).status_code == 401
+    assert not session_valid(TOKEN, "9999999999.\u00e9abc")
+
+
+@pytest.mark.parametrize("origin", ["http://[", "http://[::1", "https://]x["])
+def test_a_malformed_origin_is_not_the_same_origin(guarded: ThreadServer, origin: str) -> None:
+    """urlsplit raises on these: the sign-in, the sign-out and a cookie-borne request answered
+    500 (the last outside any error handling, with a traceback in the log)."""
+    with guarded.client() as http:
+        assert sign_in(http, TOKEN, origin).status_code == 403
+        assert http.post("/console/logout", headers={"origin": origin}).status_code == 403
+        assert sign_in(http, TOKEN, guarded.url).status_code == 303
+        r = http.post("/agents/echo/c-1/abort", headers={"origin": origin})
+        assert r.status_code == 403 and r.json()["error"]["type"] == "forbidden"
+
+
 def test_a_session_is_valid_until_its_expiry_for_its_token_only() -> None:
     value = make_session(TOKEN, now=1000.0, lifetime_s=60.0)
     assert session_valid(TOKEN, value, now=1059.0)

@@ -45,6 +45,8 @@ def session_valid(token: str, value: str, *, now: float | None = None) -> bool:
     expires_text, _, signature = value.partition(".")
     if not (expires_text.isascii() and expires_text.isdigit()) or len(expires_text) > 12:
         return False
+    if not signature.isascii():
+        return False  # never one of ours (and compare_digest takes only ASCII str)
     expires = int(expires_text)
     if expires < (time.time() if now is None else now):
         return False
@@ -85,6 +87,9 @@ def same_origin(scope: Scope) -> bool:
             host = value.decode("latin-1")
     if origin is None or host is None:
         return False
-    parts = urlsplit(origin)
+    try:
+        parts = urlsplit(origin)
+    except ValueError:  # a malformed one (``http://[``) names no origin at all
+        return False
     # The host, not the scheme: behind a TLS proxy the server itself may see plain http.
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
