@@ -4,8 +4,10 @@ through ``Runtime.deliver`` with sync or async callbacks."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
+from collections.abc import Mapping
 from urllib.parse import urlencode
 
 import pytest
@@ -116,6 +118,33 @@ def test_hmac_timestamps_are_judged_both_ways_against_max_age() -> None:
     for stamp in (now - 61, now + 61):
         with pytest.raises(hearth.InvalidSignature, match="60 s"):
             verify(headers(stamp), body)
+
+
+async def test_a_replay_under_another_delivery_id_is_a_duplicate_when_the_id_is_signed() -> None:
+    """The hmac signature covers the body (and X-Timestamp), not X-Delivery-Id: a captured
+    request sent again under a new id is a new delivery. docs/channels.md's way out, the id
+    taken from the signed body, makes it a duplicate."""
+    signed = hearth.channels.hmac("k")
+
+    def verify(headers: Mapping[str, str], body: bytes) -> hearth.Delivery:
+        delivery = signed(headers, body)
+        return dataclasses.replace(delivery, id=str(delivery.data["event_id"]))
+
+    def receive(delivery: hearth.Delivery) -> hearth.Dispatch:
+        return hearth.Dispatch(inbox, "box", message=delivery.data["subject"])
+
+    body = json.dumps({"event_id": "ev-7", "subject": "hi"}).encode()
+    captured = {"x-signature": sign("k", body), "x-delivery-id": "d-1"}
+    replayed = {**captured, "x-delivery-id": "evil-2"}
+    assert signed(replayed, body).id == "evil-2"  # the header's id is not signed
+    channel = hearth.Channel("mail", verify=verify, receive=receive)
+    app = hearth.App([inbox], channels=[channel], db="memory", providers=MODELS)
+    async with app.run() as rt:
+        first = await rt.deliver("mail", captured, body)
+        again = await rt.deliver("mail", replayed, body)
+        assert not first.deduplicated and again.deduplicated
+        assert again.submission_ids == first.submission_ids
+        assert len(await rt.submissions()) == 1
 
 
 async def test_async_callbacks_and_concurrent_redeliveries_admit_once() -> None:
