@@ -417,18 +417,23 @@ def fork_records(
     """The stream of a fork of ``source`` at ``offset``: its own ``conversation_created`` with
     ``forked_from``, then copies of records 1..``offset`` with fresh ids, each at its original
     offset (so a compaction's ``first_kept_offset`` stays right)."""
-    created = ConversationCreated(
+    copies = [fork_copy(record, target) for record in records if 0 < record.offset <= offset]
+    return [fork_created(source, offset, target, agent), *copies]
+
+
+def fork_created(source: str, offset: int, target: str, agent: str) -> ConversationCreated:
+    """The ``conversation_created`` that opens a fork of ``source`` at ``offset``."""
+    return ConversationCreated(
         id=f"{target}:created",
         agent=agent,
         conversation_id=target,
         forked_from={"conversation_id": source, "offset": offset},
     )
-    copies = [
-        dataclasses.replace(record, id=f"{target}:copy:{record.offset}")
-        for record in records
-        if 0 < record.offset <= offset
-    ]
-    return [created, *copies]
+
+
+def fork_copy(record: Record, target: str) -> Record:
+    """A fork's copy of ``record``: a fresh id, the same offset."""
+    return dataclasses.replace(record, id=f"{target}:copy:{record.offset}")
 
 
 # The record types looked up by type (``last_of_type``, a fork's evidence), each with a partial

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sqlite3
@@ -25,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from hearth.errors import ConfigurationError, StoreError, StoreUnavailable
+from hearth.errors import ConfigurationError, ConversationExists, StoreError, StoreUnavailable
 from hearth.records import Record, WaitStarted, loads
 from hearth.store import rules
 from hearth.store import sqlite_ops as ops
@@ -65,25 +66,26 @@ _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # well under SQLite's limit of bound parameters
 
 
+# A stream's records, of a conversation that exists: a fork stopped half-way leaves copies under
+# an id with no conversation (``SQLiteStore.fork``), which no reader sees.
+_STREAM = (
+    'SELECT body FROM records WHERE conversation_id = ?1 AND "offset" > ?2'
+    " AND EXISTS (SELECT 1 FROM conversations WHERE conversation_id = ?1)"
+    ' ORDER BY "offset" LIMIT ?3'
+)
+
+
 def _records(
     conn: sqlite3.Connection, conversation_id: str, after: int, limit: int | None
 ) -> list[Record]:
-    rows = conn.execute(
-        'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
-        ' ORDER BY "offset" LIMIT ?',
-        (conversation_id, after, -1 if limit is None else limit),
-    )
+    rows = conn.execute(_STREAM, (conversation_id, after, -1 if limit is None else limit))
     return [loads(row[0]) for row in rows]
 
 
 def _page(
     conn: sqlite3.Connection, conversation_id: str, after: int, limit: int, max_bytes: int
 ) -> tuple[list[Record], bool]:
-    rows = conn.execute(
-        'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ?'
-        ' ORDER BY "offset" LIMIT ?',
-        (conversation_id, after, limit + 1),
-    )
+    rows = conn.execute(_STREAM, (conversation_id, after, limit + 1))
     try:
         found: list[Record] = []
         total = 0
@@ -133,6 +135,7 @@ class SQLiteStore(Store):
         self.clock = clock or steady_clock()
         self.events = StoreEvents()
         self._create = True
+        self._forking: set[str] = set()  # fork targets being copied (``fork``)
         self.schema_version = SCHEMA_VERSION
         self._writer = GroupCommitWriter(
             lambda: connect(path, mode, create=self._create, found=self._found), self.events
@@ -278,9 +281,30 @@ class SQLiteStore(Store):
         return await self._read(work)  # one hand-off to the store's thread for the three
 
     async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
-        return await self._write(
-            lambda conn, outbox: ops.fork(conn, source, offset, target, outbox, self.clock())
-        )
+        # In chunks (``ops.FORK_CHUNK`` records a job, on the writer thread): other writes run
+        # between them. ``target`` exists only once the last job commits; a crash before leaves
+        # copies under an id with no conversation, which the next creation of it clears.
+        if target in self._forking:
+            raise ConversationExists(f"conversation {target!r} is being forked; fork to a new id")
+        self._forking.add(target)
+        try:
+
+            async def job(work: Callable[[sqlite3.Connection, Outbox], T]) -> T:
+                return await self._writer.call(work, write=True, inline=False)
+
+            agent = await job(lambda conn, _: ops.fork_begin(conn, source, offset, target))
+            copy = ops.ForkCopy()
+            for after in range(0, offset, ops.FORK_CHUNK):
+                upto = min(after + ops.FORK_CHUNK, offset)
+                await job(functools.partial(ops.fork_copy, source=source, target=target,
+                                            after=after, upto=upto, copy=copy))  # fmt: skip
+            return await job(
+                lambda conn, outbox: ops.fork_finish(
+                    conn, source, offset, target, agent, copy, outbox, self.clock()
+                )
+            )
+        finally:
+            self._forking.discard(target)
 
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.errors import (
@@ -130,6 +131,9 @@ def append(
         and records[0].conversation_id == conversation_id
     ):
         created = records[0]
+        # Records under an id with no conversation are what a fork to it was copying: it stops
+        # at its next chunk (the conversation exists), and its copies go.
+        conn.execute("DELETE FROM records WHERE conversation_id = ?", (conversation_id,))
         conn.execute(
             "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
             " last_activity) VALUES (?, ?, ?, -1, ?, ?)",
@@ -179,27 +183,107 @@ def append(
 _SETTLEMENTS, _SUBMISSION_SPANS = rules.fork_evidence_sql(lambda name: f":{name}")
 
 
-def fork(
-    conn: sqlite3.Connection, source: str, offset: int, target: str, outbox: Outbox, now: float
-) -> ConversationInfo:
+# How many records one job of a fork copies: the writer runs other work between two of them (a
+# fork of 100,000 records in one job held every other write for 2.5 s).
+FORK_CHUNK = 1000
+
+
+@dataclass
+class ForkCopy:
+    """What a fork's chunks gathered for its last job: the state the copies write (later ones
+    winning) and the attachments they reference."""
+
+    state: dict[str, Any] = field(default_factory=dict)
+    refs: set[tuple[str, str]] = field(default_factory=set)
+
+
+def fork_begin(conn: sqlite3.Connection, source: str, offset: int, target: str) -> str:
+    """Check a fork of ``source`` at ``offset`` into ``target`` and clear what an unfinished fork
+    to ``target`` left; return the source's agent. The copy follows in chunks (``fork_copy``)
+    under ``target``, which has no ``conversations`` row (and so does not exist) until
+    ``fork_finish``."""
     row = conn.execute(
         "SELECT agent, last_offset FROM conversations WHERE conversation_id = ?", (source,)
     ).fetchone()
     if row is None:
         raise ConversationNotFound(f"no conversation {source!r}")
+    _check_absent(conn, target)
+    rules.check_fork(source, offset, int(row[1]), _rest_points(conn, source))
+    conn.execute("DELETE FROM records WHERE conversation_id = ?", (target,))
+    return str(row[0])
+
+
+def fork_copy(
+    conn: sqlite3.Connection,
+    _: Outbox,
+    *,
+    source: str,
+    target: str,
+    after: int,
+    upto: int,
+    copy: ForkCopy,
+) -> None:
+    """Copy the records of ``source`` at offsets ``after`` < o <= ``upto`` into ``target``."""
+    _check_absent(conn, target)  # (created meanwhile: the copy stops)
+    rows = conn.execute(
+        'SELECT body FROM records WHERE conversation_id = ? AND "offset" > ? AND "offset" <= ?'
+        ' ORDER BY "offset"',
+        (source, after, upto),
+    ).fetchall()
+    copies = [rules.fork_copy(loads(body), target) for (body,) in rows]
+    for record in copies:
+        body, digest = record.encode(record.offset)
+        conn.execute(
+            'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (target, record.offset, record.id, record.type, record.submission_id, body, digest),
+        )
+    copy.state.update(rules.state_changes(copies))
+    copy.refs.update(rules.record_refs(target, copies))
+
+
+def fork_finish(
+    conn: sqlite3.Connection,
+    source: str,
+    offset: int,
+    target: str,
+    agent: str,
+    copy: ForkCopy,
+    outbox: Outbox,
+    now: float,
+) -> ConversationInfo:
+    """Make the copied fork a conversation: its ``conversation_created``, its row, its state."""
+    _check_absent(conn, target)
+    (copied,) = conn.execute(
+        "SELECT COUNT(*) FROM records WHERE conversation_id = ?", (target,)
+    ).fetchone()
+    if copied != offset:  # (records 1..offset; what else would have changed them is a bug)
+        raise StoreError(f"the fork {target!r} has {copied} of its {offset} records; fork again")
+    created = rules.fork_created(source, offset, target, agent)
+    body, digest = created.encode(0)
+    conn.execute(
+        "INSERT INTO conversations (conversation_id, agent, parent, last_offset, created_at,"
+        " last_activity) VALUES (?, ?, NULL, ?, ?, ?)",
+        (target, agent, offset, now, now),
+    )
+    conn.execute(
+        'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body, digest)'
+        " VALUES (?, 0, ?, ?, NULL, ?, ?)",
+        (target, created.id, created.type, body, digest),
+    )
+    for name, value in copy.state.items():
+        conn.execute(
+            "INSERT INTO state (conversation_id, name, value) VALUES (?, ?, ?)",
+            (target, name, rules.to_json(value)),
+        )
+    add_refs(conn, sorted(copy.refs))
+    outbox.append(Event(APPENDED, target, offset))
+    return ConversationInfo(target, agent, offset)
+
+
+def _check_absent(conn: sqlite3.Connection, target: str) -> None:
     if last_offset(conn, target) >= 0:
         raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
-    rules.check_fork(source, offset, int(row[1]), _rest_points(conn, source))
-    copied = [
-        loads(body)
-        for (body,) in conn.execute(
-            'SELECT body FROM records WHERE conversation_id = ? AND "offset" <= ?'
-            ' ORDER BY "offset"',
-            (source, offset),
-        )
-    ]
-    append(conn, target, rules.fork_records(source, offset, target, row[0], copied), outbox, now)
-    return ConversationInfo(target, row[0], offset)
 
 
 def _rest_points(conn: sqlite3.Connection, conversation_id: str, depth: int = 0) -> list[int]:
