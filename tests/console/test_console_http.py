@@ -152,6 +152,46 @@ def test_the_console_pages_render(server: ThreadServer) -> None:
         assert http.get("/console/static/secrets.txt").status_code == 404
 
 
+# --- requests from web pages of other origins ------------------------------------------------
+
+
+def test_without_a_token_a_page_of_another_origin_cannot_admit_or_abort(
+    server: ThreadServer,
+) -> None:
+    """A form POST needs no CORS preflight: any page the operator opened made the browser
+    admit messages (multipart) and abort conversations on a server without a token."""
+    evil = {"origin": "http://localhost:1"}
+    with server.client() as http:
+        form = http.post("/agents/echo/c-1", files={"message": (None, "hi")}, headers=evil)
+        assert form.status_code == 403 and form.json()["error"]["type"] == "forbidden"
+        assert "Origin" in form.json()["error"]["message"]
+        plain = {**evil, "content-type": "text/plain"}
+        assert http.post("/agents/echo/c-1", content="x=y", headers=plain).status_code == 403
+        assert http.post("/agents/echo/c-1/abort", headers=evil).status_code == 403
+        assert http.post("/agents/echo/c-1/abort", headers={"origin": "null"}).status_code == 403
+        basic = {**evil, "authorization": "Basic YTpi"}  # a browser may send this by itself
+        assert http.post("/agents/echo/c-1/abort", headers=basic).status_code == 403
+        assert http.get("/agents/echo/c-1").status_code == 404  # nothing was admitted
+        assert http.get("/conversations", headers=evil).status_code == 200  # reads are not refused
+
+
+def test_without_a_token_the_console_and_clients_without_origin_still_change_things(
+    server: ThreadServer,
+) -> None:
+    with server.client() as http:
+        own = {"origin": server.url}
+        r = http.post("/agents/echo/c-1", files={"message": (None, "hi")}, headers=own)
+        assert r.status_code == 202
+        assert http.post("/agents/echo/c-2", json={"message": "hi"}).status_code == 202
+
+
+def test_a_bearer_token_is_not_refused_for_its_origin(guarded: ThreadServer) -> None:
+    headers = {"authorization": f"Bearer {TOKEN}", "origin": "http://elsewhere.test"}
+    with guarded.client() as http:
+        r = http.post("/agents/echo/c-1", json={"message": "hi"}, headers=headers)
+        assert r.status_code == 202
+
+
 # --- the session cookie ----------------------------------------------------------------------
 
 

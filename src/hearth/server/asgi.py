@@ -36,7 +36,7 @@ from hearth.server.context import CLOSING_KEY, Closing, Endpoint
 from hearth.server.errors import ApiError, api_error, error_response
 from hearth.server.host import RuntimeHost
 from hearth.server.routes import admit, routes
-from hearth.server.session import same_origin, session_cookie, session_valid
+from hearth.server.session import cross_origin, same_origin, session_cookie, session_valid
 from hearth.server.tail import MAX_WAIT_S
 
 log = logging.getLogger("hearth.server")
@@ -208,16 +208,27 @@ class HearthASGI:
 
     def _refusal(self, scope: Scope, receive: Receive) -> Response | None:
         """The answer to a request that may not proceed (401, the console's sign-in form, or
-        403 for a cookie-borne request from another origin); None to serve it."""
+        403 for a state-changing request from a web page of another origin); None to serve it."""
         token = self.settings.token
         path = route_path(scope)
+        channel = scope["method"] == "POST" and _CHANNEL_PATH.fullmatch(path) is not None
+        given = _bearer(scope)
+        # With or without a token, a page elsewhere must not make a browser change anything
+        # here (a form POST needs no CORS preflight); no browser sends a bearer token by itself
+        # (Basic credentials, which it may, are no exemption).
+        if not given and not channel and cross_origin(scope):
+            return error_response(
+                403,
+                "forbidden",
+                "a request that changes something may not come from a web page of another"
+                " origin (its Origin header did not name this server)",
+            )
         if not token or path == "/healthz" or path in console.PUBLIC_PATHS:
             return None
         if path.startswith(console.PUBLIC_PREFIX):
             return None
-        if scope["method"] == "POST" and _CHANNEL_PATH.fullmatch(path):
+        if channel:
             return None  # the channel's own verify authenticates it
-        given = _bearer(scope)
         if given is not None:
             return None if hmac.compare_digest(given, token.encode()) else _unauthorized()
         cookie = session_cookie(scope)

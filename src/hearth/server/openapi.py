@@ -36,7 +36,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 _ERROR_WORDS = {
     400: "bad JSON, wrong shape, bad id, a parameter out of range",
     401: "missing or wrong bearer token (WWW-Authenticate: Bearer)",
-    403: "a request made with the console's cookie from another origin",
+    403: "a request from a web page of another origin (its Origin header names another"
+    " server), or one made with the console's cookie and no Origin naming this server",
     404: "unknown agent, conversation or submission",
     408: "the body did not arrive in time",
     409: "idempotency key reused with another payload, or input sent to a delegated task's"
@@ -794,6 +795,11 @@ def openapi_document(
         },
     }
     paths.update(_input_paths(answers))
+    for path, item in paths.items():
+        for method in ("post", "put", "patch", "delete"):
+            if method in item and path != "/channels/{name}":  # (a channel's verify decides)
+                forbidden = _json(_ref("Error"), _ERROR_WORDS[403])
+                item[method]["responses"].setdefault("403", forbidden)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "hearth", "version": __version__},

@@ -79,13 +79,31 @@ def same_origin(scope: Scope) -> bool:
     (what every browser sends on a ``POST``); a request without ``Origin`` is refused."""
     if scope.get("method", "GET") in _SAFE_METHODS:
         return True
+    origin, host = _origin_and_host(scope)
+    return origin is not None and _names_host(origin, host)
+
+
+def cross_origin(scope: Scope) -> bool:
+    """True for a state-changing request that a web page of another origin made a browser
+    send: its ``Origin`` names another server. (No ``Origin``, as from the SDK or curl: False.)"""
+    if scope.get("method", "GET") in _SAFE_METHODS:
+        return False
+    origin, host = _origin_and_host(scope)
+    return origin is not None and not _names_host(origin, host)
+
+
+def _origin_and_host(scope: Scope) -> tuple[str | None, str | None]:
     origin = host = None
     for name, value in scope.get("headers", []):
         if name == b"origin":
             origin = value.decode("latin-1")
         elif name == b"host":
             host = value.decode("latin-1")
-    if origin is None or host is None:
+    return origin, host
+
+
+def _names_host(origin: str, host: str | None) -> bool:
+    if host is None:
         return False
     try:
         parts = urlsplit(origin)
