@@ -299,6 +299,21 @@ def test_a_request_over_the_upload_limit_is_a_413(
     assert beside.status_code == 202, beside.text
 
 
+def test_a_json_body_over_the_body_limit_without_attachments_is_a_413_unparsed(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    """Without "attachments" in it, a body over HEARTH_MAX_BODY is refused as it is read: it
+    was parsed first, up to HEARTH_MAX_UPLOAD (here unfinished JSON answered 400, not 413)."""
+    server = serve_app(max_upload=50_000, max_body=10_000)
+    unfinished = b'{"message": "hi", "pad": [' + b"{}," * 5_000
+    with server.client() as http:
+        headers = {"content-type": "application/json"}
+        r = http.post("/agents/echo/c-1", content=unfinished, headers=headers)
+        assert r.status_code == 413 and "HEARTH_MAX_BODY" in r.json()["error"]["message"]
+        small = {"message": "x", "attachments": [{"name": "a", "data": b64(b"y" * 20_000)}]}
+        assert http.post("/agents/echo/c-2", json=small).status_code == 202  # files still may
+
+
 def test_attachments_are_behind_the_token(serve_app: Callable[..., ThreadServer]) -> None:
     server = serve_app(token="s3cret")
     auth = {"Authorization": "Bearer s3cret"}

@@ -72,8 +72,16 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
             "send the body as JSON (Content-Type: application/json), or as multipart/form-data"
             " with a message field and file parts",
         )
+    too_big = ApiError(
+        413,
+        "payload_too_large",
+        f"the body is over the limit of {settings.max_body} bytes (HEARTH_MAX_BODY)",
+        {"max_body": settings.max_body},
+    )
     limit = max(settings.max_body, settings.max_upload)
     raw = await read_body(request, limit, "HEARTH_MAX_UPLOAD")
+    if len(raw) > settings.max_body and b'"attachments"' not in raw:
+        raise too_big  # no files in it: not worth parsing (up to HEARTH_MAX_UPLOAD) to refuse
     body = parse_json(raw)
     entries = None
     if isinstance(body, dict) and "attachments" in body:
@@ -82,12 +90,7 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
             raise _bad("attachments must be a list of {name, media_type, data}", "attachments")
     # The files may take the upload limit; the rest of the body (the message) only the body's.
     if len(raw) > settings.max_body and (not entries or _size(body) > settings.max_body):
-        raise ApiError(
-            413,
-            "payload_too_large",
-            f"the body is over the limit of {settings.max_body} bytes (HEARTH_MAX_BODY)",
-            {"max_body": settings.max_body},
-        )
+        raise too_big
     return body, _decode_entries(entries, settings.max_attachment)
 
 
