@@ -182,6 +182,11 @@ class FencedOut(StoreError):
     """
 
 
+class CorruptData(StoreError):
+    """The database holds a record or row hearth cannot read: it was changed outside hearth,
+    or the disk damaged it. Retrying cannot help; the work that needs it fails."""
+
+
 class StoreUnavailable(StoreError):
     """The database cannot be reached right now; nothing was lost. Retry shortly."""
 

@@ -17,6 +17,7 @@ from hearth.agent import Agent, Rendered
 from hearth.errors import (
     AbortRequested,
     ConfigurationError,
+    CorruptData,
     FencedOut,
     ProviderError,
     app_failure,
@@ -102,7 +103,14 @@ class Attempt:
 
     async def run(self) -> None:
         try:
+            if self.sub.damage is not None:
+                await self._settle_corrupt(f"submission {self.sub.id}: {self.sub.damage}")
+                return
             await self._run()
+        except CorruptData as exc:
+            if self.depth > 0:
+                raise  # a child's: its task call fails, and its parent goes on
+            await self._settle_corrupt(str(exc))
         finally:
             self._end_turn()
             await self._close_workspaces()
@@ -355,6 +363,15 @@ class Attempt:
             settlement = await settlement_at_rest(self, d, tools, subagents)
         await self.policy.finish(self, settlement)
         return True
+
+    async def _settle_corrupt(self, message: str) -> None:
+        """Fail the submission at once: what it needs cannot be read, and no attempt could read
+        it (each spun through releases and retries, never settling). Nothing of the stream is
+        read to settle it."""
+        self.log.error("hearth: %s; the submission fails (corrupt_data)", message)
+        await self.policy.finish(
+            self, Settlement("failed", error={"type": "corrupt_data", "message": message})
+        )
 
     async def _settle_failed(
         self, error: dict[str, Any], tools: Mapping[str, Tool] | None = None

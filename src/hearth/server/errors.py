@@ -18,6 +18,7 @@ from hearth.errors import (
     ConfigurationError,
     ConversationExists,
     ConversationNotFound,
+    CorruptData,
     DelegatedConversation,
     DeliveryNotFound,
     HearthError,
@@ -89,6 +90,7 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (DelegatedConversation, 409, "delegated_conversation"),
     (NotARestPoint, 409, "not_a_rest_point"),
     (ShuttingDown, 503, "shutting_down"),
+    (CorruptData, 500, "corrupt_data"),  # (not the database away: no retry can read it)
     (StoreError, 503, "unavailable"),
     (ConfigurationError, 503, "unavailable"),
 ]

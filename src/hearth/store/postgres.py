@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import math
 import re
 import time
@@ -38,7 +37,7 @@ from psycopg_pool import PoolTimeout
 from hearth import _faults
 from hearth._recent import keep_recent
 from hearth.errors import ConfigurationError, IntegrityError, StoreError, StoreUnavailable
-from hearth.records import Record, WaitStarted, loads
+from hearth.records import Record, WaitStarted
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
 from hearth.store import postgres_transact as transact
@@ -79,6 +78,8 @@ from hearth.store.rows import (
     conversation_from_row,
     cursor_from_row,
     delivery_from_row,
+    stored_json,
+    stored_record,
     submission_from_row,
     summary_from_row,
     wait_from_row,
@@ -454,7 +455,7 @@ class PostgresStore(Store):
                 {"c": conversation_id, "a": after, "l": limit},
             )
         )
-        found = [loads(row["body"]) for row in rows]
+        found = [stored_record(row["body"], conversation_id) for row in rows]
         if limit is None and found:
             self._remember_tail(conversation_id, found[-1].offset)
         return found
@@ -477,7 +478,7 @@ class PostgresStore(Store):
                 {"c": conversation_id, "a": after, "l": limit, "b": max_bytes},
             )
         )
-        records = [loads(row["body"]) for row in rows]
+        records = [stored_record(row["body"], conversation_id) for row in rows]
         return records, bool(rows) and int(rows[0]["found"]) > len(rows)
 
     async def last_of_type(self, conversation_id: str, record_type: str) -> Record | None:
@@ -494,7 +495,7 @@ class PostgresStore(Store):
         row = await self._read(
             lambda conn: ops.fetchone(conn, query, {"c": conversation_id, "t": record_type})
         )
-        return None if row is None else loads(row["body"])
+        return None if row is None else stored_record(row["body"], conversation_id)
 
     async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
         row = await self._read(
@@ -521,7 +522,12 @@ class PostgresStore(Store):
                 {"c": conversation_id},
             )
         )
-        return {row["name"]: json.loads(row["value"]) for row in rows}
+        return {
+            row["name"]: stored_json(
+                row["value"], f"the state {row['name']!r} of {conversation_id}"
+            )
+            for row in rows
+        }
 
     async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
         return await self._write(

@@ -8,7 +8,6 @@ what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
@@ -21,7 +20,7 @@ from hearth.errors import (
     StoreError,
     WaitNotFound,
 )
-from hearth.records import ConversationCreated, Record, WaitStarted, loads
+from hearth.records import ConversationCreated, Record, WaitStarted
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
@@ -51,6 +50,8 @@ from hearth.store.rows import (
     blob_from_row,
     cursor_from_row,
     delivery_from_row,
+    stored_json,
+    stored_record,
     submission_from_row,
     wait_from_row,
 )
@@ -252,7 +253,9 @@ async def _rest_points(conn: Conn, conversation_id: str, depth: int = 0) -> list
         'SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" = 0',
         {"c": conversation_id},
     )
-    origin = rules.forked_from(None if first is None else loads(first["body"]))
+    origin = rules.forked_from(
+        None if first is None else stored_record(first["body"], conversation_id)
+    )
     if origin is None or depth >= rules.MAX_FORK_DEPTH:
         return points
     inherited = await _rest_points(conn, origin[0], depth + 1)
@@ -289,7 +292,7 @@ async def fork(
         ' ORDER BY "offset"',
         {"c": source, "o": offset},
     )
-    copied = [loads(r["body"]) for r in bodies]
+    copied = [stored_record(r["body"], source) for r in bodies]
     records = rules.fork_records(source, offset, target, row["agent"], copied)
     await append(conn, target, records, outbox, now)
     return ConversationInfo(target, row["agent"], offset)
@@ -522,9 +525,12 @@ async def turn_view(conn: Conn, values: dict[str, Any]) -> TurnView:
     """``Store.turn_view`` for ``values`` ``c`` (conversation), ``a`` (after), ``id``."""
     cursor = psycopg.AsyncClientCursor(conn)
     await cursor.execute(TURN_VIEW.encode(), values)
-    records = [loads(row["body"]) for row in await cursor.fetchall()]
+    records = [stored_record(row["body"], values["c"]) for row in await cursor.fetchall()]
     cursor.nextset()
-    state = {row["name"]: json.loads(row["value"]) for row in await cursor.fetchall()}
+    state = {
+        row["name"]: stored_json(row["value"], f"the state {row['name']!r} of {values['c']}")
+        for row in await cursor.fetchall()
+    }
     cursor.nextset()
     row = await cursor.fetchone()
     return TurnView(records, state, None if row is None else submission_from_row(row))

@@ -6,7 +6,7 @@ must not be repeated), else None (so it did not, and may be tried again).
 
 from __future__ import annotations
 
-from hearth.records import ConversationCreated, Record, loads
+from hearth.records import ConversationCreated, Record
 from hearth.store.postgres_ops import Conn, fetchall, fetchone
 from hearth.store.rows import (
     DELIVERY_ADMITTED,
@@ -17,6 +17,7 @@ from hearth.store.rows import (
     Fence,
     Submission,
     delivery_from_row,
+    stored_record,
     submission_from_row,
 )
 
@@ -114,7 +115,7 @@ async def forked(conn: Conn, source: str, offset: int, target: str) -> Conversat
     )
     if row is None:
         return None
-    created = loads(row["body"])
+    created = stored_record(row["body"], target)
     origin = {"conversation_id": source, "offset": offset}
     if not isinstance(created, ConversationCreated) or created.forked_from != origin:
         return None

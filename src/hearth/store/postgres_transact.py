@@ -16,11 +16,11 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 
 from hearth.errors import StoreError
-from hearth.records import ConversationCreated, Record, loads
+from hearth.records import ConversationCreated, Record
 from hearth.store import rules
 from hearth.store.events import APPENDED, Event
 from hearth.store.postgres_ops import NOW, Conn, Outbox, check_fence, fetchall, fetchone
-from hearth.store.rows import Fence
+from hearth.store.rows import Fence, stored_record
 
 
 class AppFailure(Exception):
@@ -126,7 +126,7 @@ async def read_back(conn: Conn, conversation_id: str, ids: Sequence[str]) -> lis
         "SELECT id, body FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
         {"c": conversation_id, "ids": list(ids)},
     )
-    found = {row["id"]: loads(row["body"]) for row in rows}
+    found = {row["id"]: stored_record(row["body"], conversation_id) for row in rows}
     if not ids or any(i not in found for i in ids):
         return None
     return [found[i] for i in ids]

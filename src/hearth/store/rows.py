@@ -9,7 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hearth.records import Record, iso_from_unix
+from hearth.errors import CorruptData
+from hearth.records import Record, iso_from_unix, loads
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -92,6 +93,9 @@ class Submission:
     # Attempts a graceful shutdown gave back (``Store.release(graceful=True)``): nor do these
     # count, or a few rolling redeploys in a row failed a long submission ``retry_exhausted``.
     releases: int = 0
+    # What of the row could not be read (a JSON column changed outside hearth or damaged): its
+    # attempt fails it ``corrupt_data`` rather than run on a guess, or stop every claim.
+    damage: str | None = None
 
     @property
     def interruptions(self) -> int:
@@ -291,16 +295,31 @@ class Row(Protocol):
 
 
 def submission_from_row(row: Row) -> Submission:
-    """The ``Submission`` a ``submissions`` row holds (JSON columns decoded)."""
+    """The ``Submission`` a ``submissions`` row holds (JSON columns decoded; one that cannot be
+    decoded is named in ``damage``, and read as empty)."""
+    damage: list[str] = []
+
+    def decoded(column: str, empty: Any) -> Any:
+        text = row[column]
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            damage.append(f"its {column} is not JSON ({exc})")
+            return empty
+
+    payload = decoded("payload", {})
+    error, source = decoded("error", None), decoded("source", None)
     return Submission(
         id=row["id"],
         conversation_id=row["conversation_id"],
         kind=row["kind"],
-        payload=json.loads(row["payload"]),
+        payload=payload if isinstance(payload, dict) else {},
         idempotency_key=row["idempotency_key"],
         status=row["status"],
         outcome=row["outcome"],
-        error=None if row["error"] is None else json.loads(row["error"]),
+        error=error,
         reply=row["reply"],
         attempt=int(row["attempt"]),
         max_attempts=int(row["max_attempts"]),
@@ -314,12 +333,34 @@ def submission_from_row(row: Row) -> Submission:
         settled_at=_real(row["settled_at"]),
         seq=int(row["seq"]),
         joined_to=row["joined_to"],
-        source=None if row["source"] is None else json.loads(row["source"]),
+        source=source,
         traceparent=row["traceparent"],
         waits=int(row["waits"]),
         waiting_since=_real(row["waiting_since"]),
         releases=int(row["releases"]),
+        damage="; ".join(damage) or None,
     )
+
+
+def stored_record(body: str | bytes, conversation_id: str) -> Record:
+    """The record a ``records`` row's body holds; ``CorruptData`` when it holds none."""
+    try:
+        return loads(body)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CorruptData(
+            f"a record of {conversation_id} cannot be read ({type(exc).__name__}: {exc}); the"
+            " database was changed outside hearth or is damaged"
+        ) from None
+
+
+def stored_json(text: str | bytes, what: str) -> Any:
+    """A JSON column's value; ``CorruptData`` naming ``what`` when it holds no JSON."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CorruptData(
+            f"{what} cannot be read ({exc}); the database was changed outside hearth or is damaged"
+        ) from None
 
 
 def delivery_from_row(row: Row) -> StoredDelivery:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from hearth.errors import ConfigurationError, ConversationExists, StoreError, StoreUnavailable
-from hearth.records import Record, WaitStarted, loads
+from hearth.records import Record, WaitStarted
 from hearth.store import rules
 from hearth.store import sqlite_ops as ops
 from hearth.store.base import LIST_LIMIT, Result, Store
@@ -53,6 +53,8 @@ from hearth.store.rows import (
     conversation_from_row,
     cursor_from_row,
     delivery_from_row,
+    stored_json,
+    stored_record,
     submission_from_row,
     summary_from_row,
     wait_from_row,
@@ -79,7 +81,7 @@ def _records(
     conn: sqlite3.Connection, conversation_id: str, after: int, limit: int | None
 ) -> list[Record]:
     rows = conn.execute(_STREAM, (conversation_id, after, -1 if limit is None else limit))
-    return [loads(row[0]) for row in rows]
+    return [stored_record(row[0], conversation_id) for row in rows]
 
 
 def _page(
@@ -92,7 +94,7 @@ def _page(
         for (body,) in rows:  # one row at a time: what is past the budget is never decoded
             if len(found) >= limit or total >= max_bytes:
                 return found, True
-            found.append(loads(body))
+            found.append(stored_record(body, conversation_id))
             total += len(body)
         return found, False
     finally:
@@ -103,7 +105,9 @@ def _state(conn: sqlite3.Connection, conversation_id: str) -> dict[str, Any]:
     rows = conn.execute(
         "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
     )
-    return {name: json.loads(value) for name, value in rows}
+    return {
+        name: stored_json(value, f"the state {name!r} of {conversation_id}") for name, value in rows
+    }
 
 
 def steady_clock() -> Callable[[], float]:
@@ -255,7 +259,7 @@ class SQLiteStore(Store):
 
         def work(conn: sqlite3.Connection) -> Record | None:
             row = conn.execute(f'{query} ORDER BY "offset" DESC LIMIT 1', params).fetchone()
-            return None if row is None else loads(row[0])
+            return None if row is None else stored_record(row[0], conversation_id)
 
         return await self._read(work)
 

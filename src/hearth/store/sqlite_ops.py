@@ -18,7 +18,7 @@ from hearth.errors import (
     StoreError,
     WaitNotFound,
 )
-from hearth.records import ConversationCreated, Record, WaitStarted, loads
+from hearth.records import ConversationCreated, Record, WaitStarted
 from hearth.store import rules
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, SETTLED, Event
 from hearth.store.rows import (
@@ -48,6 +48,7 @@ from hearth.store.rows import (
     blob_from_row,
     cursor_from_row,
     delivery_from_row,
+    stored_record,
     submission_from_row,
     wait_from_row,
 )
@@ -230,7 +231,7 @@ def fork_copy(
         ' ORDER BY "offset"',
         (source, after, upto),
     ).fetchall()
-    copies = [rules.fork_copy(loads(body), target) for (body,) in rows]
+    copies = [rules.fork_copy(stored_record(body, source), target) for (body,) in rows]
     for record in copies:
         body, digest = record.encode(record.offset)
         conn.execute(
@@ -293,7 +294,7 @@ def _rest_points(conn: sqlite3.Connection, conversation_id: str, depth: int = 0)
     first = conn.execute(
         'SELECT body FROM records WHERE conversation_id = ? AND "offset" = 0', (conversation_id,)
     ).fetchone()
-    origin = rules.forked_from(None if first is None else loads(first[0]))
+    origin = rules.forked_from(None if first is None else stored_record(first[0], conversation_id))
     if origin is None or depth >= rules.MAX_FORK_DEPTH:
         return points
     inherited = _rest_points(conn, origin[0], depth + 1)
