@@ -8,10 +8,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.errors import DeliveryNotFound
 from hearth.server.body import read_body
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.params import flag, int_param, query
+from hearth.server.params import flag, int_param, query, storable
 
 MAX_LIST = 1000
 _STATUSES = ("admitted", "failed")
@@ -48,8 +49,11 @@ async def list_deliveries(server: ServerContext, request: Request) -> Response:
 
 async def replay(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
-    path = request.path_params
-    receipt = await rt.replay_delivery(path["name"], path["delivery_id"])
+    name, delivery_id = request.path_params["name"], request.path_params["delivery_id"]
+    if not storable(delivery_id):
+        rt.channels.channel(name)  # (an unknown channel is still the first 404)
+        raise DeliveryNotFound(f"channel {name!r} has no delivery {delivery_id!r}")
+    receipt = await rt.replay_delivery(name, delivery_id)
     return JSONResponse(receipt.to_json(), status_code=202)
 
 

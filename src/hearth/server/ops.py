@@ -11,7 +11,7 @@ from hearth.ids import ID_RE
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.openapi import openapi_document
-from hearth.server.params import query
+from hearth.server.params import query, storable
 from hearth.store.base import Submission
 from hearth.store.rows import JOINED, OPEN
 
@@ -57,7 +57,7 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     if conversation is not None:
         # (An agent no longer declared is fine: its work is what an operator may look for.)
         agent, slash, id = conversation.partition("/")
-        if not slash or not agent or not ID_RE.fullmatch(id):
+        if not slash or not agent or not storable(agent) or not ID_RE.fullmatch(id):
             raise ApiError(
                 400,
                 "invalid_request",

@@ -6,6 +6,7 @@ import re
 
 from starlette.requests import Request
 
+from hearth.jsontext import storable_text
 from hearth.server.errors import ApiError
 
 _INTEGER = re.compile("-?[0-9]{1,20}")
@@ -19,6 +20,12 @@ def query(request: Request, name: str) -> str | None:
     if len(values) > 1:
         raise ApiError(400, "invalid_request", f"give {name} once", {"field": name})
     return values[0] if values else None
+
+
+def storable(value: str) -> bool:
+    """Whether every store keeps ``value`` as it is: one with a NUL or half a surrogate pair
+    names nothing stored (PostgreSQL refuses it outright, as if the database were down)."""
+    return storable_text(value) == value
 
 
 def int_param(raw: str | None, name: str, *, default: int, low: int, high: int) -> int:

@@ -13,12 +13,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth import telemetry
+from hearth.errors import SubmissionNotFound, WaitNotFound
 from hearth.runtime.runtime import Runtime
 from hearth.server import attachments, console, inputs, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.params import int_param, query
+from hearth.server.params import int_param, query, storable
 from hearth.server.tail import (
     MAX_OFFSET,
     MAX_WAIT_S,
@@ -243,6 +244,9 @@ async def stream(server: ServerContext, request: Request) -> Response:
 async def get_submission(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     path = request.path_params
+    if not storable(path["sid"]):
+        conversation_id = rt.conversation_id(path["agent"], path["id"])
+        raise SubmissionNotFound(f"no submission {path['sid']!r} in conversation {conversation_id}")
     sub = await rt.conversation_submission(path["agent"], path["id"], path["sid"])
     wait = _wait_param(request, server.max_wait_s)
     if wait > 0 and sub.outcome is None:
@@ -308,7 +312,10 @@ async def resolve_wait(server: ServerContext, request: Request) -> Response:
         raise ApiError(
             400, "invalid_request", f"unknown field(s): {', '.join(unknown)}", {"field": unknown[0]}
         )
-    wait = await rt.resolve(agent, id, request.path_params["wait_id"], body["value"])
+    wait_id = request.path_params["wait_id"]
+    if not storable(wait_id):
+        raise WaitNotFound(f"no wait {wait_id!r} in conversation {agent}/{id}")
+    wait = await rt.resolve(agent, id, wait_id, body["value"])
     return JSONResponse(
         {"wait_id": wait.wait_id, "submission_id": wait.submission_id, "resolved": True}
     )
