@@ -14,8 +14,9 @@ import contextvars
 import datetime
 import json
 import logging
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -66,20 +67,65 @@ class JsonFormatter(logging.Formatter):
 
 class Redact(logging.Filter):
     """Replaces secrets in a record's message (a token a client put in a URL, say, on its way
-    into the access log) before any handler writes it."""
+    into the access log) before any handler writes it.
+
+    A secret is found as written and as a URL writes it (any of its characters percent-encoded,
+    in either case of hex, a space as ``+``). The record keeps its shape: the secret is
+    replaced inside its message and its arguments, since a formatter may read the arguments
+    themselves (uvicorn's access log unpacks them)."""
 
     def __init__(self, secrets: list[str]) -> None:
         super().__init__()
         self.secrets = [s for s in secrets if s and len(s) >= 4]
+        alternatives = "|".join(_spellings(s) for s in sorted(self.secrets, key=len, reverse=True))
+        self._pattern = re.compile(alternatives) if alternatives else None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        clean = message
-        for secret in self.secrets:
-            clean = clean.replace(secret, "[redacted]")
-        if clean != message:
-            record.msg, record.args = clean, None
+        if self._pattern is None or not self._pattern.search(_message(record)):
+            return True
+        if isinstance(record.msg, str):
+            record.msg = self._clean(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._clean_arg(a) for a in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {k: self._clean_arg(v) for k, v in record.args.items()}
+        message = _message(record)
+        if self._pattern.search(message):  # (put together, the pieces spelled a secret)
+            record.msg, record.args = self._clean(message), ()
         return True
+
+    def _clean(self, text: str) -> str:
+        assert self._pattern is not None
+        return self._pattern.sub("[redacted]", text)
+
+    def _clean_arg(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._clean(value)
+        if isinstance(value, int | float | bytes | type(None)):
+            return value  # (formatted with %d and the like: kept as is)
+        text = str(value)
+        clean = self._clean(text)
+        return value if clean == text else clean
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a record whose arguments do not fit: its message as written
+        return str(record.msg)
+
+
+def _spellings(secret: str) -> str:
+    """A pattern of ``secret`` as written or percent-encoded, character by character."""
+    parts = []
+    for char in secret:
+        encoded = "".join(
+            "%" + "".join(f"[{d.upper()}{d.lower()}]" if d.isalpha() else d for d in f"{b:02x}")
+            for b in char.encode()
+        )
+        also = "|\\+" if char == " " else ""
+        parts.append(f"(?:{re.escape(char)}|{encoded}{also})")
+    return "".join(parts)
 
 
 def redact(*secrets: str | None) -> None:

@@ -5,11 +5,15 @@ and no log line, no answer and no metric carries either secret."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx2
+import pytest
 from fakellm import FakeServer
-from httpharness import ServerProcess
+from httpharness import ServerProcess, child_env, free_port, wait_until
 
 TOKEN = "hearth-token-5f3a9c1e7b2d4a60"
 API_KEY = "sk-live-key-9d8c7b6a5f4e3d2c1b0a"
@@ -81,6 +85,40 @@ def test_no_secret_in_any_log_line_answer_or_metric(tmp_path: Path) -> None:
         assert not leaked_lines(server.log, secret), secret
         assert not [a for a in answers if secret in a], secret
     assert model.requests[0].headers["authorization"] == f"Bearer {API_KEY}"  # it was sent
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_token_in_a_url_is_redacted_as_written_or_percent_encoded(
+    tmp_path: Path, log_format: str
+) -> None:
+    """A base64 token (``+ / =``) in a query string is percent-encoded, and was logged so in
+    full; in the text format, the redacted access line was lost (``--- Logging error ---``:
+    uvicorn's formatter unpacks the record's arguments, which the redaction had dropped)."""
+    token = "Zm9v+YmFy/cXV4PQ=="
+    encoded = quote(token, safe="")
+    log = tmp_path / "server.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "hearth", "serve", "serverapp:app", "--port", str(port)]
+    command += ["--db", f"sqlite:///{tmp_path / 'h.db'}", "--log-level", "debug", "--access-log"]
+    env = child_env(HEARTH_TOKEN=token, HEARTH_LOG_FORMAT=log_format)
+    with log.open("w") as out:  # (uvicorn's text access log goes to stdout)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until(lambda: "serving http" in log.read_text(), 20)
+        for query in (f"token={encoded}", f"token={encoded.replace('%2F', '%2f')}"):
+            assert httpx2.get(f"{url}/healthz?{query}").status_code == 200
+        assert httpx2.get(f"{url}/healthz", params={"t": token}).status_code == 200
+        assert httpx2.get(f"{url}/healthz?access_token={token}").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = log.read_text()
+    assert "Logging error" not in text
+    assert len([line for line in text.splitlines() if "/healthz?" in line]) == 4
+    assert text.count("[redacted]") == 4
+    for spelled in (token, encoded, "YmFy%2FcXV4PQ", "YmFy%2fcXV4PQ"):
+        assert not leaked_lines(log, spelled), spelled
 
 
 def leaked_lines(log: Path, secret: str) -> list[str]:
