@@ -50,10 +50,11 @@ def _add_row(table: Table, *cells: str) -> None:
     table.add_row(*(Text(_visible(str(cell))) for cell in cells))
 
 
-def _visible(text: str) -> str:
-    """``text`` with control and format characters (ESC, CR, bidi overrides) shown escaped."""
+def _visible(text: str, keep: str = "\t") -> str:
+    """``text`` with control and format characters (ESC, CR, bidi overrides) shown escaped,
+    but those in ``keep``."""
     return "".join(
-        ch if ch == "\t" or unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1]
+        ch if ch in keep or unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1]
         for ch in text
     )
 
@@ -382,6 +383,10 @@ def send(
                 sys.exit(1)
         if as_json:
             click.echo(json.dumps({"submission_id": reply.submission_id, "reply": reply.text}))
+        elif sys.stdout.isatty():
+            # What a model wrote (or echoed) must not drive the terminal, as in `hearth tail`;
+            # a pipe gets the reply as it is.
+            click.echo(_visible(reply.text, keep="\t\n"))
         else:
             click.echo(reply.text)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
 import sqlite3
 import subprocess
 import sys
@@ -38,6 +41,30 @@ def test_send_prints_the_submission_and_waits_for_the_reply(server: ThreadServer
     assert code == 0 and out.strip().endswith("echo: again")
     code, out = run("send", "echo", "c-2", "x", "--url", server.url, "--json")
     assert json.loads(out)["conversation_id"] == "echo/c-2"
+
+
+def test_send_wait_shows_a_replys_control_characters_escaped_on_a_terminal(
+    server: ThreadServer,
+) -> None:
+    """A reply that echoes ESC sequences (a window title, OSC 52 writing the clipboard) drove the
+    operator's terminal; ``hearth tail`` showed them escaped. A pipe still gets them as they are."""
+    message = "x \x1b]0;PWNED\x07 \x1b]52;c;ZWNobw==\x07\nsecond line"
+    leader, follower = pty.openpty()
+    command = [sys.executable, "-m", "hearth", "send", "echo", "esc", message, "--wait"]
+    with subprocess.Popen(
+        [*command, "--url", server.url], stdout=follower, stderr=subprocess.DEVNULL, env=child_env()
+    ) as proc:
+        os.close(follower)
+        shown = b""
+        with contextlib.suppress(OSError):  # (EIO once the child has closed its end)
+            while chunk := os.read(leader, 4096):
+                shown += chunk
+        os.close(leader)
+        assert proc.wait(30) == 0
+    assert b"\x1b" not in shown and b"\x07" not in shown
+    assert b"\\x1b]0;PWNED\\x07" in shown and b"second line" in shown
+    code, out = run("send", "echo", "esc", message, "--url", server.url, "--wait")
+    assert code == 0 and "\x1b]0;PWNED\x07" in out  # piped: as the model wrote it
 
 
 def test_send_reports_a_failed_outcome_as_one_line(server: ThreadServer) -> None:
