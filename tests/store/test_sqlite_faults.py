@@ -7,6 +7,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -246,3 +247,76 @@ def test_a_full_disk_is_a_503_over_http_and_admits_nothing(disk: Disk) -> None:
 
     subs, orphans = asyncio.run(check())
     assert subs == 1 and orphans == []
+
+
+# --- the files renamed away under a running process -------------------------------------------
+
+
+def _message(conversation_id: str) -> Any:
+    from hearth.store import NewSubmission
+
+    return NewSubmission(conversation_id, "support", "message", {"message": "hi"})
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_database_file_deleted_or_replaced_under_the_process_takes_no_more_writes(
+    tmp_path: Path, how: str
+) -> None:
+    """SQLite wrote on into the file it had opened: every admission after the file was deleted
+    was acknowledged (202) and lost, and a second process could open a new file at the path."""
+    path = tmp_path / "hearth.db"
+    store = open_store(f"sqlite:///{path}")
+    await store.open()
+    try:
+        await store.admit(_message("support/a"))
+        os.unlink(path)
+        if how == "replaced":
+            path.write_bytes(b"")  # another file by that name
+        with pytest.raises(StoreUnavailable, match=f"{path} was deleted or replaced"):
+            await store.admit(_message("support/b"))
+        with pytest.raises(StoreUnavailable, match="was deleted or replaced"):
+            await store.ping(1.0)  # /healthz: 503
+        assert await store.get_conversation("support/a") is not None  # reads go on
+    finally:
+        await store.close()
+
+
+_WAL_SCRIPT = """
+import asyncio, os, signal, sys
+from hearth.store import NewSubmission, open_store
+
+async def main(path):
+    store = open_store("sqlite:///" + path)
+    await store.open()
+    await store.admit(NewSubmission("support/a", "support", "message", {"message": "hi"}))
+    os.unlink(path + "-wal")  # what holds a's admission, not yet copied into the database
+    await store.admit(NewSubmission("support/b", "support", "message", {"message": "hi"}))
+    print("acknowledged", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_wal_deleted_under_the_process_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """Both admissions were lost: the first lived in the WAL that lost its name, the second was
+    written on into it; a crash took the WAL, unnamed, with the process."""
+    path = tmp_path / "hearth.db"
+    script = tmp_path / "wal.py"
+    script.write_text(_WAL_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert "acknowledged" in done.stdout, done.stderr
+    assert done.returncode == -9
+    assert "the WAL of" in done.stderr  # said in the log
+
+    async def found() -> list[str]:
+        store = open_store(f"sqlite:///{path}")
+        await store.open()
+        try:
+            return [c.conversation_id for c in await store.list_conversations()]
+        finally:
+            await store.close()
+
+    assert sorted(asyncio.run(found())) == ["support/a", "support/b"]

@@ -60,7 +60,7 @@ from hearth.store.rows import (
     wait_from_row,
 )
 from hearth.store.sqlite_schema import SCHEMA_VERSION, connect
-from hearth.store.sqlite_writer import GroupCommitWriter, Outbox, Work
+from hearth.store.sqlite_writer import FileWatch, GroupCommitWriter, Outbox, Work
 
 T = TypeVar("T")
 
@@ -142,7 +142,9 @@ class SQLiteStore(Store):
         self._forking: set[str] = set()  # fork targets being copied (``fork``)
         self.schema_version = SCHEMA_VERSION
         self._writer = GroupCommitWriter(
-            lambda: connect(path, mode, create=self._create, found=self._found), self.events
+            lambda: connect(path, mode, create=self._create, found=self._found),
+            self.events,
+            lambda: None if path == ":memory:" else FileWatch(path),
         )
 
     def _found(self, version: int | None) -> None:
@@ -178,6 +180,9 @@ class SQLiteStore(Store):
         return self.clock()
 
     async def ping(self, timeout: float) -> None:
+        gone = self._writer.database_gone()
+        if gone is not None:
+            raise StoreUnavailable(gone)
         try:
             async with asyncio.timeout(timeout):
                 await self._read(lambda conn: conn.execute("SELECT 1").fetchone())

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -37,9 +39,54 @@ MAX_GROUP = 1024  # bounds how long one group holds the futures it has already r
 # WAL checkpoint): while the thread waits for the disk, the loop goes on.
 SLOW_COMMIT_S = 0.001
 
+log = logging.getLogger("hearth.store")
+
 T = TypeVar("T")
 Outbox = list[Event]  # what an operation changed, published only after its commit
 Work = Callable[[sqlite3.Connection, Outbox], T]
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+class FileWatch:
+    """The files a connection opened: the database and its WAL, known by device and inode.
+
+    SQLite goes on writing to a file it opened after the file lost its name: a database file
+    deleted or replaced while this process serves would take every later commit with it (and a
+    second process could open the path), a WAL deleted would take what it holds not yet copied
+    into the database. ``check`` compares the names with what was opened."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = _identity(path)
+        self.wal = _identity(path + "-wal")
+
+    def database_gone(self) -> str | None:
+        """Why the database file is not the one opened any more; None while it is."""
+        if self.db is None or _identity(self.path) == self.db:
+            return None
+        return (
+            f"the database file {self.path} was deleted or replaced while this process had it"
+            " open: nothing more is written (a new process could open another file there);"
+            " restart hearth on the file it should use"
+        )
+
+    def wal_gone(self) -> bool:
+        """Whether the WAL opened lost its name (a WAL made since is taken as the one opened)."""
+        now = _identity(self.path + "-wal")
+        if self.wal is None:
+            self.wal = now
+            return False
+        return now != self.wal
+
+    def renew(self) -> None:
+        self.wal = _identity(self.path + "-wal")
 
 
 @dataclass(eq=False)
@@ -68,8 +115,15 @@ class GroupCommitWriter:
     observed.
     """
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], events: StoreEvents) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        events: StoreEvents,
+        watch: Callable[[], FileWatch | None] = lambda: None,
+    ) -> None:
         self._connect = connect
+        self._new_watch = watch  # made after each connection opens
+        self._watch: FileWatch | None = None
         self.events = events
         self.commits = 0
         self.ops = 0
@@ -198,15 +252,17 @@ class GroupCommitWriter:
             _post(loop, _fail, ready, exc)
             return
         self._conn = conn
+        self._watch = self._new_watch()
         _post(loop, _succeed, ready, None)
         stop: _Stop | None = None
         try:
-            stop = self._serve(conn)
+            stop = self._serve()
         finally:
             self._closing = True
             with self._running:
+                if self._conn is not None:
+                    self._conn.close()
                 self._conn = None
-                conn.close()
             while True:  # anything queued behind the stop is refused, never left hanging
                 try:
                     late = self._queue.get_nowait()
@@ -218,7 +274,7 @@ class GroupCommitWriter:
             if stop is not None:
                 _post(stop.loop, _succeed, stop.future, None)
 
-    def _serve(self, conn: sqlite3.Connection) -> _Stop:
+    def _serve(self) -> _Stop:
         while True:
             first = self._queue.get()
             self._gate.wait()
@@ -235,13 +291,65 @@ class GroupCommitWriter:
                     break
                 group.append(item)
             with self._running:
-                self._run_group(conn, group)
+                conn = self._reopened()
+                if conn is None:
+                    for op in group:
+                        op.error = StoreUnavailable("the SQLite file cannot be opened again")
+                else:
+                    self._run_group(conn, group)
             self._finish(group)
             if stop is not None:
                 return stop
 
+    def _reopened(self) -> sqlite3.Connection | None:
+        """The connection; a new one if a reopening (``_watched``) failed, None if this fails."""
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except Exception:
+                log.exception("hearth: the SQLite file cannot be opened again")
+                return None
+            self._watch = self._new_watch()
+        return self._conn
+
+    def database_gone(self) -> str | None:
+        """Why the database file is not the one this writer opened; None while it is."""
+        return None if self._watch is None else self._watch.database_gone()
+
+    def _watched(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """``conn``, or a new connection when the WAL lost its name (what it held is copied
+        into the database first); ``_FileGone`` when the database file did."""
+        watch = self._watch
+        if watch is None:
+            return conn
+        gone = watch.database_gone()
+        if gone is not None:
+            raise _FileGone(gone)
+        if not watch.wal_gone():
+            return conn
+        # SQLite reads the WAL through what it opened: a checkpoint still copies it whole.
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        self._conn = None
+        self._conn = conn = self._connect()
+        watch.renew()
+        log.warning(
+            "hearth: the WAL of %s was deleted while this process had it open; what it held"
+            " was copied into the database and a new WAL begun",
+            watch.path,
+        )
+        return conn
+
     def _run_group(self, conn: sqlite3.Connection, group: list[_Op]) -> None:
         writes = any(op.write for op in group)
+        if writes:
+            try:
+                conn = self._watched(conn)
+            except (_FileGone, sqlite3.Error, StoreError) as exc:
+                for op in group:
+                    op.error = StoreUnavailable(str(exc))
+                    op.outbox.clear()
+                return
         # A lone write needs no savepoint: if it fails, rolling back the transaction is the same.
         # Several are first run together without savepoints (two statements fewer each); if one
         # fails, that try is rolled back and the group runs again, each write in its savepoint.
@@ -322,6 +430,10 @@ class GroupCommitWriter:
             else:
                 op.future.set_result(op.result)
         self.events.publish_all(committed)
+
+
+class _FileGone(Exception):
+    """The database file is not the one the connection opened."""
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
