@@ -128,6 +128,10 @@ def postgres_conninfo(url: str) -> tuple[str, str | None]:
     """
     scheme, _, rest = url.strip().partition("://")
     base, has_query, query = rest.partition("?")
+    if base.partition("/")[0].count("@") > 1:
+        # libpq ends the user information at the first @: the rest of the password would be
+        # taken for the host, and named as one in every error.
+        raise ValueError("an @ in the user name or password must be written %40")
     kept: list[str] = []
     schemas: list[str] = []
     for param in query.split("&") if has_query else []:
@@ -210,5 +214,5 @@ def shown_db(db: str | None) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/]*):[^@]*@")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/]*):[^/]*@")  # to the last @
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)

@@ -9,6 +9,7 @@ import serverapp
 import hearth
 from hearth.config import Settings, shown_db
 from hearth.errors import ConfigurationError
+from hearth.store import open_store
 
 
 def test_hearth_pg_pool_defaults_to_10_and_comes_from_the_environment() -> None:
@@ -81,6 +82,17 @@ def test_a_shown_database_url_masks_only_the_password() -> None:
     assert shown_db("postgresql://app:s3cret@db:5432/h?schema=s") == (
         "postgresql://app:***@db:5432/h?schema=s"
     )
+
+
+def test_a_raw_at_sign_in_a_postgres_password_is_refused_without_any_of_the_password() -> None:
+    """libpq ends the user information at the first @: the password's tail was taken for the
+    host, and named as one in the connection error."""
+    url = "postgresql://alice:S3cret@Tail-of-pw@127.0.0.1:1/db"
+    for open_it in (lambda: Settings.resolve(env={"HEARTH_DB": url}), lambda: open_store(url)):
+        with pytest.raises(ConfigurationError, match="%40") as caught:
+            open_it()
+        assert "S3cret" not in str(caught.value) and "Tail" not in str(caught.value)
+    assert shown_db("postgresql://alice:S3cret@Tail@[::1/db") == "postgresql://alice:***@[::1/db"
 
 
 @pytest.mark.parametrize("name", ["token", "host"])
