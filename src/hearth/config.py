@@ -36,6 +36,13 @@ class Settings:
     max_streams: int = 2000  # open SSE streams per process; past it, 503
     log_format: str = "text"  # "text" or "json" (one JSON object per line)
 
+    def __repr__(self) -> str:
+        # Settings end up in tracebacks and debug prints: never the token nor a password.
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["token"] = None if self.token is None else "***"
+        shown["db"] = None if self.db is None else shown_db(self.db)
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     @classmethod
     def resolve(cls, env: dict[str, str] | None = None, **given: Any) -> Settings:
         """Build settings from explicit values (None = not given), then ``HEARTH_*``, then

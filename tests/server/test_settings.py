@@ -95,6 +95,15 @@ def test_a_raw_at_sign_in_a_postgres_password_is_refused_without_any_of_the_pass
     assert shown_db("postgresql://alice:S3cret@Tail@[::1/db") == "postgresql://alice:***@[::1/db"
 
 
+def test_the_settings_repr_masks_the_token_and_the_database_password() -> None:
+    db = "postgresql://app:s3cret-pw@db:5432/h?schema=s"
+    shown = repr(Settings.resolve(env={}, token="tok-9f1e", db=db, port=8123))
+    assert "tok-9f1e" not in shown and "s3cret-pw" not in shown
+    assert "token='***'" in shown and "db='postgresql://app:***@db:5432/h?schema=s'" in shown
+    assert "port=8123" in shown
+    assert "token=None" in repr(Settings()) and "db=None" in repr(Settings())
+
+
 @pytest.mark.parametrize("name", ["token", "host"])
 def test_an_empty_token_or_host_given_explicitly_is_refused_even_over_the_environment(
     name: str,
