@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -421,11 +423,18 @@ async def check_database(db: str | None, agents: Mapping[str, Agent]) -> Report:
             await store.close()
     if probe.path == ":memory:" or not _exists(probe.path):
         raise StoreError(f"no database at {shown_db(db)}: there is nothing to check")
+    if not _regular(probe.path):  # (reading a FIFO waited for a writer, for good)
+        raise StoreError(f"{shown_db(db)} is not a file: there is no database to check")
     # A copy is checked: opening the file itself would migrate an older schema in place, and
     # the release still running it would then refuse to start ("made by a newer hearth").
     with tempfile.TemporaryDirectory(prefix=".hearth-check-", dir=_folder(probe.path)) as tmp:
-        copy = os.path.join(tmp, "copy.db")
-        await asyncio.to_thread(_copy_sqlite, probe.path, copy, shown_db(db))
+        copy, source = os.path.join(tmp, "copy.db"), probe.path
+        if _read_only_mount(source):
+            # No process writes there: the files are copied as they are (SQLite cannot read a
+            # WAL database where it may not write its index), then read as any other.
+            source = os.path.join(tmp, "source.db")
+            await asyncio.to_thread(_copy_files, probe.path, source)
+        await asyncio.to_thread(_copy_sqlite, source, copy, shown_db(db))
         # The path as it is (a URL would read "?" in it as options); create=False: another
         # program's SQLite file is refused, not given hearth's schema.
         store = SQLiteStore(copy)
@@ -436,8 +445,31 @@ async def check_database(db: str | None, agents: Mapping[str, Agent]) -> Report:
             await store.close()
 
 
-def _folder(path: str) -> str:
-    return os.path.dirname(os.path.abspath(path))
+def _folder(path: str) -> str | None:
+    """Where the copy goes: beside the file, or the system's temporary folder when that one
+    cannot be written (a backup on a read-only mount is checked too)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return folder if os.access(folder, os.W_OK | os.X_OK) else None
+
+
+def _read_only_mount(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _copy_files(path: str, copy: str) -> None:
+    for suffix in ("", "-wal"):
+        if os.path.exists(path + suffix):
+            shutil.copyfile(path + suffix, copy + suffix)
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _copy_sqlite(path: str, copy: str, shown: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -288,6 +289,34 @@ def test_another_programs_sqlite_file_is_one_line_and_exit_2(tmp_path: Path) -> 
     done = check("deploy_v2:app", f"sqlite:///{other}")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "holds no hearth database" in one_line(done.stderr)
+
+
+def test_a_fifo_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Reading a FIFO as the database waited for a writer: the check never ended."""
+    fifo = tmp_path / "h.db"
+    os.mkfifo(fifo)
+    done = check("deploy_v2:app", f"sqlite:///{fifo}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is not a file" in one_line(done.stderr)
+
+
+def test_a_database_on_a_read_only_mount_is_checked(killed_v1: Path, tmp_path: Path) -> None:
+    """The copy went beside the file: a backup on a read-only mount could not be checked."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
+    try:
+        copy = copy_of(killed_v1, "source")
+        (mount / "backup").mkdir()
+        for suffix in ("", "-wal"):
+            if Path(f"{copy}{suffix}").exists():
+                shutil.copy(f"{copy}{suffix}", mount / "backup" / f"h.db{suffix}")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        done = check("deploy_v2:app", str(mount / "backup" / "h.db"), "--json")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert_predicted(json.loads(done.stdout))
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_a_sqlite_file_held_by_a_running_server_is_one_line_and_exit_2(tmp_path: Path) -> None:
