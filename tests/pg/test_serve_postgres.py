@@ -252,6 +252,28 @@ def test_a_role_that_may_not_create_the_schema_is_one_line(pg_cluster: Cluster) 
     assert "permission denied for database postgres" in line
 
 
+def test_a_role_that_may_read_but_not_write_the_tables_is_one_line(pg_cluster: Cluster) -> None:
+    """It started, /healthz said ok, every admission answered 503 and the log gained a
+    traceback a second; ``hearth migrate`` said the schema was current."""
+    schema, role = new_schema(), f"r_{uuid.uuid4().hex[:10]}"
+    assert hearth("migrate", "--db", pg_cluster.url(schema)).returncode == 0
+    pg_cluster.sql(
+        f"CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role};"
+        f" GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}"
+    )
+    url = pg_cluster.url(schema).replace("postgres@", f"{role}@", 1)
+    line = serve_fails(url)
+    assert f"the role '{role}' may not DELETE or INSERT or UPDATE or USAGE" in line, line
+    assert f"INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema}" in line
+    done = hearth("migrate", "--db", url)
+    assert done.returncode != 0 and "may not" in done.stderr, done.stderr
+    pg_cluster.sql(
+        f"GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role};"
+        f" GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"
+    )
+    assert hearth("migrate", "--db", url).returncode == 0  # granted: all it needs
+
+
 def test_migrate_reports_a_malformed_url_as_one_line() -> None:
     done = hearth("migrate", "--db", "postgresql://app:secret@[::1/hearth")
     assert done.returncode != 0 and "Traceback" not in done.stderr

@@ -206,6 +206,8 @@ async def migrate(
         if found == SCHEMA_VERSION:
             # Nothing to do, and no DDL: even ``CREATE INDEX IF NOT EXISTS`` locks its table,
             # which can deadlock with a peer process already using it.
+            if create:
+                await _check_grants(conn, schema)
             return found
         if found is not None and found < 2:
             await _add_activity(conn)
@@ -233,6 +235,41 @@ async def migrate(
             (str(SCHEMA_VERSION),),
         )
     return found
+
+
+# What a role that runs hearth may not do on its tables and sequences (empty: all it needs).
+_MISSING_GRANTS = """
+SELECT c.relname AS name, p.privilege
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p (privilege)
+WHERE n.nspname = %(s)s AND c.relkind IN ('r', 'p') AND NOT has_table_privilege(c.oid, p.privilege)
+UNION ALL
+SELECT c.relname, 'USAGE'
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(s)s
+  AND CASE WHEN c.relkind = 'S' THEN NOT has_sequence_privilege(c.oid, 'USAGE') ELSE false END
+ORDER BY 1, 2
+"""
+
+
+async def _check_grants(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    """Refuse a role that may read hearth's tables but not write them: it would start, answer
+    /healthz, and fail every admission and claim (a traceback a second in the log)."""
+    cursor = await conn.execute(_MISSING_GRANTS, {"s": schema})
+    missing = await cursor.fetchall()
+    if not missing:
+        return
+    cursor = await conn.execute("SELECT current_user")
+    row = await cursor.fetchone()
+    role = row[0] if row else "this role"
+    tables = sorted({name for name, _ in missing})
+    privileges = sorted({privilege for _, privilege in missing})
+    raise StoreError(
+        f"the role {role!r} may not {' or '.join(privileges)} on {len(tables)} of hearth's"
+        f" tables in the schema {schema!r} ({', '.join(tables[:3])}"
+        f"{', ...' if len(tables) > 3 else ''}): grant it SELECT, INSERT, UPDATE, DELETE ON ALL"
+        f" TABLES IN SCHEMA {schema} and USAGE ON ALL SEQUENCES IN SCHEMA {schema}"
+    )
 
 
 async def _add_activity(conn: psycopg.AsyncConnection[Any]) -> None:
