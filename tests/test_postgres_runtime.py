@@ -105,3 +105,32 @@ async def test_in_a_rolling_redeploy_the_older_release_leaves_a_new_agents_work_
         receipts = [await rt_new.dispatch("billing", f"b{i}", "invoice?") for i in range(20)]
         outcomes = [(await rt_new.read(r, timeout=30)).outcome for r in receipts]
     assert outcomes == ["completed"] * 20
+
+
+async def test_a_database_clock_set_back_is_followed_at_the_next_claim(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The process's estimate of the database's clock stayed where it was for 30 s after the
+    clock was set back (and never went back): every submission claimed meanwhile had its
+    deadline, stamped by the corrected clock, taken for passed, and failed ``timeout`` at once."""
+
+    @hearth.agent(durability=hearth.Durability(timeout=120))
+    def timed(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/echo")
+        return ""
+
+    model = ScriptedModel("echo", [reply("heard")], repeat_last=True)
+    async with hearth.App([timed], db=pg_cluster.url(), providers=[model]).run() as rt:
+        await rt.read(await rt.dispatch("timed", "warm", "hi"), timeout=10)
+        store = rt.store
+        assert isinstance(store, PostgresStore)
+        right = await store.now()
+        # As if the database's clock had been 10 minutes ahead when it was last read, and was
+        # then set right: what this process believes is 10 minutes ahead of it.
+        assert store._skew is not None
+        store._skew = (store._skew[0] + 600, store._skew[1])
+        assert await store.now() > right + 590
+        answer = await rt.read(await rt.dispatch("timed", "c", "hi"), timeout=10)
+        assert answer.outcome == "completed"
+        assert abs(await store.now() - (right + 0)) < 60  # following the database again
+    assert "moved -600" in caplog.text or "moved -599" in caplog.text, caplog.text

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import re
 import time
@@ -94,7 +95,12 @@ CONNECT_TIMEOUT_S = 5
 ABORT_LOCK_WAIT_MS = 200  # an abort's wait for a row lock before it tells the row's owner
 ABORT_LOCKED_WAIT_MS = 10_000  # and its wait after
 IDLE_IN_TRANSACTION_MS = 10_000
+log = logging.getLogger("hearth.store")
+
 _SKEW_TTL_S = 30.0
+# A reading of the database's clock further than this from what the last one foretold is a step
+# of that clock (set back or forward), not the doubt of a round trip.
+CLOCK_STEP_S = 1.0
 _TAILS_KEPT = 4096
 
 
@@ -263,11 +269,38 @@ class PostgresStore(Store):
             assert row is not None
             self._skew = (float(row["t"]) - (local + after) / 2, after)
             local = after
+        reading = local + self._skew[0]
+        if reading < self._latest_now - CLOCK_STEP_S:
+            self._stepped(reading - self._latest_now)
+            self._latest_now = reading
         # Never behind an answer given before: a new reading, taken from the middle of its
         # round trip, can be a little behind the last one's (a deadline judged passed must
-        # stay passed).
-        self._latest_now = max(self._latest_now, local + self._skew[0])
+        # stay passed). Further behind, the database's clock was set back: it is followed.
+        self._latest_now = max(self._latest_now, reading)
         return self._latest_now
+
+    def _observed(self, at: float, before: float, after: float) -> None:
+        """``at``: the database's clock in a statement run between the monotonic ``before``
+        and ``after``. A clock that moved against the estimate (set back or forward, past the
+        round trip's own doubt) is followed from now on, not after ``_SKEW_TTL_S``: a claim
+        stamps its deadline with it, and a stale estimate ahead of it took every new
+        submission's deadline for passed (``timeout`` at once)."""
+        if self.clock is not None or self._skew is None:
+            return
+        middle = (before + after) / 2
+        moved = at - (middle + self._skew[0])
+        if abs(moved) <= max(CLOCK_STEP_S, after - before):
+            return
+        self._stepped(moved)
+        self._skew = (at - middle, after)
+        self._latest_now = at
+
+    def _stepped(self, moved: float) -> None:
+        log.warning(
+            "the clock of %s moved %+.1f s against this process's; hearth follows it",
+            self.where,
+            moved,
+        )
 
     async def notified(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
         """Wait until the notifications of this store's commits so far are sent (for tests)."""
@@ -727,7 +760,10 @@ class PostgresStore(Store):
         }
 
         async def work(conn: ops.Conn, _: ops.Outbox) -> list[Submission]:
+            before = time.monotonic()
             rows = await ops.fetchall(conn, ops.CLAIM, params)
+            if rows:  # the database's clock when it stamped the claims' deadlines and leases
+                self._observed(float(rows[0]["claimed_at"]), before, time.monotonic())
             return sorted((submission_from_row(row) for row in rows), key=lambda s: s.seq)
 
         return await self._write(work, resolve=lambda conn: readback.claimed(conn, token))

@@ -87,7 +87,7 @@ UPDATE submissions AS u SET
     started_at = COALESCE(u.started_at, {NOW}),
     deadline = COALESCE(u.deadline, {NOW} + u.timeout)
 FROM picked WHERE u.seq = picked.seq
-RETURNING u.*
+RETURNING u.*, {NOW} AS claimed_at
 """
 
 
