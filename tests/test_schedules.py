@@ -3,6 +3,7 @@ real store and an injected clock (no sleeping)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -293,3 +294,43 @@ async def test_a_tick_with_nothing_due_evaluates_no_cron_expression(
     assert len(await all_submissions(store)) == 200
     await sched.tick()
     assert len(await all_submissions(store)) == 200
+
+
+async def test_on_sqlite_schedules_follow_the_wall_clock_not_the_steady_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SQLite's clock is the wall clock read at start, then the monotonic one: a wall clock
+    set right (10 minutes) after the start made every occurrence fire 10 minutes late, for the
+    rest of the process's life."""
+    import hearth.store.sqlite as sqlite_module
+
+    wall = time.time
+    monkeypatch.setattr(sqlite_module.time, "time", lambda: wall() - 600)  # slow at start
+    made = SQLiteStore(":memory:")
+    monkeypatch.undo()  # then set right
+    await made.open()
+    try:
+        every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+        env = Env(store=made, agents={"digest": digest}, providers=ProviderRegistry([]))
+        looks = Scheduler(env, [every])
+        assert abs(await made.now() - (wall() - 600)) < 5  # leases keep the steady clock
+        assert abs(await looks.now() - wall()) < 5  # cron is wall time
+    finally:
+        await made.close()
+
+
+async def test_the_next_occurrence_shown_after_a_clock_set_back_is_the_one_that_fires(
+    store: SQLiteStore,
+) -> None:
+    """``GET /schedules`` showed the occurrence after the cursor a run with the clock two hours
+    ahead had left, while the scheduler fired the one a minute away."""
+    from hearth.runtime.runtime import Runtime
+
+    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+    ahead = ManualClock(at("2026-05-01T12:00:30"))
+    await scheduler(store, ahead, every).tick()  # the cursor: noon
+    right = ManualClock(at("2026-05-01T10:00:30"))
+    runtime = Runtime.__new__(Runtime)
+    runtime.store, runtime.scheduler = store, scheduler(store, right, every)
+    [shown] = await runtime.schedules()
+    assert shown["next_occurrence"] == "2026-05-01T10:01:00Z"

@@ -232,7 +232,10 @@ class Runtime:
             cursor = cursors.get(s.name)
             current = cursor is not None and cursor.spec == s.spec
             last = cursor.last_occurrence if cursor is not None and current else None
-            after = max(now, cursor.cursor) if cursor is not None and current else now
+            # From where the scheduler looks: the cursor, or when it found the cursor ahead of
+            # a clock set back (the cursor itself then named an occurrence hours away).
+            since = self.scheduler.looks_from(s, cursor, now) if cursor and current else now
+            after = max(now, since)
             upcoming = s.next_after(after)
             out.append(
                 {

@@ -11,14 +11,16 @@ the others find the cursor moved. Occurrences missed while no process ran are co
 one catch-up, for the latest of them; a schedule never seen, or whose cron or zone changed,
 starts from now.
 
-The clock is the store's (``Store.now()``), unless a test injects one: the scheduler reads it,
-nothing else does (leases never see it).
+The clock is the store's (``Store.now()``) — on SQLite the wall clock itself, cron being wall
+time — unless a test injects one: the scheduler reads it, nothing else does (leases never see
+it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from hearth import _faults
@@ -57,7 +59,18 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
 
     async def now(self) -> float:
-        return self.clock() if self.clock is not None else await self.env.store.now()
+        if self.clock is not None:
+            return self.clock()
+        if getattr(self.env.store, "steady", False):
+            # Cron is wall time: SQLite's steady clock drifts from it by every correction of
+            # the wall clock (and every sleep of the machine) since the process started, and
+            # schedules fired that much late for the rest of its life.
+            return time.time()
+        return await self.env.store.now()
+
+    def looks_from(self, s: Schedule, cursor: ScheduleCursor, now: float) -> float:
+        """Where the next occurrence of ``s`` is looked for from (``_since``)."""
+        return self._since(s, cursor, now)
 
     def start(self) -> None:
         if self.schedules and self._task is None:

@@ -137,6 +137,10 @@ class SQLiteStore(Store):
         self.path = path
         self.synchronous = mode
         self.clock = clock or steady_clock()
+        # Its clock is the wall clock read at start, then the monotonic one: leases and
+        # deadlines ignore a wall clock set right while the process runs (the scheduler,
+        # whose cron is wall time, does not use it).
+        self.steady = clock is None
         self.events = StoreEvents()
         self._create = True
         self._forking: set[str] = set()  # fork targets being copied (``fork``)
