@@ -93,6 +93,14 @@ def test_the_latest_due_occurrence_is_the_catch_up() -> None:
     yearly = hearth.Schedule("y", digest, "x", cron="0 0 1 1 *", message="y")
     due = yearly.latest_due(at("2020-06-01T00:00:00"), at("2026-06-01T00:00:00"))
     assert iso(due or 0) == "2026-01-01T00:00:00Z"
+    # Every minute of two months a year, two years missed: walked forward from the cursor, the
+    # search gave up after 100,000 minutes at a January occurrence.
+    winter = hearth.Schedule("w", digest, "x", cron="* * * 1,2 *", message="w")
+    due = winter.latest_due(at("2024-12-01T00:00:00"), at("2026-12-05T12:00:00"))
+    assert iso(due or 0) == "2026-02-28T23:59:00Z"
+    assert every.latest_due(at("2026-01-01T00:00:00"), at("2026-01-01T00:01:00")) == at(
+        "2026-01-01T00:01:00"
+    )  # an occurrence at ``now`` itself is due
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 NAME_PATTERN = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 # How far back a catch-up looks at first; widened until it finds the latest missed occurrence,
 # so coalescing a long outage costs a few windows, not one step per missed occurrence.
-_WINDOWS = (timedelta(hours=1), timedelta(days=2), timedelta(days=63), timedelta(days=800))
 _MAX_STEPS = 100_000  # cron can name no time at all (30 February): give up, never spin
 
 
@@ -115,24 +114,20 @@ class Schedule:
 
     def latest_due(self, after: float, now: float) -> float | None:
         """The latest occurrence in ``(after, now]``: the one to admit, the earlier ones
-        coalesced into it. None when nothing is due."""
+        coalesced into it. None when nothing is due. Looked for back from ``now`` (forward
+        from ``after``, a cron of a few months a year walked 100,000 minutes and stopped at a
+        January occurrence, after half a second, when the latest was in February)."""
         if now <= after:
             return None
-        for window in _WINDOWS:
-            start = max(after, now - window.total_seconds())
-            latest = None
-            for at in self._from(start):
-                if at > now:
-                    break
-                latest = at
-            if latest is not None or start == after:
-                return latest
-        latest = None
-        for at in self._from(after):
-            if at > now:
-                break
-            latest = at
-        return latest
+        # One second past ``now``: cronsim's reverse walk names times strictly before its start.
+        start = datetime.fromtimestamp(now + 1, UTC).astimezone(self.zone)
+        for n, at in enumerate(CronSim(self.cron, start, reverse=True)):
+            stamp = at.timestamp()
+            if n > _MAX_STEPS or stamp <= after:
+                return None
+            if stamp <= now:
+                return stamp
+        return None
 
     def _from(self, t: float) -> Iterator[float]:
         """Occurrences strictly after ``t``, as unix seconds, in order."""
