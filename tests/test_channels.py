@@ -105,6 +105,14 @@ def test_a_verifier_without_a_secret_names_the_variable_not_a_value(
     assert "from-the-environment" not in repr(verify)
 
 
+@pytest.mark.parametrize("max_age", [0, -5, float("nan"), float("inf"), "300", True])
+def test_hmac_max_age_is_a_positive_number_of_seconds(max_age: object) -> None:
+    """NaN was taken, and accepted a timestamp ten years old (every comparison with it fails);
+    a string raised a bare TypeError."""
+    with pytest.raises(hearth.ConfigurationError, match="max_age must be a positive number"):
+        hearth.channels.hmac("k", max_age=max_age)  # type: ignore[arg-type]
+
+
 def test_hmac_timestamps_are_judged_both_ways_against_max_age() -> None:
     now = 1_900_000_000.0
     verify = hearth.channels.hmac("k", max_age=60, clock=lambda: now)

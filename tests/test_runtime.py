@@ -1527,3 +1527,20 @@ async def test_a_lease_whose_release_failed_is_given_back_while_other_work_runs(
         answer = await rt.read(await rt.dispatch("echo", "c", "hi"), timeout=15)
     assert answer.text == "heard" and failed == ["turn", "release"]
     assert "gave back the lease" in caplog.text
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "5", True])
+async def test_read_refuses_a_timeout_that_is_no_number_of_seconds(timeout: object) -> None:
+    """A NaN waited for good; a string raised a bare TypeError from inside the wait."""
+    model = ScriptedModel("t", [reply("ok")])
+
+    @hearth.agent
+    def t(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/t")
+        return ""
+
+    async with hearth.App([t], db="memory", providers=[model]).run() as rt:
+        receipt = await rt.dispatch("t", "c", "hi")
+        with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+            await rt.read(receipt, timeout=timeout)  # type: ignore[arg-type]
+        assert (await rt.read(receipt, timeout=10)).text == "ok"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac as _hmac
+import math
 import os
 import re
 import time
@@ -230,8 +231,14 @@ def hmac(
     """A verifier for senders that sign the body with a shared secret (default:
     ``$HEARTH_WEBHOOK_SECRET``), for ``Channel(verify=...)``. ``clock`` (wall-clock unix
     seconds) judges ``X-Timestamp``; tests may inject one."""
-    if max_age <= 0:
-        raise ConfigurationError("hearth.channels.hmac: max_age must be positive")
+    if (
+        isinstance(max_age, bool)
+        or not isinstance(max_age, int | float)
+        or not 0 < max_age < math.inf  # (NaN too: it fails every comparison, and limited nothing)
+    ):
+        raise ConfigurationError(
+            f"hearth.channels.hmac: max_age must be a positive number of seconds, not {max_age!r}"
+        )
     return HMACVerifier(_secret(secret, secret_env, "hearth.channels.hmac"), max_age, clock)
 
 

@@ -283,7 +283,14 @@ async def test_use_workspace_refuses_what_is_not_a_workspace(tmp_path: Path) -> 
 
 
 def test_run_limits_refuse_nonsense() -> None:
-    bad: list[dict[str, Any]] = [{"max_timeout": 0}, {"output_bytes": 0}, {"processes": True}]
+    bad: list[dict[str, Any]] = [
+        {"max_timeout": 0},
+        {"max_timeout": float("nan")},  # (it bounded nothing: min(1e9, nan) is 1e9)
+        {"max_timeout": float("inf")},
+        {"max_timeout": True},
+        {"output_bytes": 0},
+        {"processes": True},
+    ]
     for kwargs in bad:
         with pytest.raises(hearth.ConfigurationError):
             hearth.RunLimits(**kwargs)

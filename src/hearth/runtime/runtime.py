@@ -258,7 +258,13 @@ class Runtime:
         return sub
 
     async def wait_settled(self, submission_id: str, timeout: float | None = None) -> Submission:
-        """Wait until the submission has its outcome (or ``TimeoutError``)."""
+        """Wait until the submission has its outcome (or ``TimeoutError``). ``timeout``: 0 or
+        more seconds, or None for no limit (``ValueError`` for anything else: a NaN waited for
+        good)."""
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
+            raise ValueError(f"timeout must be 0 or more seconds, or None; not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         events = self.store.events
         first = True

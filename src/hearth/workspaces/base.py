@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,11 @@ class RunLimits:
     file_bytes: int = 1024**3
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_timeout, int | float) or self.max_timeout <= 0:
+        if (
+            isinstance(self.max_timeout, bool)
+            or not isinstance(self.max_timeout, int | float)
+            or not 0 < self.max_timeout < math.inf  # (NaN: every timeout passed it unbounded)
+        ):
             raise ConfigurationError("RunLimits.max_timeout must be a positive number of seconds")
         for name in ("output_bytes", "memory_bytes", "processes", "file_bytes"):
             value = getattr(self, name)
