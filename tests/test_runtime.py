@@ -9,6 +9,7 @@ import json
 import random
 import re
 import string
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -1544,3 +1545,35 @@ async def test_read_refuses_a_timeout_that_is_no_number_of_seconds(timeout: obje
         with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
             await rt.read(receipt, timeout=timeout)  # type: ignore[arg-type]
         assert (await rt.read(receipt, timeout=10)).text == "ok"
+
+
+async def test_a_sync_step_function_runs_off_the_event_loop() -> None:
+    """A sync step function ran on the event loop: blocking work in it (a sync HTTP call) held
+    the heartbeats, and past the lease a peer took the work over and ran the step again. The
+    function here waits for the loop to answer it: on the loop it could never be answered."""
+    answered = threading.Event()
+
+    def blocking() -> bool:
+        asyncio.run_coroutine_threadsafe(answer(), loop)
+        return answered.wait(timeout=10)
+
+    async def answer() -> None:
+        answered.set()
+
+    @hearth.tool(durable=True)
+    async def charge(ctx: hearth.ToolContext) -> bool:
+        """Charge, with a blocking client."""
+        return bool(await ctx.step.do("charge", blocking))
+
+    @hearth.agent
+    def payer(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/payer")
+        ctx.use_tool(charge)
+        return ""
+
+    loop = asyncio.get_running_loop()
+    model = ScriptedModel("payer", [calls(call("charge", id="c")), reply("done")])
+    async with hearth.App([payer], db="memory", providers=[model]).run() as rt:
+        await rt.read(await rt.dispatch("payer", "p", "go"), timeout=30)
+        [outcome] = [r for r in await rt.history("payer", "p") if isinstance(r, ToolOutcome)]
+    assert outcome.content is True

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
+from hearth._tasks import in_thread
 from hearth.errors import ConfigurationError, Interruption, StepError, WaitTimedOut
 from hearth.ids import is_name, name_rule
 from hearth.jsontext import json_round_trip
@@ -46,6 +47,21 @@ def json_value(name: str, value: Any) -> Any:
         return json_round_trip(value)
     except (TypeError, ValueError) as exc:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
+
+
+async def _called(fn: Callable[[], Any]) -> Any:
+    """What ``fn`` gives: an async function is awaited on the loop; a sync one runs on a
+    worker thread (as a sync tool does), so that blocking work never stalls the loop and with
+    it the heartbeats (a 40 s call then lost its lease, and a peer ran the step again); an
+    awaitable it returns is awaited."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
+    ):
+        return await fn()
+    value = await in_thread(fn)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
 
 
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
@@ -148,9 +164,7 @@ class Steps:
             await self._before_run()
         with self._around(name):
             _faults.reached(f"step:{name}")
-            value = fn()
-            if inspect.isawaitable(value):
-                value = await value
+            value = await _called(fn)
             value = json_value(name, value)
             _faults.reached(f"step-done:{name}")
             await self._record(name, value)
