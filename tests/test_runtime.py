@@ -10,6 +10,7 @@ import random
 import re
 import string
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +20,7 @@ import pytest
 from leaky_library import leak_a_cancellation
 
 import hearth
+import hearth.steps
 from hearth.providers.base import (
     Finished,
     ModelRequest,
@@ -1547,10 +1549,15 @@ async def test_read_refuses_a_timeout_that_is_no_number_of_seconds(timeout: obje
         assert (await rt.read(receipt, timeout=10)).text == "ok"
 
 
-async def test_a_sync_step_function_runs_off_the_event_loop() -> None:
-    """A sync step function ran on the event loop: blocking work in it (a sync HTTP call) held
-    the heartbeats, and past the lease a peer took the work over and ran the step again. The
-    function here waits for the loop to answer it: on the loop it could never be answered."""
+async def test_a_sync_step_function_that_holds_the_loop_is_reported(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync step function runs on the event loop (a thread hop per step cost a trivial step
+    0.2-0.3 ms). Blocking work in it holds every other conversation and the heartbeats: past
+    the lease a peer runs the step again. It is said in the log, with the way out; and that way
+    out, ``lambda: asyncio.to_thread(work)``, runs off the loop: the work here waits for the
+    loop to answer it, which on the loop could never be."""
+    monkeypatch.setattr(hearth.steps, "HELD_THE_LOOP_S", 0.05)
     answered = threading.Event()
 
     def blocking() -> bool:
@@ -1563,7 +1570,8 @@ async def test_a_sync_step_function_runs_off_the_event_loop() -> None:
     @hearth.tool(durable=True)
     async def charge(ctx: hearth.ToolContext) -> bool:
         """Charge, with a blocking client."""
-        return bool(await ctx.step.do("charge", blocking))
+        await ctx.step.do("slow", lambda: time.sleep(0.1))
+        return bool(await ctx.step.do("charge", lambda: asyncio.to_thread(blocking)))
 
     @hearth.agent
     def payer(ctx: hearth.AgentContext) -> str:
@@ -1577,3 +1585,6 @@ async def test_a_sync_step_function_runs_off_the_event_loop() -> None:
         await rt.read(await rt.dispatch("payer", "p", "go"), timeout=30)
         [outcome] = [r for r in await rt.history("payer", "p") if isinstance(r, ToolOutcome)]
     assert outcome.content is True
+    assert "step 'slow' ran 0.1 s on the event loop" in caplog.text
+    assert "asyncio.to_thread(work)" in caplog.text
+    assert "step 'charge'" not in caplog.text

@@ -6,17 +6,20 @@ import contextlib
 import contextvars
 import hashlib
 import inspect
+import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
-from hearth._tasks import in_thread
 from hearth.errors import ConfigurationError, Interruption, StepError, WaitTimedOut
 from hearth.ids import is_name, name_rule
 from hearth.jsontext import json_round_trip
+
+log = logging.getLogger("hearth.steps")
 
 # ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
 # recorded value, once the function's writes and the step record committed together.
@@ -49,19 +52,21 @@ def json_value(name: str, value: Any) -> Any:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
 
 
-async def _called(fn: Callable[[], Any]) -> Any:
-    """What ``fn`` gives: an async function is awaited on the loop; a sync one runs on a
-    worker thread (as a sync tool does), so that blocking work never stalls the loop and with
-    it the heartbeats (a 40 s call then lost its lease, and a peer ran the step again); an
-    awaitable it returns is awaited."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
-    ):
-        return await fn()
-    value = await in_thread(fn)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
+# A sync step function that runs this long is reported: it ran on the event loop, which every
+# other conversation and the leases' heartbeats share.
+HELD_THE_LOOP_S = 1.0
+
+
+def _held_the_loop(name: str, seconds: float) -> None:
+    if seconds >= HELD_THE_LOOP_S:
+        log.warning(
+            "step %r ran %.1f s on the event loop (a sync function): every other conversation"
+            " and the leases' heartbeats waited meanwhile, and past the lease a peer takes the"
+            " work over and runs the step again; give blocking work as"
+            " `lambda: asyncio.to_thread(work)` or as an async function",
+            name,
+            seconds,
+        )
 
 
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
@@ -164,7 +169,11 @@ class Steps:
             await self._before_run()
         with self._around(name):
             _faults.reached(f"step:{name}")
-            value = await _called(fn)
+            began = time.monotonic()
+            value = fn()
+            _held_the_loop(name, time.monotonic() - began)
+            if inspect.isawaitable(value):
+                value = await value
             value = json_value(name, value)
             _faults.reached(f"step-done:{name}")
             await self._record(name, value)
