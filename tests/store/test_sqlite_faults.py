@@ -20,6 +20,7 @@ import hearth
 from hearth.errors import StoreError, StoreUnavailable
 from hearth.records import ToolStepSettled
 from hearth.store import open_store
+from hearth.store.sqlite_writer import FileWatch
 from hearth.testing import ScriptedModel, call, calls, reply
 
 pytestmark = pytest.mark.anyio
@@ -272,6 +273,7 @@ async def test_a_database_file_deleted_or_replaced_under_the_process_takes_no_mo
         os.unlink(path)
         if how == "replaced":
             path.write_bytes(b"")  # another file by that name
+        await asyncio.sleep(FileWatch.EVERY_S + 0.05)  # (a write looks at most this often)
         with pytest.raises(StoreUnavailable, match=f"{path} was deleted or replaced"):
             await store.admit(_message("support/b"))
         with pytest.raises(StoreUnavailable, match="was deleted or replaced"):
@@ -290,6 +292,7 @@ async def main(path):
     await store.open()
     await store.admit(NewSubmission("support/a", "support", "message", {"message": "hi"}))
     os.unlink(path + "-wal")  # what holds a's admission, not yet copied into the database
+    await asyncio.sleep(0.2)  # (a write looks at most every 0.1 s)
     await store.admit(NewSubmission("support/b", "support", "message", {"message": "hi"}))
     print("acknowledged", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
