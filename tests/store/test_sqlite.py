@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -1085,115 +1085,113 @@ async def long_conversation(store: SQLiteStore, records: int) -> int:
     return await store.settle(claimed.fence, done, outcome="completed", error=None, reply="ok")
 
 
-async def test_a_long_fork_lets_other_writes_commit_between_its_chunks(
+@pytest.fixture
+async def long_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[SQLiteStore, int]]:
+    """A store holding ``support/long`` (46 records at rest), forked 10 records a job."""
+    monkeypatch.setattr(sqlite_ops, "FORK_CHUNK", 10)
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        yield store, await long_conversation(store, 45)
+    finally:
+        await store.close()
+
+
+async def test_a_long_fork_lets_other_writes_commit_between_its_chunks(
+    long_store: tuple[SQLiteStore, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fork of 100,000 records copied in one job of the writer held every other write (steps,
     admissions, heartbeats) for 2.5 s; it copies ``FORK_CHUNK`` records a job."""
-    monkeypatch.setattr(sqlite_ops, "FORK_CHUNK", 10)
-    store = await opened(tmp_path / "hearth.db")
-    try:
-        end = await long_conversation(store, 45)
-        await store.admit(new("support/other"))
-        seen: list[int] = []  # the other conversation's end, as each chunk finds it
-        copy = sqlite_ops.fork_copy
+    store, end = long_store
+    await store.admit(new("support/other"))
+    seen: list[int] = []  # the other conversation's end, as each chunk finds it
+    copy = sqlite_ops.fork_copy
 
-        def watched(conn: sqlite3.Connection, outbox: Any, **chunk: Any) -> None:
-            seen.append(sqlite_ops.last_offset(conn, "support/other"))
-            copy(conn, outbox, **chunk)
+    def watched(conn: sqlite3.Connection, outbox: Any, **chunk: Any) -> None:
+        seen.append(sqlite_ops.last_offset(conn, "support/other"))
+        copy(conn, outbox, **chunk)
 
-        monkeypatch.setattr(sqlite_ops, "fork_copy", watched)
-        fork = asyncio.create_task(store.fork("support/long", end, "support/copy"))
-        for n in range(5):
-            await store.append("support/other", [msg(n)])
-        info = await fork
-        assert len(seen) == 5  # 46 records after conversation_created: 10 a chunk
-        assert seen[-1] > seen[0], seen  # other writes committed while the fork was copying
-        assert info.last_offset == end
-        copied = await store.read("support/copy")
-        source = await store.read("support/long")
-        assert [r.offset for r in copied] == list(range(end + 1))
-        assert [r.type for r in copied[1:]] == [r.type for r in source[1:]]
-        assert copied[-1].id == f"support/copy:copy:{end}"
-    finally:
-        await store.close()
+    monkeypatch.setattr(sqlite_ops, "fork_copy", watched)
+    fork = asyncio.create_task(store.fork("support/long", end, "support/copy"))
+    for n in range(5):
+        await store.append("support/other", [msg(n)])
+    info = await fork
+    assert len(seen) == 5  # 46 records after conversation_created: 10 a chunk
+    assert seen[-1] > seen[0], seen  # other writes committed while the fork was copying
+    assert info.last_offset == end
+    copied = await store.read("support/copy")
+    source = await store.read("support/long")
+    assert [r.offset for r in copied] == list(range(end + 1))
+    assert [r.type for r in copied[1:]] == [r.type for r in source[1:]]
+    assert copied[-1].id == f"support/copy:copy:{end}"
 
 
 async def test_a_fork_stopped_half_way_leaves_no_conversation_and_the_next_one_is_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    long_store: tuple[SQLiteStore, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_ops, "FORK_CHUNK", 10)
-    store = await opened(tmp_path / "hearth.db")
-    try:
-        end = await long_conversation(store, 45)
-        copy = sqlite_ops.fork_copy
-        calls: list[int] = []
+    store, end = long_store
+    copy = sqlite_ops.fork_copy
+    calls: list[int] = []
 
-        def failing(conn: sqlite3.Connection, outbox: Any, **chunk: Any) -> None:
-            calls.append(chunk["after"])
-            if len(calls) == 3:
-                raise sqlite3.OperationalError("disk I/O error")  # (a crash between two chunks)
-            copy(conn, outbox, **chunk)
+    def failing(conn: sqlite3.Connection, outbox: Any, **chunk: Any) -> None:
+        calls.append(chunk["after"])
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("disk I/O error")  # (a crash between two chunks)
+        copy(conn, outbox, **chunk)
 
-        monkeypatch.setattr(sqlite_ops, "fork_copy", failing)
-        with pytest.raises(StoreError, match="disk I/O error"):
-            await store.fork("support/long", end, "support/copy")
-        # Twenty copies are on disk under the id, but no conversation is, and no reader sees them.
-        assert await store.get_conversation("support/copy") is None
-        assert await store.read("support/copy") == []
-        assert await store.read_page("support/copy", -1, 100, 1 << 20) == ([], False)
-        listed = {c.conversation_id for c in await store.list_conversations()}
-        assert "support/copy" not in listed
-        monkeypatch.setattr(sqlite_ops, "fork_copy", copy)
+    monkeypatch.setattr(sqlite_ops, "fork_copy", failing)
+    with pytest.raises(StoreError, match="disk I/O error"):
         await store.fork("support/long", end, "support/copy")
-        assert [r.offset for r in await store.read("support/copy")] == list(range(end + 1))
-        # The id of a fork that stopped can also be taken by a new conversation: a clean one.
-        monkeypatch.setattr(sqlite_ops, "fork_copy", failing)
-        calls.clear()
-        with pytest.raises(StoreError):
-            await store.fork("support/long", end, "support/fresh")
-        await store.admit(new("support/fresh"))
-        assert [r.type for r in await store.read("support/fresh")] == ["conversation_created"]
-    finally:
-        await store.close()
+    # Twenty copies are on disk under the id, but no conversation is, and no reader sees them.
+    assert await store.get_conversation("support/copy") is None
+    assert await store.read("support/copy") == []
+    assert await store.read_page("support/copy", -1, 100, 1 << 20) == ([], False)
+    listed = {c.conversation_id for c in await store.list_conversations()}
+    assert "support/copy" not in listed
+    monkeypatch.setattr(sqlite_ops, "fork_copy", copy)
+    await store.fork("support/long", end, "support/copy")
+    assert [r.offset for r in await store.read("support/copy")] == list(range(end + 1))
+    # The id of a fork that stopped can also be taken by a new conversation: a clean one.
+    monkeypatch.setattr(sqlite_ops, "fork_copy", failing)
+    calls.clear()
+    with pytest.raises(StoreError):
+        await store.fork("support/long", end, "support/fresh")
+    await store.admit(new("support/fresh"))
+    assert [r.type for r in await store.read("support/fresh")] == ["conversation_created"]
 
 
 async def test_a_conversation_created_while_it_is_forked_to_stops_the_fork(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    long_store: tuple[SQLiteStore, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_ops, "FORK_CHUNK", 10)
-    store = await opened(tmp_path / "hearth.db")
-    try:
-        end = await long_conversation(store, 45)
-        copy = sqlite_ops.fork_copy
-        admitted: list[asyncio.Task[Any]] = []
-        loop = asyncio.get_running_loop()
+    store, end = long_store
+    copy = sqlite_ops.fork_copy
+    admitted: list[asyncio.Task[Any]] = []
+    loop = asyncio.get_running_loop()
 
-        def admit() -> None:
-            admitted.append(asyncio.ensure_future(store.admit(new("support/copy"))))
+    def admit() -> None:
+        admitted.append(asyncio.ensure_future(store.admit(new("support/copy"))))
 
-        def meanwhile(conn: sqlite3.Connection, outbox: Any, **chunk: Any) -> None:
-            copy(conn, outbox, **chunk)
-            if chunk["after"] == 0:  # an admission to the same id, queued behind this chunk
-                queued = store.submitted
-                loop.call_soon_threadsafe(admit)
-                for _ in range(5000):
-                    if store.submitted > queued:
-                        break
-                    time.sleep(0.001)
+    def meanwhile(conn: sqlite3.Connection, outbox: Any, **chunk: Any) -> None:
+        copy(conn, outbox, **chunk)
+        if chunk["after"] == 0:  # an admission to the same id, queued behind this chunk
+            queued = store.submitted
+            loop.call_soon_threadsafe(admit)
+            for _ in range(5000):
+                if store.submitted > queued:
+                    break
+                time.sleep(0.001)
 
-        monkeypatch.setattr(sqlite_ops, "fork_copy", meanwhile)
-        with pytest.raises(hearth.errors.ConversationExists):
-            await store.fork("support/long", end, "support/copy")
-        await admitted[0]
-        # The conversation the admission made holds none of the fork's copies.
-        assert [r.type for r in await store.read("support/copy")] == ["conversation_created"]
-        # Two forks to one id at once: the second is refused while the first copies.
-        monkeypatch.setattr(sqlite_ops, "fork_copy", copy)
-        first = asyncio.create_task(store.fork("support/long", end, "support/twice"))
-        await asyncio.sleep(0)
-        with pytest.raises(hearth.errors.ConversationExists, match="being forked"):
-            await store.fork("support/long", end, "support/twice")
-        assert (await first).last_offset == end
-    finally:
-        await store.close()
+    monkeypatch.setattr(sqlite_ops, "fork_copy", meanwhile)
+    with pytest.raises(hearth.errors.ConversationExists):
+        await store.fork("support/long", end, "support/copy")
+    await admitted[0]
+    # The conversation the admission made holds none of the fork's copies.
+    assert [r.type for r in await store.read("support/copy")] == ["conversation_created"]
+    # Two forks to one id at once: the second is refused while the first copies.
+    monkeypatch.setattr(sqlite_ops, "fork_copy", copy)
+    first = asyncio.create_task(store.fork("support/long", end, "support/twice"))
+    await asyncio.sleep(0)
+    with pytest.raises(hearth.errors.ConversationExists, match="being forked"):
+        await store.fork("support/long", end, "support/twice")
+    assert (await first).last_offset == end
