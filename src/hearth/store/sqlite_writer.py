@@ -60,7 +60,8 @@ class FileWatch:
     SQLite goes on writing to a file it opened after the file lost its name: a database file
     deleted or replaced while this process serves would take every later commit with it (and a
     second process could open the path), a WAL deleted would take what it holds not yet copied
-    into the database. ``check`` compares the names with what was opened."""
+    into the database. ``database_gone`` and ``wal_gone`` compare the names with what was
+    opened."""
 
     # How often a write looks: a ``stat`` of the WAL just after its sync costs a step 50 µs
     # (ext4), more than the rest of hearth's own work on it. A file deleted is noticed within
