@@ -120,3 +120,24 @@ def test_hearth_check_says_a_corrupt_record_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
     assert "a record of echo/a cannot be read" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+async def test_a_record_that_could_not_be_read_leaves_the_file_free_when_the_store_closes(
+    tmp_path: Path,
+) -> None:
+    """The traceback of the failed read kept its cursor, and with it the file locked after the
+    runtime had ended: ``hearth waits --db`` said another process owned it."""
+    path = tmp_path / "hearth.db"
+    (first,) = await admitted(path, message("echo/a", "hi"))
+    async with app(path).run() as rt:
+        await rt.read(first, timeout=10)
+    damage(
+        path, "UPDATE records SET body = '{' WHERE conversation_id = 'echo/a' AND \"offset\" = 2"
+    )
+    async with app(path).run() as rt:
+        with pytest.raises(CorruptData) as raised:
+            await rt.history("echo", "a")
+    assert raised.value.__traceback__ is not None  # (kept, as a caller's would be)
+    again = SQLiteStore(str(path))
+    await again.open()  # not "another process owns the SQLite file"
+    await again.close()

@@ -208,3 +208,30 @@ def test_a_stream_writes_in_pieces_a_slow_client_is_waited_for() -> None:
     asyncio.run(tail._write(send, b"x" * (4 << 20)))
     assert sum(sizes) == 4 << 20 and max(sizes) == tail.WRITE_PIECE == 64 << 10
     assert tail.CATCH_UP_BYTES <= 1 << 20
+
+
+def test_a_record_the_store_cannot_read_is_a_500_for_the_stream_too(server: ThreadServer) -> None:
+    """A page answered 500 ``corrupt_data``, but the event stream answered 200 and ended with no
+    record: the SDK and ``hearth tail`` took the end for a dropped connection and reconnected
+    for good, saying nothing."""
+    import asyncio
+
+    with server.client() as http:
+        settle(http, "echo", "c-1")
+        store = server.asgi._runtime.store
+
+        def damage(conn: Any, _: Any) -> None:
+            conn.execute(
+                "UPDATE records SET body = '{' WHERE conversation_id = 'echo/c-1'"
+                ' AND "offset" = 2'
+            )
+
+        asyncio.run_coroutine_threadsafe(
+            store._writer.call(damage, write=True), server.loop
+        ).result(timeout=10)
+        for headers in (SSE, {}):
+            r = http.get("/agents/echo/c-1/stream", params={"offset": 1}, headers=headers)
+            assert r.status_code == 500, (headers, r.text)
+            assert r.json()["error"]["type"] == "corrupt_data"
+        before = http.get("/agents/echo/c-1/stream", params={"limit": 2}).json()
+        assert [r["offset"] for r in before["records"]] == [0, 1]  # what can be read still is

@@ -23,6 +23,7 @@ from hearth.server.params import int_param, query, storable
 from hearth.server.tail import (
     MAX_OFFSET,
     MAX_WAIT_S,
+    PAGE_BYTES,
     PAGE_LIMIT,
     ConversationStream,
     json_page,
@@ -211,6 +212,10 @@ async def stream(server: ServerContext, request: Request) -> Response:
         after = int_param(resume.strip(), "Last-Event-ID", default=-1, low=-1, high=MAX_OFFSET)
     await rt.require_conversation(conversation_id)
     if "text/event-stream" in request.headers.get("accept", "").lower():
+        # The next record read before the 200 goes out: one the store cannot read is a 500
+        # ``corrupt_data`` (mid-stream, it could only end the stream, and a client resuming
+        # from the last record it got asks here again, for that one).
+        await rt.read_stream(conversation_id, after, 1, PAGE_BYTES)
         if server.shutting_down:
             raise ApiError(
                 503, "shutting_down", "the server is shutting down", headers={"Retry-After": "1"}

@@ -81,7 +81,11 @@ def _records(
     conn: sqlite3.Connection, conversation_id: str, after: int, limit: int | None
 ) -> list[Record]:
     rows = conn.execute(_STREAM, (conversation_id, after, -1 if limit is None else limit))
-    return [stored_record(row[0], conversation_id) for row in rows]
+    try:
+        return [stored_record(row[0], conversation_id) for row in rows]
+    finally:
+        rows.close()  # (a record that cannot be read: its traceback kept the cursor, and the
+        # file locked after the store closed)
 
 
 def _page(
@@ -104,7 +108,7 @@ def _page(
 def _state(conn: sqlite3.Connection, conversation_id: str) -> dict[str, Any]:
     rows = conn.execute(
         "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
-    )
+    ).fetchall()
     return {
         name: stored_json(value, f"the state {name!r} of {conversation_id}") for name, value in rows
     }
