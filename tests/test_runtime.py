@@ -1588,3 +1588,19 @@ async def test_a_sync_step_function_that_holds_the_loop_is_reported(
     assert "step 'slow' ran 0.1 s on the event loop" in caplog.text
     assert "asyncio.to_thread(work)" in caplog.text
     assert "step 'charge'" not in caplog.text
+
+
+async def test_a_signal_with_a_field_it_does_not_have_is_refused_as_over_http() -> None:
+    """``rt.dispatch`` dropped it (a misspelt ``atributes``: the attributes stored empty), where
+    ``POST`` answered 400 ``unknown signal field(s)``."""
+    model = ScriptedModel("s", [reply("ok")])
+
+    @hearth.agent
+    def s(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/s")
+        return ""
+
+    async with hearth.App([s], db="memory", providers=[model]).run() as rt:
+        with pytest.raises(hearth.InvalidInput, match=r"unknown signal field.*atributes"):
+            await rt.dispatch("s", "c", signal={"type": "t", "atributes": {"k": 1}})
+        assert await rt.submissions() == []

@@ -20,13 +20,20 @@ class BadSignal(ValueError):
         self.why = why
 
 
+_FIELDS = frozenset({"type", "body", "attributes"})
+
+
 def checked_signal(signal: Any) -> dict[str, Any]:
     """``signal`` as it is stored: its type, its body (``""`` by default) and its attributes
-    (``{}`` by default) as JSON gives them back; other keys are dropped. ``BadSignal``
-    otherwise: NaN and the infinities have no JSON form, and stored they would spoil every read
-    of the stream."""
+    (``{}`` by default) as JSON gives them back. ``BadSignal`` otherwise: another key (a
+    misspelt ``atributes`` was dropped, and the attributes stored empty; HTTP refused it), and
+    NaN and the infinities, which have no JSON form and stored would spoil every read of the
+    stream."""
     if not isinstance(signal, dict):
         raise BadSignal("signal", "signal must be an object with a non-empty string 'type'")
+    unknown = sorted(str(key) for key in set(signal) - _FIELDS)
+    if unknown:
+        raise BadSignal("signal", f"unknown signal field(s): {', '.join(unknown)}")
     kind = signal.get("type")
     if not isinstance(kind, str) or not kind:
         raise BadSignal("signal.type", "signal must be an object with a non-empty string 'type'")
