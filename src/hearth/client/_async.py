@@ -114,20 +114,30 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
         """Wait for the submission's settlement and return its reply (see ``Conversation.read``)."""
         reading = self._reading(receipt, timeout)
         try:
-            async with asyncio.timeout(reading.seconds):
-                return await self._settlement(reading)
+            async with asyncio.timeout(None) as limit:
+                return await self._settlement(reading, limit)
         except TimeoutError:
             raise reading.expired() from None
 
-    async def _settlement(self, reading: Reading) -> Reply:
+    async def _settlement(self, reading: Reading, limit: asyncio.Timeout) -> Reply:
         while True:
             try:
-                reply = await _do(self._http, reading.status_call()) or await self._follow(reading)
+                reply = await self._status(reading, limit) or await self._follow(reading)
                 if reply is not None:
                     return reply
             except Exception as exc:
                 reading.raise_unless_transient(exc)
             await asyncio.sleep(reading.pause())
+
+    async def _status(self, reading: Reading, limit: asyncio.Timeout) -> Reply | None:
+        """The reply if the submission has settled. The first status request has a timeout of
+        its own (``timeout=0`` reads a settled submission); after it, ``limit`` holds the read
+        to its deadline."""
+        try:
+            return await _do(self._http, reading.status_call())
+        finally:
+            if reading.deadline is not None:
+                limit.reschedule(asyncio.get_running_loop().time() + reading.remaining())
 
     async def _follow(self, reading: Reading) -> Reply | None:
         async with contextlib.aclosing(self._records(reading)) as records:

@@ -29,6 +29,7 @@ CONNECT_S = 5.0
 STREAM_READ_S = 45.0  # three missed heartbeats: the connection is dead, reconnect
 WAIT_SLACK_S = 30.0  # beyond a long-poll's ``wait``, for the answer to arrive
 MAX_WAIT_S = 300.0  # the server refuses a longer long-poll (HTTP 400)
+FIRST_ASK_S = 1.0  # at least this for a read's first status request, whatever its timeout
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 2.0
 # A read's timeout past this is none (a timer cannot wait ~300 years: 1e12 s raised).
@@ -147,12 +148,14 @@ class Tail:
 
     def left(self) -> float:
         """Seconds until the deadline (infinite without one); ``TimeoutError`` past it."""
-        if self.deadline is None:
-            return float("inf")
-        left = self.deadline - time.monotonic()
+        left = self.remaining()
         if left <= 0:
             raise self.expired()
         return left
+
+    def remaining(self) -> float:
+        """Seconds until the deadline: infinite without one, 0 or less past it."""
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def expired(self) -> TimeoutError:
         return TimeoutError("the deadline has passed")
@@ -176,10 +179,20 @@ class Reading(Tail):
         deadline = None if self.seconds is None else time.monotonic() + self.seconds
         super().__init__(base, after, deadline)
         self.submission_id = submission_id
+        self.asked = False
 
     def status_call(self) -> Call[Reply | None]:
-        """The submission's status now; decodes to its reply if it has settled."""
-        timeout = self.timeout(WAIT_SLACK_S)
+        """The submission's status now; decodes to its reply if it has settled.
+
+        The first is asked even at the deadline, given at least ``FIRST_ASK_S``: a ``read`` with
+        ``timeout=0`` returns the reply of a submission that has settled, as ``Runtime.read``
+        does, and raises ``TimeoutError`` only for one that has not."""
+        if self.asked:
+            timeout = self.timeout(WAIT_SLACK_S)
+        else:
+            self.asked = True
+            left = max(self.remaining(), FIRST_ASK_S)
+            timeout = httpx2.Timeout(min(WAIT_SLACK_S, left), connect=min(CONNECT_S, left))
         path = submission_path(self.base, self.submission_id)
         return Call(Request("GET", path, timeout=timeout), self.reply_from_status)
 
