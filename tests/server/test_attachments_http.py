@@ -272,6 +272,9 @@ def test_a_file_over_the_attachment_limit_is_a_413_naming_it(
         error = answer.json()["error"]
         assert error["type"] == "attachment_too_large" and "huge.bin" in error["message"]
         assert "HEARTH_MAX_ATTACHMENT" in error["message"]
+        # Both say the size, as base64 too (the SDK's AttachmentTooLarge.size read 0).
+        assert error["details"] == {"name": "huge.bin", "size": 2000, "limit": 1000}
+        assert "is 2000 bytes" in error["message"]
     assert db_rows(server, "SELECT count(*) FROM attachments") == [(0,)]
 
 
