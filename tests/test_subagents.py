@@ -301,10 +301,20 @@ async def test_the_conversation_of_a_subagent_the_app_does_not_list_is_read_and_
         assert [r.type for r in await rt.history(agent, id)][:1] == ["conversation_created"]
         await rt.resolve(agent, id, wait.wait_id, "yes")
         assert (await rt.read(receipt, timeout=10)).text == "approved yes"
-        with pytest.raises(hearth.UnknownAgent):  # no direct input, no new conversation
+        # No direct input (as for any delegated conversation: it answered "unknown agent"),
+        # no new conversation.
+        with pytest.raises(hearth.DelegatedConversation):
             await rt.dispatch("clerk", id, "hi")
         with pytest.raises(hearth.UnknownAgent):
+            await rt.dispatch("clerk", "never-made", "hi")
+        with pytest.raises(hearth.UnknownAgent):
             await rt.history("clerk", "never-made")
+        # Its submissions are read by address, and the list is filtered by its agent (both
+        # answered "unknown agent").
+        sid = receipt.submission_id
+        with pytest.raises(hearth.SubmissionNotFound):  # its parent's, not its own
+            await rt.conversation_submission("clerk", id, sid)
+        assert await rt.listed_agent("clerk") and not await rt.listed_agent("nobody")
 
 
 async def test_an_abort_reconciles_the_calls_of_a_subagent_the_app_does_not_list() -> None:

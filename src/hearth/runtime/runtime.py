@@ -17,6 +17,7 @@ from hearth.config import Settings
 from hearth.errors import (
     AttachmentNotFound,
     ConversationNotFound,
+    DelegatedConversation,
     HearthError,
     InvalidId,
     InvalidInput,
@@ -136,7 +137,16 @@ class Runtime:
         ``traceparent`` (W3C Trace Context) makes the submission's trace a child of the caller's;
         without it the admission's span continues the current span, if any. Every attempt at the
         submission continues that trace."""
-        self.agent(agent)
+        try:
+            self.agent(agent)
+        except UnknownAgent:
+            # A delegated task's conversation of a subagent the App does not list: it takes no
+            # input of its own, as any delegated conversation (not "unknown agent").
+            await self.addressed(agent, id)
+            raise DelegatedConversation(
+                f"{agent}/{id} is the conversation of a delegated task: it takes no input of"
+                " its own (send to its parent)"
+            ) from None
         check_id(id)
         checked = check_attachments(attachments, self.settings.max_attachment)
         kind, payload = input_payload(message, signal, checked)
@@ -432,6 +442,13 @@ class Runtime:
                 raise
             return conversation_id
 
+    async def listed_agent(self, agent: str) -> bool:
+        """Whether the conversation list may be filtered by ``agent``: one the App declares,
+        or a subagent with conversations of its own (given only to ``use_subagent``)."""
+        if agent in self.env.agents:
+            return True
+        return bool(await self.store.list_conversations(agent, limit=1))
+
     async def require_conversation(self, conversation_id: str) -> None:
         """``ConversationNotFound`` unless the conversation has been admitted some input."""
         if await self.store.get_conversation(conversation_id) is None:
@@ -493,7 +510,7 @@ class Runtime:
     async def conversation_submission(self, agent: str, id: str, submission_id: str) -> Submission:
         """One submission of ``agent``'s conversation ``id``; ``SubmissionNotFound`` when there is
         none by that id in that conversation."""
-        conversation_id = self.conversation_id(agent, id)
+        conversation_id = await self.addressed(agent, id)
         sub = await self.store.get_submission(submission_id)
         if sub is None or sub.conversation_id != conversation_id:
             raise SubmissionNotFound(

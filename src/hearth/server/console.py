@@ -51,7 +51,7 @@ async def conversations_page(server: ServerContext, request: Request) -> Respons
     agent = query.get("agent") or None
     status = query.get("status") or None
     problem = None
-    if agent is not None and agent not in rt.agents:
+    if agent is not None and not await rt.listed_agent(agent):
         problem, agent = f"there is no agent named {agent!r}", None
     if status is not None and status not in CONVERSATION_STATUSES:
         problem, status = f"status must be one of {', '.join(CONVERSATION_STATUSES)}", None

@@ -89,7 +89,7 @@ async def _runtime_for(server: ServerContext, request: Request) -> tuple[Runtime
 async def list_conversations(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     agent = query(request, "agent") or None
-    if agent is not None and agent not in rt.agents:
+    if agent is not None and not await rt.listed_agent(agent):
         raise ApiError(
             400,
             "invalid_request",
