@@ -3,10 +3,67 @@
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
 from httpharness import ThreadServer
 
 import hearth
+from hearth.client import ServerUnavailable
+from hearth.errors import ChannelFailed, CorruptData, DeliveryNotFound, InvalidInput, UnknownChannel
+
+
+def _verify(headers: dict[str, str], body: bytes) -> hearth.Delivery:
+    data = json.loads(body or b"{}")
+    return hearth.Delivery(headers.get("x-delivery-id", "d1"), "message", data, time.time())
+
+
+def _receive(delivery: hearth.Delivery) -> list[hearth.Dispatch]:
+    if delivery.data.get("boom"):
+        raise RuntimeError("boom")
+    return [hearth.Dispatch("echo", "from-hook", message="hi")]
+
+
+@pytest.fixture
+def hooked(serve_app: Callable[..., ThreadServer]) -> ThreadServer:
+    """A server with a channel ``hook`` whose delivery ``bad`` has failed (its receive raised)."""
+    server = serve_app(channels=[hearth.Channel("hook", verify=_verify, receive=_receive)])
+    with server.client() as http:
+        sent = http.post("/channels/hook", json={"boom": True}, headers={"x-delivery-id": "bad"})
+        assert sent.status_code == 500
+    return server
+
+
+@pytest.fixture
+def faulty_server() -> Iterator[str]:
+    """A loopback server that answers every request 500 ``internal`` (a fault of its own)."""
+
+    class Faulty(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            error = {"type": "internal", "message": "the server failed; see its log"}
+            body = json.dumps({"error": {**error, "details": None}}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Faulty)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.anyio
@@ -27,3 +84,71 @@ async def test_a_read_with_no_time_left_still_asks_once(server: ThreadServer) ->
         astalled = aclient.conversation("staller", "c-2")
         with pytest.raises(TimeoutError, match="has not settled yet"):
             await astalled.read(await astalled.send("hi"), timeout=0)
+
+
+def test_channel_errors_come_back_as_the_python_apis_classes(hooked: ThreadServer) -> None:
+    """They came back as HTTPError, and a failing replay as ServerUnavailable (which read and
+    stream take for a server away)."""
+    with hearth.Client(hooked.url) as client:
+        with pytest.raises(UnknownChannel):
+            client.deliveries("nope")
+        with pytest.raises(DeliveryNotFound):
+            client.replay("hook", "zzz")
+        with pytest.raises(ChannelFailed) as failed:
+            client.replay("hook", "bad")
+    assert (failed.value.channel, failed.value.delivery_id) == ("hook", "bad")
+    assert failed.value.status == 500  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_refused_request_is_invalid_input_naming_its_field(server: ThreadServer) -> None:
+    with hearth.Client(server.url) as client:
+        with pytest.raises(InvalidInput) as refused:
+            client.conversation("echo", "c-1").send("")
+    assert refused.value.field == "message"
+    assert refused.value.status == 400  # type: ignore[attr-defined]
+    async with hearth.AsyncClient(server.url) as aclient:
+        with pytest.raises(InvalidInput):
+            await aclient.conversation("echo", "c-1").send("")
+
+
+@pytest.mark.anyio
+async def test_data_the_server_cannot_read_is_corrupt_data_and_not_retried(
+    server: ThreadServer,
+) -> None:
+    """A 500 ``corrupt_data`` came back as ServerUnavailable, so ``stream`` reconnected for
+    ever to be answered the same."""
+    with hearth.Client(server.url) as client:
+        conv = client.conversation("echo", "c-1")
+        conv.read(conv.send("hello"), timeout=10)
+        store = server.asgi._runtime.store
+
+        def damage(conn: Any, _: Any) -> None:
+            conn.execute(
+                "UPDATE records SET body = '{' WHERE conversation_id = 'echo/c-1'"
+                ' AND "offset" = 1'
+            )
+
+        asyncio.run_coroutine_threadsafe(
+            store._writer.call(damage, write=True), server.loop
+        ).result(timeout=10)
+        with pytest.raises(CorruptData, match="a record of echo/c-1 cannot be read"):
+            conv.history()
+    async with hearth.AsyncClient(server.url) as aclient:
+        records = aclient.conversation("echo", "c-1").stream(offset=0)
+        with pytest.raises(CorruptData):
+            await asyncio.wait_for(anext(records), 10)  # (TimeoutError: retried)
+
+
+@pytest.mark.anyio
+async def test_a_fault_of_the_servers_own_is_not_retried(faulty_server: str) -> None:
+    """A 500 ``internal`` was taken for a server away: ``read`` and ``stream`` retried it until
+    their timeout, or for ever."""
+    with hearth.Client(faulty_server) as client:
+        with pytest.raises(ServerUnavailable) as failed:
+            client.conversation("echo", "c-1").read("s_1", timeout=10)
+    assert failed.value.type == "internal"
+    async with hearth.AsyncClient(faulty_server) as aclient:
+        records = aclient.conversation("echo", "c-1").stream()
+        with pytest.raises(ServerUnavailable):
+            await asyncio.wait_for(anext(records), 10)  # (TimeoutError: retried)

@@ -1,7 +1,8 @@
 """The errors the client SDK raises for the server's answers, and which of them are worth a retry.
 
 An error answer carries an envelope ``{"error": {"type", "message", "details"}}`` (docs/http.md);
-types ``hearth.errors`` knows come back as those classes, the rest as ``HTTPError`` and its kin.
+types ``hearth.errors`` knows come back as those classes (with ``status`` set to the HTTP status),
+the rest as ``HTTPError`` and its kin.
 """
 
 from __future__ import annotations
@@ -13,16 +14,21 @@ import httpx2
 from hearth.errors import (
     AttachmentNotFound,
     AttachmentTooLarge,
+    ChannelFailed,
     ConversationExists,
     ConversationNotFound,
+    CorruptData,
     DelegatedConversation,
+    DeliveryNotFound,
     HearthError,
     IdempotencyConflict,
     InvalidId,
+    InvalidInput,
     NotARestPoint,
     ShuttingDown,
     SubmissionNotFound,
     UnknownAgent,
+    UnknownChannel,
     WaitConflict,
     WaitNotFound,
 )
@@ -54,8 +60,10 @@ class Unauthorized(HTTPError):
 
 class ServerUnavailable(HTTPError):
     """The server answered 5xx: it failed, or cannot serve now (shutting down, its database
-    away). A server that cannot be reached at all raises httpx2's ``TransportError``s
-    (``ConnectError``, ``ReadTimeout``, ...), which ``read`` and ``stream`` retry."""
+    away). ``read`` and ``stream`` retry it, unless its type is ``internal`` (a fault of the
+    server's own: the same request would fail the same way). A server that cannot be reached at
+    all raises httpx2's ``TransportError``s (``ConnectError``, ``ReadTimeout``, ...), which they
+    retry too."""
 
 
 _BY_TYPE: dict[str, type[HearthError]] = {
@@ -70,7 +78,12 @@ _BY_TYPE: dict[str, type[HearthError]] = {
     "conversation_exists": ConversationExists,
     "delegated_conversation": DelegatedConversation,
     "attachment_not_found": AttachmentNotFound,
+    "unknown_channel": UnknownChannel,
+    "delivery_not_found": DeliveryNotFound,
+    "corrupt_data": CorruptData,  # (a 500, but no retry can read it)
 }
+# 5xx answers that no retry helps: the server's own faults.
+_NOT_TRANSIENT = frozenset({"internal"})
 
 
 def error_from(response: httpx2.Response) -> HearthError:
@@ -81,30 +94,35 @@ def error_from(response: httpx2.Response) -> HearthError:
         details = envelope.get("details")
     except Exception:
         kind, message, details = "http_error", response.reason_phrase or "error", None
-    if kind == "not_a_rest_point":
-        points = (details or {}).get("rest_points") if isinstance(details, dict) else None
-        rest = NotARestPoint(message, [int(p) for p in points or []])
-        rest.status = response.status_code  # type: ignore[attr-defined]
-        return rest
-    if kind == "attachment_too_large" and isinstance(details, dict):
-        too_large = AttachmentTooLarge(
-            message,
-            str(details.get("name", "")),
-            int(details.get("size") or 0),
-            int(details.get("limit") or 0),
-        )
-        too_large.status = response.status_code  # type: ignore[attr-defined]
-        return too_large
-    known = _BY_TYPE.get(kind)
+    known = _known(kind, message, details if isinstance(details, dict) else None)
     if known is not None:
-        exc = known(message)
-        exc.status = response.status_code  # type: ignore[attr-defined]
-        return exc
+        known.status = response.status_code  # type: ignore[attr-defined]
+        return known
     if response.status_code == 401:
         return Unauthorized(401, kind, message, details)
     if response.status_code >= 500:
         return ServerUnavailable(response.status_code, kind, message, details)
     return HTTPError(response.status_code, kind, message, details)
+
+
+def _known(kind: str, message: str, details: dict[str, Any] | None) -> HearthError | None:
+    """The ``hearth.errors`` class for an error type, with what its details say; None when the
+    type has none."""
+    about = details or {}
+    if kind == "not_a_rest_point":
+        return NotARestPoint(message, [int(p) for p in about.get("rest_points") or []])
+    if kind == "attachment_too_large" and details is not None:
+        name, size, limit = about.get("name", ""), about.get("size"), about.get("limit")
+        return AttachmentTooLarge(message, str(name), int(size or 0), int(limit or 0))
+    if kind == "channel_failed":
+        delivery_id = about.get("delivery_id")
+        channel = str(about.get("channel") or "")
+        return ChannelFailed(message, channel, None if delivery_id is None else str(delivery_id))
+    if kind == "invalid_request":
+        field = about.get("field")
+        return InvalidInput(message, None if field is None else str(field))
+    known = _BY_TYPE.get(kind)
+    return None if known is None else known(message)
 
 
 def check(response: httpx2.Response) -> dict[str, Any]:
@@ -136,4 +154,6 @@ def check(response: httpx2.Response) -> dict[str, Any]:
 
 def is_transient(exc: BaseException) -> bool:
     """Worth retrying after a pause: the server is away, restarting or shutting down."""
-    return isinstance(exc, httpx2.TransportError | ShuttingDown | ServerUnavailable)
+    if isinstance(exc, ServerUnavailable):
+        return exc.type not in _NOT_TRANSIENT
+    return isinstance(exc, httpx2.TransportError | ShuttingDown)
