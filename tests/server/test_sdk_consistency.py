@@ -152,3 +152,34 @@ async def test_a_fault_of_the_servers_own_is_not_retried(faulty_server: str) -> 
         records = aclient.conversation("echo", "c-1").stream()
         with pytest.raises(ServerUnavailable):
             await asyncio.wait_for(anext(records), 10)  # (TimeoutError: retried)
+
+
+NOT_SENDABLE: list[tuple[str, Callable[[Any], Any]]] = [
+    ("value", lambda conv: conv.resolve("w_000000000000000000000000", float("nan"))),
+    ("value", lambda conv: conv.resolve("w_000000000000000000000000", {1, 2})),
+    ("value", lambda conv: conv.resolve("w_000000000000000000000000", ["a\ud83d"])),
+    ("signal.attributes", lambda conv: conv.signal("n", attributes={"x": float("nan")})),
+    ("signal.attributes", lambda conv: conv.signal("n", attributes={"k\udc00": 1})),
+    ("signal.body", lambda conv: conv.signal("n", "b\ud83d")),
+    ("message", lambda conv: conv.send("a\ud83db")),
+    ("idempotency_key", lambda conv: conv.send("hi", idempotency_key="k\ud83d")),
+    ("idempotency_key", lambda conv: conv.signal("n", idempotency_key="k\ud83d")),
+    ("new_id", lambda conv: conv.fork(0, "f\ud83d")),
+]
+
+
+@pytest.mark.parametrize(("field", "call"), NOT_SENDABLE)
+@pytest.mark.anyio
+async def test_input_no_json_body_can_carry_is_invalid_input_naming_its_field(
+    server: ThreadServer, field: str, call: Callable[[Any], Any]
+) -> None:
+    """NaN, a set or half a surrogate pair escaped from httpx2 as ValueError, TypeError or
+    UnicodeEncodeError; the Python API refuses each as InvalidInput."""
+    with hearth.Client(server.url) as client:
+        with pytest.raises(InvalidInput) as refused:
+            call(client.conversation("echo", "c-1"))
+    assert refused.value.field == field
+    async with hearth.AsyncClient(server.url) as aclient:
+        with pytest.raises(InvalidInput) as refused:
+            await call(aclient.conversation("echo", "c-1"))
+    assert refused.value.field == field

@@ -22,6 +22,8 @@ import httpx2
 
 from hearth.attachments import Attachment, safe_name
 from hearth.client._errors import is_transient
+from hearth.errors import InvalidInput
+from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.receipts import AbortResult, Receipt, Reply, reply_or_raise
 from hearth.sse import SSEEvent
 
@@ -296,6 +298,22 @@ class BaseClient(Generic[HTTP]):
         return Call(Request("POST", "/admin/gc", params=params), as_is)
 
 
+def sendable(value: Any, field: str) -> Any:
+    """``value``, checked to have a JSON body's form: ``InvalidInput`` naming ``field`` for one
+    without (NaN, the infinities, a set; a string with half a surrogate pair, which no UTF-8
+    holds), as ``Runtime.dispatch`` and ``Runtime.resolve`` refuse it, where httpx2 raised its
+    own ``ValueError``, ``TypeError`` or ``UnicodeEncodeError``."""
+    if not isinstance(value, str):
+        try:
+            json_round_trip(value)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidInput(f"{field} is not JSON: {exc}", field) from None
+    where = unpaired_surrogate(value)
+    if where is not None:
+        raise InvalidInput(f"{field} has {where}: text that is not UTF-8 cannot be sent", field)
+    return value
+
+
 def attachment_entry(att: Attachment | str | PathLike[str]) -> dict[str, Any]:
     """An attachment as the JSON body carries it: name, media type (when known) and base64."""
     if not isinstance(att, Attachment):
@@ -324,9 +342,9 @@ class BaseConversation(Generic[HTTP]):
         idempotency_key: str | None,
         attachments: Sequence[Attachment | str | PathLike[str]] | None = None,
     ) -> Call[Receipt]:
-        body: dict[str, Any] = {"message": text}
+        body: dict[str, Any] = {"message": sendable(text, "message")}
         if idempotency_key is not None:
-            body["idempotency_key"] = idempotency_key
+            body["idempotency_key"] = sendable(idempotency_key, "idempotency_key")
         if attachments:
             body["attachments"] = [attachment_entry(a) for a in attachments]
         return Call(Request("POST", self._base, json=body), receipt_from)
@@ -334,10 +352,14 @@ class BaseConversation(Generic[HTTP]):
     def _signal_call(
         self, type: str, body: str, attributes: dict[str, Any] | None, key: str | None
     ) -> Call[Receipt]:
-        signal = {"type": type, "body": body, "attributes": attributes or {}}
+        signal = {
+            "type": sendable(type, "signal.type"),
+            "body": sendable(body, "signal.body"),
+            "attributes": sendable(attributes or {}, "signal.attributes"),
+        }
         payload: dict[str, Any] = {"signal": signal}
         if key is not None:
-            payload["idempotency_key"] = key
+            payload["idempotency_key"] = sendable(key, "idempotency_key")
         return Call(Request("POST", self._base, json=payload), receipt_from)
 
     def _submission_call(self, submission_id: str, wait: float | None) -> Call[dict[str, Any]]:
@@ -351,13 +373,13 @@ class BaseConversation(Generic[HTTP]):
 
     def _resolve_call(self, wait_id: str, value: Any) -> Call[dict[str, Any]]:
         path = f"{self._base}/waits/{segment(wait_id)}"
-        return Call(Request("POST", path, json={"value": value}), as_is)
+        return Call(Request("POST", path, json={"value": sendable(value, "value")}), as_is)
 
     def _waits_call(self) -> Call[list[dict[str, Any]]]:
         return Call(Request("GET", f"{self._base}/waits"), waits_from)
 
     def _fork_call(self, offset: int, new_id: str) -> Call[dict[str, Any]]:
-        body = {"offset": offset, "new_id": new_id}
+        body = {"offset": offset, "new_id": sendable(new_id, "new_id")}
         return Call(Request("POST", f"{self._base}/fork", json=body), as_is)
 
     def _abort_call(self) -> Call[AbortResult]:
