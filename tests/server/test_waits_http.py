@@ -335,7 +335,9 @@ def test_a_wait_in_a_subagent_the_app_does_not_list_is_read_and_resolved_over_ht
             assert resolved.status_code == 200, resolved.text
             done = http.get(f"/agents/manager/p/submissions/{sid}", params={"wait": 10}).json()
             assert (done["outcome"], done["reply"]) == ("completed", "approved yes")
-            assert http.post(base, json={"message": "hi"}).status_code == 404
+            refused = http.post(base, json={"message": "hi"})  # as any delegated conversation
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["error"]["type"] == "delegated_conversation"
             assert http.get("/agents/clerk/never-made").status_code == 404
     finally:
         server.stop()
