@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 from hearth.runtime.owner import current_owner, is_dead_local, this_host
 
@@ -46,3 +47,33 @@ def test_a_dead_pid_of_another_boot_or_pid_namespace_proves_nothing() -> None:
     assert not is_dead_local(f"{host}:{boot}:{int(namespace) + 1}:{gone}:1")
     assert not is_dead_local(f"{host}:{'0' * 12}:{namespace}:{gone}:1")
     assert not is_dead_local(f"{host}:{boot}:{gone}:1")  # an earlier release's id: no namespace
+
+
+def test_a_killed_process_not_yet_reaped_is_dead() -> None:
+    """A zombie answers a signal 0 and keeps its start time: it was taken for alive, and a
+    server restarted before its killed predecessor was reaped waited the whole lease (30 s) for
+    the work that predecessor held."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from hearth.runtime.owner import current_owner;"
+            " print(current_owner(), flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        owner = child.stdout.readline().strip()
+        assert not is_dead_local(owner)  # running
+        child.kill()
+        for _ in range(500):  # until the kernel has made it a zombie (not reaped: no wait())
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert is_dead_local(owner)
+    finally:
+        child.kill()
+        child.wait()

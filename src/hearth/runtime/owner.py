@@ -36,15 +36,28 @@ def _pid_namespace() -> str:
     return digits or UNKNOWN
 
 
-def _start_ticks(pid: int) -> str | None:
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/{pid}/stat`` from field 3 (the state) on; None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
-    # Field 22 (starttime); the command name in field 2 may contain spaces, so split after ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[19] if len(fields) > 19 else None
+    # The command name in field 2 may contain spaces and parentheses: split after the last ')'.
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _start_ticks(pid: int) -> str | None:
+    fields = _stat_fields(pid)  # field 22: starttime
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits to be reaped (a zombie, state Z or X): it owns
+    nothing any more, though it still answers a signal 0 (a supervisor that restarts a killed
+    server before it reaps it left the new one waiting the whole lease for its work)."""
+    fields = _stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] in ("Z", "X")
 
 
 @cache
@@ -76,8 +89,10 @@ def is_dead_local(owner: str) -> bool:
         return False
     if not exists:
         return True
-    # Alive under that pid: dead only if it is another process than the owner (a reused pid).
     ticks = _start_ticks(pid)  # (None when /proc hides it: then not proven)
+    if _ended(pid) and ticks == start:
+        return True  # the owner itself, ended
+    # Alive under that pid: dead only if it is another process than the owner (a reused pid).
     return ticks is not None and start != UNKNOWN and ticks != start
 
 
