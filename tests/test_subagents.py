@@ -13,7 +13,7 @@ from hearth.receipts import ID_RE
 from hearth.records import ChildConversationLinked, ConversationCreated, ToolOutcome
 from hearth.runtime.scheduler import Scheduler
 from hearth.runtime.tasks import MAX_DEPTH, child_id
-from hearth.testing import ScriptedModel, Step, call, calls, reply
+from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
 from hearth.testing.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -366,3 +366,18 @@ async def test_an_abort_reconciles_the_calls_of_a_subagent_the_app_does_not_list
     (outcome,) = [r for r in child if isinstance(r, ToolOutcome)]
     assert len(asked) == 1
     assert (outcome.reconciled, outcome.content) == ("done", {"charged": True})
+
+
+async def test_a_tasks_outcome_says_how_long_it_ran() -> None:
+    """``duration_ms`` of a ``task`` call was always 0 (ordinary tools' say their time)."""
+
+    def slow_researcher(request: ModelRequest) -> Step:
+        return stream("Os", "lo", delay=0.06)  # at least 0.12 s
+
+    models = [ScriptedModel("lead", lead_script), ScriptedModel("researcher", slow_researcher)]
+    app = hearth.App([lead, researcher], db="memory", providers=models)
+    async with app.run() as rt:
+        await rt.read(await rt.dispatch("lead", "p1", "go"), timeout=10)
+        (outcome,) = [r for r in await rt.history("lead", "p1") if isinstance(r, ToolOutcome)]
+    assert outcome.content == "Oslo"
+    assert outcome.duration_ms >= 120

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from typing import Any
 
 from hearth import _faults
@@ -73,6 +74,7 @@ async def run_child_task(
     parent: AttemptScope, call: AssistantToolCall, rendered: Rendered, *, resume: bool = False
 ) -> ToolOutcome:
     """Run (or, after a crash, ``resume``) the child conversation of one ``task`` call."""
+    started = time.monotonic()
     args: dict[str, Any] = call.arguments if isinstance(call.arguments, dict) else {}
     name, prompt = args.get("agent"), args.get("prompt")
     sub = rendered.subagents.get(name) if isinstance(name, str) else None
@@ -124,10 +126,13 @@ async def run_child_task(
     _faults.reached("child:end")
     end = child.settlement
     outcome, reply, error = (end.outcome, end.reply, end.error) if end else ("failed", None, None)
+    took = int((time.monotonic() - started) * 1000)  # (this attempt's part, as for any call)
     if outcome == "completed":
-        return call_outcome(call, reply or "")
+        return call_outcome(call, reply or "", took)
     reason = (error or {}).get("type")
     if outcome == "aborted" or reason in ("timeout", "retry_exhausted"):
         raise TaskPreempted(child_conversation)
     message = f"{sub.agent.name} failed: {(error or {}).get('message', reason)}"
-    return error_outcome(call, "task_failed", message, child_conversation_id=child_conversation)
+    return error_outcome(
+        call, "task_failed", message, took, child_conversation_id=child_conversation
+    )
