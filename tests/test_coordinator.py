@@ -11,6 +11,7 @@ import pytest
 
 import hearth
 from hearth.records import ToolOutcome
+from hearth.runtime.owner import this_host
 from hearth.store.base import Held, NewSubmission, Submission
 from hearth.testing import ScriptedModel, call, calls, reply
 
@@ -264,3 +265,29 @@ async def test_a_step_does_not_run_once_the_lease_ran_out_and_a_peer_took_the_wo
         assert ran == ["reserve"]
         row = await rt.submission(receipt.submission_id)
         assert (row.lease_owner, row.attempt) == ("peer", 2)
+
+
+async def test_on_sqlite_work_held_by_any_other_owner_is_taken_at_start(tmp_path: Path) -> None:
+    """An owner id of an earlier release (``host:boot:pid:start``, no PID namespace) proves
+    nothing by itself: after an upgrade, the work a killed server of that release held waited
+    the whole lease. The file's lock proves that no other process has it."""
+    app = hearth.App(
+        [echo_agent()],
+        db=str(tmp_path / "h.db"),
+        providers=[ScriptedModel("echo", [reply("recovered")])],
+        lease_s=3600,
+        scan_s=3600,
+    )
+    async with app.run() as rt:
+        await rt.coordinator.stop()
+        admission = await rt.store.admit(
+            NewSubmission(
+                conversation_id="echo/c", agent="echo", kind="message", payload={"message": "hi"}
+            )
+        )
+        legacy = f"{this_host()}:some-boot:4242:123456"  # the earlier releases' form
+        (claimed,) = await rt.store.claim(legacy, lease_s=3600, limit=1)
+        assert claimed.attempt == 1
+    async with app.run() as rt:
+        reply_ = await rt.read(admission.submission.id, timeout=10)  # not after an hour
+    assert reply_.text == "recovered"

@@ -74,7 +74,7 @@ class Coordinator:
     async def start(self) -> None:
         """Reconcile first (work of dead local owners is taken over at once), then claim."""
         self._unlisten = self.store.events.listen(self._on_event)
-        await self.reconcile()
+        await self.reconcile(starting=True)
         self._next_expiry = await self.store.next_wait_expiry()
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="hearth-claims"),
@@ -130,9 +130,15 @@ class Coordinator:
         self.wake()  # admitted, released, settled: there may be work to claim
 
     # --- loops ----------------------------------------------------------------------------
-    async def reconcile(self) -> None:
+    async def reconcile(self, *, starting: bool = False) -> None:
         owners = await self.store.lease_owners()
-        dead = [o for o in owners if o != self.owner and is_dead_local(o)]
+        if starting and not self.store.shared:
+            # One process owns a SQLite file (its lock proves it): whoever else holds a lease
+            # in it has ended, an owner of an earlier release too, whose id (without its PID
+            # namespace) proves nothing by itself: after an upgrade its work waited the lease.
+            dead = [o for o in owners if o != self.owner]
+        else:
+            dead = [o for o in owners if o != self.owner and is_dead_local(o)]
         if dead:
             _faults.reached("before:store.expire_owners")
             n = await self.store.expire_owners(dead)
