@@ -383,6 +383,27 @@ async def test_many_stores_opening_at_once_create_the_schema_once(pg_cluster: Cl
     assert version == str(SCHEMA_VERSION)
 
 
+async def test_the_first_releases_version_1_without_heads_is_migrated(pg_cluster: Cluster) -> None:
+    """The first release's version 1 had no ``submissions.is_head`` (a later one added it under
+    the same number): its migration failed, 'column "is_head" does not exist', for good, with
+    its queued and running work stuck."""
+    schema = new_schema()
+    async with opened(pg_cluster.conninfo, schema) as store:
+        first = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+        await store.admit(NewSubmission(CONV, "support", "message", {"t": 2}))
+        other = await store.admit(NewSubmission("support/c-2", "support", "message", {"t": 3}))
+    pg_cluster.sql(
+        f"ALTER TABLE {schema}.submissions DROP COLUMN is_head CASCADE;"
+        f" UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'"
+    )
+    async with opened(pg_cluster.conninfo, schema) as store:
+        claimed = await store.claim("owner-1", 30.0, 10)
+        # Each conversation's oldest, as before: one at a time, in admission order.
+        assert [c.id for c in claimed] == [first.id, other.submission.id]
+    found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+    assert found == str(SCHEMA_VERSION)
+
+
 def _as_version_8(pg_cluster: Cluster, schema: str) -> None:
     """The submissions table as version 8 left it: no count of graceful releases."""
     pg_cluster.sql(

@@ -210,6 +210,7 @@ async def migrate(
                 await _check_grants(conn, schema)
             return found
         if found is not None and found < 2:
+            await _add_heads(conn)
             await _add_activity(conn)
         if found is not None and found < 5:
             await _run(conn, _ADD_WAITS)
@@ -269,6 +270,24 @@ async def _check_grants(conn: psycopg.AsyncConnection[Any], schema: str) -> None
         f" tables in the schema {schema!r} ({', '.join(tables[:3])}"
         f"{', ...' if len(tables) > 3 else ''}): grant it SELECT, INSERT, UPDATE, DELETE ON ALL"
         f" TABLES IN SCHEMA {schema} and USAGE ON ALL SEQUENCES IN SCHEMA {schema}"
+    )
+
+
+async def _add_heads(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Version 1, the first form of it → 2: the first release's version 1 had no
+    ``submissions.is_head`` (a later one added it under the same number, and no migration of
+    that first form could run). Each conversation's oldest queued or running submission is its
+    head: without the mark, no claim would ever see its work."""
+    cursor = await conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+        " AND table_name = 'submissions' AND column_name = 'is_head'"
+    )
+    if await cursor.fetchone() is not None:
+        return
+    await conn.execute("ALTER TABLE submissions ADD COLUMN is_head boolean NOT NULL DEFAULT false")
+    await conn.execute(
+        "UPDATE submissions SET is_head = true WHERE seq IN (SELECT MIN(seq) FROM submissions"
+        " WHERE status IN ('queued', 'running') GROUP BY conversation_id)"
     )
 
 
