@@ -480,7 +480,8 @@
     if (!r.ok) throw new Error(data.error ? data.error.message : `HTTP ${r.status}`);
     return data;
   }
-  document.getElementById("send-form").addEventListener("submit", async (event) => {
+  // (A child task's page has neither: it takes no input, and an abort of it stamps nothing.)
+  document.getElementById("send-form")?.addEventListener("submit", async (event) => {
     event.preventDefault();
     const box = document.getElementById("message");
     try {
@@ -492,7 +493,7 @@
       soon();
     } catch (err) { problem(err); }
   });
-  document.getElementById("abort").addEventListener("click", async () => {
+  document.getElementById("abort")?.addEventListener("click", async () => {
     try {
       const done = await post(`${api}/abort`, {});
       result.className = "muted";
