@@ -20,7 +20,7 @@ import pytest
 from leaky_library import leak_a_cancellation
 
 import hearth
-import hearth.steps
+import hearth._tasks
 from hearth.providers.base import (
     Finished,
     ModelRequest,
@@ -1557,7 +1557,7 @@ async def test_a_sync_step_function_that_holds_the_loop_is_reported(
     the lease a peer runs the step again. It is said in the log, with the way out; and that way
     out, ``lambda: asyncio.to_thread(work)``, runs off the loop: the work here waits for the
     loop to answer it, which on the loop could never be."""
-    monkeypatch.setattr(hearth.steps, "HELD_THE_LOOP_S", 0.05)
+    monkeypatch.setattr(hearth._tasks, "HELD_THE_LOOP_S", 0.05)
     answered = threading.Event()
 
     def blocking() -> bool:
@@ -1573,10 +1573,14 @@ async def test_a_sync_step_function_that_holds_the_loop_is_reported(
         await ctx.step.do("slow", lambda: time.sleep(0.1))
         return bool(await ctx.step.do("charge", lambda: asyncio.to_thread(blocking)))
 
+    def dawdle(event: object) -> None:
+        time.sleep(0.1)  # a sync hook holds the loop as much
+
     @hearth.agent
     def payer(ctx: hearth.AgentContext) -> str:
         ctx.use_model("scripted/payer")
         ctx.use_tool(charge)
+        ctx.on_agent_start(dawdle)
         return ""
 
     loop = asyncio.get_running_loop()
@@ -1586,6 +1590,7 @@ async def test_a_sync_step_function_that_holds_the_loop_is_reported(
         [outcome] = [r for r in await rt.history("payer", "p") if isinstance(r, ToolOutcome)]
     assert outcome.content is True
     assert "step 'slow' ran 0.1 s on the event loop" in caplog.text
+    assert "the on_agent_start callback dawdle ran 0.1 s on the event loop" in caplog.text
     assert "asyncio.to_thread(work)" in caplog.text
     assert "step 'charge'" not in caplog.text
 

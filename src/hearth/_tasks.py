@@ -4,10 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("hearth")
+
+# Sync application code that runs this long on the event loop is reported: every other
+# conversation and the leases' heartbeats share the loop.
+HELD_THE_LOOP_S = 1.0
+
+
+def held_the_loop(what: str, seconds: float) -> None:
+    """Report ``what`` (a sync step function, a hook) if it held the loop ``HELD_THE_LOOP_S``."""
+    if seconds >= HELD_THE_LOOP_S:
+        log.warning(
+            "%s ran %.1f s on the event loop (a sync function): every other conversation and"
+            " the leases' heartbeats waited meanwhile, and past the lease a peer takes the work"
+            " over and runs it again; give blocking work as `lambda: asyncio.to_thread(work)`"
+            " or as an async function",
+            what,
+            seconds,
+        )
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:

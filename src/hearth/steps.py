@@ -6,7 +6,6 @@ import contextlib
 import contextvars
 import hashlib
 import inspect
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -15,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
+from hearth._tasks import held_the_loop
 from hearth.errors import ConfigurationError, Interruption, StepError, WaitTimedOut
 from hearth.ids import is_name, name_rule
 from hearth.jsontext import json_round_trip
-
-log = logging.getLogger("hearth.steps")
 
 # ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
 # recorded value, once the function's writes and the step record committed together.
@@ -50,23 +48,6 @@ def json_value(name: str, value: Any) -> Any:
         return json_round_trip(value)
     except (TypeError, ValueError) as exc:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
-
-
-# A sync step function that runs this long is reported: it ran on the event loop, which every
-# other conversation and the leases' heartbeats share.
-HELD_THE_LOOP_S = 1.0
-
-
-def _held_the_loop(name: str, seconds: float) -> None:
-    if seconds >= HELD_THE_LOOP_S:
-        log.warning(
-            "step %r ran %.1f s on the event loop (a sync function): every other conversation"
-            " and the leases' heartbeats waited meanwhile, and past the lease a peer takes the"
-            " work over and runs the step again; give blocking work as"
-            " `lambda: asyncio.to_thread(work)` or as an async function",
-            name,
-            seconds,
-        )
 
 
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
@@ -171,7 +152,7 @@ class Steps:
             _faults.reached(f"step:{name}")
             began = time.monotonic()
             value = fn()
-            _held_the_loop(name, time.monotonic() - began)
+            held_the_loop(f"step {name!r}", time.monotonic() - began)
             if inspect.isawaitable(value):
                 value = await value
             value = json_value(name, value)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hearth import _faults
+from hearth._tasks import held_the_loop
 from hearth.agent import MAX_CONTINUATIONS, Hook, Rendered, StateBuffer, current_unit
 from hearth.errors import app_failure, described
 from hearth.records import HookSeamCommitted, Record, Signal, StateWrite, UserMessage
@@ -89,7 +91,10 @@ async def run_seam(
         for fn in callbacks:
             _faults.reached(f"hook:{hook}")
             try:
+                began = time.monotonic()
                 result = fn(event)
+                name = getattr(fn, "__name__", "callback")
+                held_the_loop(f"the {hook} callback {name}", time.monotonic() - began)
                 if inspect.isawaitable(result):
                     await result
             except BaseException as exc:
