@@ -70,6 +70,21 @@ class ThreadServer:
     def asgi(self) -> Any:
         return self.server.asgi
 
+    def damage_record(self, conversation_id: str, offset: int) -> None:
+        """Make the body of one record unreadable, on the server's own connection (as data
+        changed outside hearth, or damaged on disk)."""
+        store = self.asgi._runtime.store
+
+        def damage(conn: Any, _: Any) -> None:
+            conn.execute(
+                "UPDATE records SET body = '{' WHERE conversation_id = ? AND \"offset\" = ?",
+                (conversation_id, offset),
+            )
+
+        assert self.loop is not None
+        running = store._writer.call(damage, write=True)
+        asyncio.run_coroutine_threadsafe(running, self.loop).result(timeout=10)
+
     def call(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the server's loop."""
         assert self.loop is not None

@@ -214,21 +214,9 @@ def test_a_record_the_store_cannot_read_is_a_500_for_the_stream_too(server: Thre
     """A page answered 500 ``corrupt_data``, but the event stream answered 200 and ended with no
     record: the SDK and ``hearth tail`` took the end for a dropped connection and reconnected
     for good, saying nothing."""
-    import asyncio
-
     with server.client() as http:
         settle(http, "echo", "c-1")
-        store = server.asgi._runtime.store
-
-        def damage(conn: Any, _: Any) -> None:
-            conn.execute(
-                "UPDATE records SET body = '{' WHERE conversation_id = 'echo/c-1'"
-                ' AND "offset" = 2'
-            )
-
-        asyncio.run_coroutine_threadsafe(
-            store._writer.call(damage, write=True), server.loop
-        ).result(timeout=10)
+        server.damage_record("echo/c-1", 2)
         for headers in (SSE, {}):
             r = http.get("/agents/echo/c-1/stream", params={"offset": 1}, headers=headers)
             assert r.status_code == 500, (headers, r.text)

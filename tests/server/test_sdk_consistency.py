@@ -121,17 +121,7 @@ async def test_data_the_server_cannot_read_is_corrupt_data_and_not_retried(
     with hearth.Client(server.url) as client:
         conv = client.conversation("echo", "c-1")
         conv.read(conv.send("hello"), timeout=10)
-        store = server.asgi._runtime.store
-
-        def damage(conn: Any, _: Any) -> None:
-            conn.execute(
-                "UPDATE records SET body = '{' WHERE conversation_id = 'echo/c-1'"
-                ' AND "offset" = 1'
-            )
-
-        asyncio.run_coroutine_threadsafe(
-            store._writer.call(damage, write=True), server.loop
-        ).result(timeout=10)
+        server.damage_record("echo/c-1", 1)
         with pytest.raises(CorruptData, match="a record of echo/c-1 cannot be read"):
             conv.history()
     async with hearth.AsyncClient(server.url) as aclient:
