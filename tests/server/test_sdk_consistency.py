@@ -173,3 +173,13 @@ async def test_input_no_json_body_can_carry_is_invalid_input_naming_its_field(
         with pytest.raises(InvalidInput) as refused:
             await call(aclient.conversation("echo", "c-1"))
     assert refused.value.field == field
+
+
+def test_a_path_part_no_url_can_carry_is_invalid_input(server: ThreadServer) -> None:
+    """Half a surrogate pair in an id raised UnicodeEncodeError from ``quote``; the Python API
+    refuses such an id with one of its own errors."""
+    with hearth.Client(server.url) as client:
+        with pytest.raises(InvalidInput, match="no URL can carry it"):
+            client.conversation("echo", "half \ud83d").send("hi")
+        with pytest.raises(InvalidInput, match="no URL can carry it"):
+            client.conversation("echo", "c-1").resolve("w\udc00", True)

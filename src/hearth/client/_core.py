@@ -241,7 +241,11 @@ class History:
 def segment(value: str) -> str:
     """``value`` as one segment of a path: every ``/``, ``?`` and ``#`` escaped, and ``.`` or
     ``..`` too (a client drops such a segment, or goes up one, so the request would reach
-    another route); the server judges what is left."""
+    another route); the server judges what is left. A part with half a surrogate pair has no
+    UTF-8 form, so no URL can carry it: ``InvalidInput`` (``quote`` raised UnicodeEncodeError)."""
+    where = unpaired_surrogate(value)
+    if where is not None:
+        raise InvalidInput(f"{value!r} has {where}: no URL can carry it", "path")
     quoted = quote(value, safe="")
     return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
