@@ -68,10 +68,6 @@ class Scheduler:
             return time.time()
         return await self.env.store.now()
 
-    def looks_from(self, s: Schedule, cursor: ScheduleCursor, now: float) -> float:
-        """Where the next occurrence of ``s`` is looked for from (``_since``)."""
-        return self._since(s, cursor, now)
-
     def start(self) -> None:
         if self.schedules and self._task is None:
             self._task = asyncio.create_task(self._run(), name="hearth-scheduler")
@@ -103,7 +99,7 @@ class Scheduler:
             cursor = self.cursors[s.name]
             if cursor is None:
                 continue
-            since = self._since(s, cursor, now)
+            since = self.looks_from(s, cursor, now)
             upcoming = self._upcoming(s, since)
             due = None if upcoming is None or upcoming > now else s.latest_due(since, now)
             if due is not None:
@@ -117,7 +113,7 @@ class Scheduler:
             cursor = self.cursors[s.name]
             if cursor is None:
                 continue
-            since = self._since(s, cursor, now)
+            since = self.looks_from(s, cursor, now)
             # Nothing is due in (since, now] once it fired: the next one after since is the
             # next after now.
             upcoming = self._upcoming(s, since)
@@ -137,7 +133,7 @@ class Scheduler:
             self._next[s.name] = known
         return known[1]
 
-    def _since(self, s: Schedule, cursor: ScheduleCursor, now: float) -> float:
+    def looks_from(self, s: Schedule, cursor: ScheduleCursor, now: float) -> float:
         """Where the next occurrence is looked for from: the cursor, or the time this process
         found the cursor ahead of the clock by more than ``CLOCK_BACK_S`` (stamped while the
         clock was ahead, and the clock since set back)."""

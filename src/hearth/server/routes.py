@@ -41,7 +41,6 @@ from hearth.store.base import CONVERSATION_STATUSES
 CONVERSATION_PAGE = 50  # conversations in one page of GET /conversations, by default
 MAX_CONVERSATION_PAGE = 500
 _ADMISSION_KEYS = frozenset({"message", "signal", "idempotency_key"})  # + attachments
-_SIGNAL_KEYS = frozenset({"type", "body", "attributes"})
 _NULL: Any = ()  # neither a string nor an object: refused as a message and as a signal
 
 
@@ -171,11 +170,7 @@ def parse_admission(body: Any) -> tuple[Any, Any, Any]:
     unknown = sorted(set(body) - _ADMISSION_KEYS)
     if unknown:
         raise bad(f"unknown field(s): {', '.join(unknown)}", unknown[0])
-    message, signal = _given(body, "message"), _given(body, "signal")
-    if isinstance(signal, dict):
-        unknown = sorted(set(signal) - _SIGNAL_KEYS)
-        if unknown:
-            raise bad(f"unknown signal field(s): {', '.join(unknown)}", "signal")
+    message, signal = _given(body, "message"), _given(body, "signal")  # (checked_signal's)
     key = body.get("idempotency_key")
     if "idempotency_key" in body and not isinstance(key, str):
         raise bad("idempotency_key must be a string of 1-256 characters", "idempotency_key")

@@ -79,8 +79,8 @@ from hearth.store.rows import (
     conversation_from_row,
     cursor_from_row,
     delivery_from_row,
-    stored_json,
     stored_record,
+    stored_state,
     submission_from_row,
     summary_from_row,
     wait_from_row,
@@ -555,12 +555,7 @@ class PostgresStore(Store):
                 {"c": conversation_id},
             )
         )
-        return {
-            row["name"]: stored_json(
-                row["value"], f"the state {row['name']!r} of {conversation_id}"
-            )
-            for row in rows
-        }
+        return stored_state(((r["name"], r["value"]) for r in rows), conversation_id)
 
     async def fork(self, source: str, offset: int, target: str) -> ConversationInfo:
         return await self._write(

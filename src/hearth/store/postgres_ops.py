@@ -50,8 +50,8 @@ from hearth.store.rows import (
     blob_from_row,
     cursor_from_row,
     delivery_from_row,
-    stored_json,
     stored_record,
+    stored_state,
     submission_from_row,
     wait_from_row,
 )
@@ -527,10 +527,8 @@ async def turn_view(conn: Conn, values: dict[str, Any]) -> TurnView:
     await cursor.execute(TURN_VIEW.encode(), values)
     records = [stored_record(row["body"], values["c"]) for row in await cursor.fetchall()]
     cursor.nextset()
-    state = {
-        row["name"]: stored_json(row["value"], f"the state {row['name']!r} of {values['c']}")
-        for row in await cursor.fetchall()
-    }
+    pairs = ((row["name"], row["value"]) for row in await cursor.fetchall())
+    state = stored_state(pairs, values["c"])
     cursor.nextset()
     row = await cursor.fetchone()
     return TurnView(records, state, None if row is None else submission_from_row(row))

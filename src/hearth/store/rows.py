@@ -6,6 +6,7 @@ Plain frozen dataclasses, shared by every store and by the runtime above them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -353,14 +354,19 @@ def stored_record(body: str | bytes, conversation_id: str) -> Record:
         ) from None
 
 
-def stored_json(text: str | bytes, what: str) -> Any:
-    """A JSON column's value; ``CorruptData`` naming ``what`` when it holds no JSON."""
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise CorruptData(
-            f"{what} cannot be read ({exc}); the database was changed outside hearth or is damaged"
-        ) from None
+def stored_state(pairs: Iterable[tuple[str, str]], conversation_id: str) -> dict[str, Any]:
+    """A conversation's state from its ``(name, value)`` rows; ``CorruptData`` naming the
+    piece whose value holds no JSON."""
+    state: dict[str, Any] = {}
+    for name, value in pairs:
+        try:
+            state[name] = json.loads(value)
+        except ValueError as exc:
+            raise CorruptData(
+                f"the state {name!r} of {conversation_id} cannot be read ({exc}); the database"
+                " was changed outside hearth or is damaged"
+            ) from None
+    return state
 
 
 def delivery_from_row(row: Row) -> StoredDelivery:

@@ -53,8 +53,8 @@ from hearth.store.rows import (
     conversation_from_row,
     cursor_from_row,
     delivery_from_row,
-    stored_json,
     stored_record,
+    stored_state,
     submission_from_row,
     summary_from_row,
     wait_from_row,
@@ -109,9 +109,7 @@ def _state(conn: sqlite3.Connection, conversation_id: str) -> dict[str, Any]:
     rows = conn.execute(
         "SELECT name, value FROM state WHERE conversation_id = ?", (conversation_id,)
     ).fetchall()
-    return {
-        name: stored_json(value, f"the state {name!r} of {conversation_id}") for name, value in rows
-    }
+    return stored_state(rows, conversation_id)
 
 
 def steady_clock() -> Callable[[], float]:
