@@ -103,6 +103,26 @@ async def test_begin_wait_with_no_wait_pending_is_refused(store: Store) -> None:
     assert row is not None and row.status == "running"
 
 
+async def test_begin_wait_keeps_the_carried_writes_for_the_attempt_that_resumes(
+    store: Store,
+) -> None:
+    sub = await running(store)
+    carried = {
+        CONV: {"message_id": "m1", "attempt": sub.attempt, "writes": {"n": 1, "note": "é"}},
+        "support/c-child": {"message_id": "m7", "attempt": sub.attempt, "writes": {"x": None}},
+    }
+    await store.begin_wait(sub.fence, [started(sub)], carried)
+    row = await store.get_submission(sub.id)
+    assert row is not None and row.carried == carried
+    await store.resolve_wait(CONV, "w_approval", True)
+    [again] = await store.claim("owner-2", 30.0, 10)
+    assert again.carried == carried
+    # The next pause keeps what it carries; one that carries nothing clears the row's.
+    await store.begin_wait(again.fence, [started(again, "second")])
+    row = await store.get_submission(sub.id)
+    assert row is not None and row.carried is None
+
+
 async def test_resolve_records_the_value_once_and_queues_the_submission_again(
     store: Store, clock: ManualClock
 ) -> None:

@@ -405,9 +405,11 @@ async def test_the_first_releases_version_1_without_heads_is_migrated(pg_cluster
 
 
 def _as_version_8(pg_cluster: Cluster, schema: str) -> None:
-    """The submissions table as version 8 left it: no count of graceful releases."""
+    """The submissions table as version 8 left it: no count of graceful releases (nor the
+    carried writes of version 11)."""
     pg_cluster.sql(
         f"ALTER TABLE {schema}.submissions DROP COLUMN releases;"
+        f" ALTER TABLE {schema}.submissions DROP COLUMN carried;"
         f" UPDATE {schema}.meta SET value = '8' WHERE key = 'schema_version'"
     )
 
@@ -426,7 +428,7 @@ async def test_a_version_8_schema_counts_graceful_releases_after_its_migration(
         row = await store.get_submission(first.id)
         assert row is not None and (row.attempt, row.releases, row.interruptions) == (1, 1, 0)
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "10"
+    assert found == str(SCHEMA_VERSION) == "11"
 
 
 def _as_version_7(pg_cluster: Cluster, schema: str) -> None:
@@ -660,7 +662,7 @@ async def test_a_version_6_schema_gets_the_partial_type_indexes(pg_cluster: Clus
         assert found is not None and (found.id, found.offset) == ("m1", 1)
         assert await store.last_of_type(CONV, Compaction.type) is None
     version = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert version == str(SCHEMA_VERSION) == "10"
+    assert version == str(SCHEMA_VERSION) == "11"
     names = pg_cluster.sql(
         f"SELECT string_agg(indexname, ',' ORDER BY indexname) FROM pg_indexes"
         f" WHERE schemaname = '{schema}' AND tablename = 'records'"
@@ -1187,7 +1189,7 @@ async def test_a_version_5_schema_gains_the_attachment_store(pg_cluster: Cluster
         got = await store.get_attachment(b.sha256)
         assert got is not None and got.data == data
     found = pg_cluster.sql(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-    assert found == str(SCHEMA_VERSION) == "10"
+    assert found == str(SCHEMA_VERSION) == "11"
 
 
 # --- over the server's limits ------------------------------------------------------------------

@@ -208,8 +208,10 @@ async def reopened_as(
 
 
 def _as_schema_9(conn: sqlite3.Connection) -> None:
-    """The submissions table as schema 9 left it: no count of graceful releases."""
+    """The submissions table as schema 9 left it: no count of graceful releases (nor the
+    carried writes of schema 11)."""
     conn.execute("ALTER TABLE submissions DROP COLUMN releases")
+    conn.execute("ALTER TABLE submissions DROP COLUMN carried")
     conn.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
 
 
@@ -237,7 +239,7 @@ async def test_a_schema_9_file_counts_graceful_releases_after_its_migration(
     with sqlite3.connect(path) as conn:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == (str(SCHEMA_VERSION),) == ("10",)
+    assert version == (str(SCHEMA_VERSION),) == ("11",)
 
 
 async def test_a_claim_reads_only_heads_that_may_run_on_new_and_older_files(
@@ -1053,7 +1055,7 @@ async def test_a_schema_6_file_gains_the_attachment_store(tmp_path: Path) -> Non
     with sqlite3.connect(path) as conn:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == (str(SCHEMA_VERSION),) == ("10",)
+    assert version == (str(SCHEMA_VERSION),) == ("11",)
 
 
 async def test_opening_without_create_refuses_a_file_that_is_not_hearths(tmp_path: Path) -> None:

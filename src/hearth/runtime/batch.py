@@ -101,7 +101,9 @@ class ToolBatch:
             view, self.scope.sub.attempt, declared, list(self.rendered.subagents), reconcilable
         )
         buffer = StateBuffer(self.rendered.state)
-        buffer.writes.update(carried_state(self.journal.records, view.message_id))
+        row = self.scope.sub.carried or {}
+        carried = row.get(self.scope.conversation_id)
+        buffer.writes.update(carried_state(self.journal.records, view.message_id, carried))
         jobs = []
         for call in view.calls:
             verdict = plan[call.tool_call_id]
@@ -130,7 +132,9 @@ class ToolBatch:
             # Every other call has its outcome recorded: the batch stays open, the attempt pauses,
             # and the batch's uncommitted state writes travel in its wait records.
             buffer.closed = True
-            self.waiting.carry_state(self.scope.conversation_id, buffer.writes)
+            self.waiting.carry_state(
+                self.scope.conversation_id, view.message_id, self.scope.sub.attempt, buffer.writes
+            )
             raise self.waiting
         _faults.reached("batch:commit")
         buffer.closed = True

@@ -217,7 +217,7 @@ class Attempt:
             _faults.reached(f"before:{record.type}")
         _faults.reached("before:store.begin_wait")
         try:
-            await self.store.begin_wait(self.sub.fence, pause.started)
+            await self.store.begin_wait(self.sub.fence, pause.started, pause.carried)
         except AbortRequested:
             return False
         _faults.reached("after:store.begin_wait")

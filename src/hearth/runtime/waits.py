@@ -43,15 +43,28 @@ class PauseForWait(Exception):
 
     started: list[Started] = field(default_factory=list)  # new wait_started records to append
     expiries: list[float] = field(default_factory=list)  # unix seconds, of the new waits
+    # The open batches' uncommitted state writes, by conversation: ``Submission.carried``.
+    carried: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, other: PauseForWait) -> None:
         self.started += other.started
         self.expiries += other.expiries
+        self.carried.update(other.carried)
 
-    def carry_state(self, conversation_id: str, writes: Mapping[str, Any]) -> None:
-        """Put a batch's uncommitted state writes into its new wait records."""
+    def carry_state(
+        self, conversation_id: str, message_id: str, attempt: int, writes: Mapping[str, Any]
+    ) -> None:
+        """Keep a batch's uncommitted state writes for the attempt that resumes it: in the
+        submission's row (a batch whose only waiting call is a task, or that waits again only on
+        waits started before, has no new wait record of its own), and in its new wait records
+        as well (what an attempt of an earlier release reads)."""
         if not writes:
             return
+        self.carried[conversation_id] = {
+            "message_id": message_id,
+            "attempt": attempt,
+            "writes": dict(writes),
+        }
         self.started = [
             (conv, dataclasses.replace(r, state_writes=dict(writes)))
             if conv == conversation_id
@@ -96,11 +109,26 @@ def recorded_waits(
     return started, ended
 
 
-def carried_state(records: Sequence[Record], message_id: str) -> dict[str, Any]:
-    """The state writes a batch made before it paused for waits, to commit when it resumes."""
+def carried_state(
+    records: Sequence[Record], message_id: str, carried: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The state writes a batch made before it paused for waits, to commit when it resumes:
+    those its wait records carry, and those the submission's row keeps for its conversation
+    (``carried``: its entry in ``Submission.carried``) unless a later pause's records hold more.
+    Each pause keeps all the writes the batch made so far, so the latest one is the whole set."""
     prefix = f"{message_id}:wait:"
     writes: dict[str, Any] = {}
+    latest = -1
     for r in records:
         if isinstance(r, WaitStarted) and r.id.startswith(prefix):
             writes.update(r.state_writes)
+            latest = max(latest, r.attempt or 0)
+    if (
+        isinstance(carried, Mapping)
+        and carried.get("message_id") == message_id
+        and isinstance(carried.get("attempt"), int)
+        and carried["attempt"] >= latest
+        and isinstance(carried.get("writes"), Mapping)
+    ):
+        writes.update(carried["writes"])
     return writes

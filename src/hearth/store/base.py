@@ -14,7 +14,7 @@ after it committed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from hearth.records import Record, WaitStarted
@@ -335,11 +335,18 @@ class Store(ABC):
 
     # --- durable waits ----------------------------------------------------------------------
     @abstractmethod
-    async def begin_wait(self, fence: Fence, started: Sequence[tuple[str, WaitStarted]]) -> None:
+    async def begin_wait(
+        self,
+        fence: Fence,
+        started: Sequence[tuple[str, WaitStarted]],
+        carried: Mapping[str, Any] | None = None,
+    ) -> None:
         """Pause the attempt for its durable waits: append each ``(conversation_id, record)``
         ``wait_started`` (a wait started by an earlier attempt and still pending is not passed
         again), open a pending ``waits`` row for each, and set the submission ``waiting``
-        without a lease, counting the attempt in ``waits`` and stamping ``waiting_since``.
+        without a lease, counting the attempt in ``waits``, stamping ``waiting_since`` and
+        keeping ``carried`` (the open batches' state writes, JSON; None clears it) for the
+        attempt that resumes it to read as ``Submission.carried``.
         Atomic and fenced; ``AbortRequested`` (nothing written) when an abort intent is stamped
         on the submission, ``StoreError`` when no wait of the submission would be pending.
         Publishes ``appended``."""

@@ -26,7 +26,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -994,11 +994,16 @@ class PostgresStore(Store):
         return [cursor_from_row(row) for row in rows]
 
     # --- durable waits --------------------------------------------------------------------------
-    async def begin_wait(self, fence: Fence, started: Sequence[tuple[str, WaitStarted]]) -> None:
+    async def begin_wait(
+        self,
+        fence: Fence,
+        started: Sequence[tuple[str, WaitStarted]],
+        carried: Mapping[str, Any] | None = None,
+    ) -> None:
         batch = list(started)
 
         async def work(conn: ops.Conn, outbox: ops.Outbox) -> bool:
-            await ops.begin_wait(conn, fence, batch, outbox, self._now())
+            await ops.begin_wait(conn, fence, batch, carried, outbox, self._now())
             return True
 
         async def paused(conn: ops.Conn) -> bool | None:

@@ -8,6 +8,7 @@ what to write come from ``hearth.store.rules``; ``NOW`` is the store's clock in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -802,6 +803,7 @@ async def begin_wait(
     conn: Conn,
     fence: Fence,
     started: list[tuple[str, WaitStarted]],
+    carried: Mapping[str, Any] | None,
     outbox: Outbox,
     now: float | None,
 ) -> None:
@@ -821,8 +823,8 @@ async def begin_wait(
         raise StoreError(f"submission {fence.submission_id} has no pending wait to wait for")
     await conn.execute(
         "UPDATE submissions SET status = %(w)s, lease_owner = NULL, lease_expires_at = NULL,"
-        f" waits = waits + 1, waiting_since = {NOW} WHERE id = %(id)s".encode(),
-        {"w": WAITING, "id": fence.submission_id, "now": now},
+        f" waits = waits + 1, waiting_since = {NOW}, carried = %(k)s WHERE id = %(id)s".encode(),
+        {"w": WAITING, "id": fence.submission_id, "now": now, "k": rules.carried_column(carried)},
     )
 
 

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 10  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
+SCHEMA_VERSION = 11  # 2: last_activity; 3: source, inputs tables; 4: traceparent; 5: waits
 # 6: attachments (bytes by SHA-256) and attachment_refs (what holds them)
 # 7: records_by_type (every record's type) gives way to partial indexes of compactions and of
 #    settlements, the only types looked up by type: a step's record writes one index fewer
@@ -21,6 +21,7 @@ SCHEMA_VERSION = 10  # 2: last_activity; 3: source, inputs tables; 4: traceparen
 #    to the 10 seconds) in place of last_activity: an append's update of the row is heap-only
 # 9: submissions.releases counts the attempts a graceful shutdown gave back (not counted)
 # 10: submissions_claimable, the heads a claim reads (not those of waiting conversations)
+# 11: submissions.carried keeps the state writes of the batches a paused attempt left open
 _LOCK_KEY = 0x6865617274  # "heart": the advisory lock key of hearth's migrations
 
 _TABLES = """
@@ -88,6 +89,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     waits integer NOT NULL DEFAULT 0,
     waiting_since double precision,
     releases integer NOT NULL DEFAULT 0,
+    carried text,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -223,6 +225,8 @@ async def migrate(
                 "ALTER TABLE submissions ADD COLUMN IF NOT EXISTS releases integer NOT NULL"
                 " DEFAULT 0"
             )
+        if found is not None and found < 11:  # the open batches' writes of a paused attempt
+            await conn.execute("ALTER TABLE submissions ADD COLUMN IF NOT EXISTS carried text")
         await _run(conn, _TABLES)
         if found is not None and found < 3:
             await _add_sources(conn)

@@ -94,6 +94,10 @@ class Submission:
     # Attempts a graceful shutdown gave back (``Store.release(graceful=True)``): nor do these
     # count, or a few rolling redeploys in a row failed a long submission ``retry_exhausted``.
     releases: int = 0
+    # The state writes of the tool batches the last paused attempt left open (they commit with
+    # their batch): ``{conversation_id: {"message_id", "attempt", "writes"}}``; see
+    # ``Store.begin_wait``.
+    carried: dict[str, Any] | None = None
     # What of the row could not be read (a JSON column changed outside hearth or damaged): its
     # attempt fails it ``corrupt_data`` rather than run on a guess, or stop every claim.
     damage: str | None = None
@@ -312,6 +316,7 @@ def submission_from_row(row: Row) -> Submission:
 
     payload = decoded("payload", {})
     error, source = decoded("error", None), decoded("source", None)
+    carried = decoded("carried", None)
     return Submission(
         id=row["id"],
         conversation_id=row["conversation_id"],
@@ -339,6 +344,7 @@ def submission_from_row(row: Row) -> Submission:
         waits=int(row["waits"]),
         waiting_since=_real(row["waiting_since"]),
         releases=int(row["releases"]),
+        carried=carried if isinstance(carried, dict) else None,
         damage="; ".join(damage) or None,
     )
 

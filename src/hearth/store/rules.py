@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hearth.attachments import parts_of
@@ -273,6 +273,11 @@ def newest_first(page: list[ConversationSummary]) -> list[ConversationSummary]:
 
 
 # --- durable waits ------------------------------------------------------------------------------
+def carried_column(carried: Mapping[str, Any] | None) -> str | None:
+    """The ``submissions.carried`` column that ``begin_wait`` stores (NULL for nothing)."""
+    return compact_json(dict(carried)) if carried else None
+
+
 def wait_row(record: WaitStarted) -> dict[str, Any]:
     """The columns of a ``waits`` row that a ``wait_started`` record opens."""
     expires = None if record.expires_at is None else unix_from_iso(record.expires_at)

@@ -23,7 +23,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from hearth.errors import ConfigurationError, ConversationExists, StoreError, StoreUnavailable
@@ -566,10 +566,15 @@ class SQLiteStore(Store):
         return await self._read(work)
 
     # --- durable waits --------------------------------------------------------------------------
-    async def begin_wait(self, fence: Fence, started: Sequence[tuple[str, WaitStarted]]) -> None:
+    async def begin_wait(
+        self,
+        fence: Fence,
+        started: Sequence[tuple[str, WaitStarted]],
+        carried: Mapping[str, Any] | None = None,
+    ) -> None:
         batch = list(started)
         await self._write(
-            lambda conn, outbox: ops.begin_wait(conn, fence, batch, outbox, self.clock())
+            lambda conn, outbox: ops.begin_wait(conn, fence, batch, carried, outbox, self.clock())
         )
 
     async def resolve_wait(self, conversation_id: str, wait_id: str, value: Any) -> Wait:

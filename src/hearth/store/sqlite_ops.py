@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -511,6 +512,7 @@ def begin_wait(
     conn: sqlite3.Connection,
     fence: Fence,
     started: list[tuple[str, WaitStarted]],
+    carried: Mapping[str, Any] | None,
     outbox: Outbox,
     now: float,
 ) -> None:
@@ -540,8 +542,8 @@ def begin_wait(
         raise StoreError(f"submission {fence.submission_id} has no pending wait to wait for")
     conn.execute(
         "UPDATE submissions SET status = ?, lease_owner = NULL, lease_expires_at = NULL,"
-        " waits = waits + 1, waiting_since = ? WHERE id = ?",
-        (WAITING, now, fence.submission_id),
+        " waits = waits + 1, waiting_since = ?, carried = ? WHERE id = ?",
+        (WAITING, now, rules.carried_column(carried), fence.submission_id),
     )
 
 

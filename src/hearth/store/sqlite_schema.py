@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from hearth.errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # 2: submissions.is_head marks each conversation's claimable head
 # 3: conversations.last_activity, indexed for the conversation list
 # 4: submissions.source; the deliveries and schedules tables (channels and schedules)
@@ -21,6 +21,7 @@ SCHEMA_VERSION = 10
 # 9: the conversation list's indexes hold activity_bucket (last_activity to the 10 seconds, kept
 #    by triggers) in place of last_activity: an append rewrites the conversation's row alone
 # 10: submissions.releases counts the attempts a graceful shutdown gave back (not counted)
+# 11: submissions.carried keeps the state writes of the batches a paused attempt left open
 LOCK_TIMEOUT_S = 0.5
 
 _SCHEMA = """
@@ -100,6 +101,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     waits INTEGER NOT NULL DEFAULT 0,
     waiting_since REAL,
     releases INTEGER NOT NULL DEFAULT 0,
+    carried TEXT,
     UNIQUE (conversation_id, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS submissions_by_conversation
@@ -279,6 +281,14 @@ def _add_releases(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE submissions ADD COLUMN releases INTEGER NOT NULL DEFAULT 0")
 
 
+def _add_carried(conn: sqlite3.Connection) -> None:
+    """Schema 10 → 11: the open batches' state writes of a paused attempt (a submission paused
+    before carried them in its ``wait_started`` records alone, which still count)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(submissions)")}
+    if "carried" not in have:
+        conn.execute("ALTER TABLE submissions ADD COLUMN carried TEXT")
+
+
 def _add_attachments(conn: sqlite3.Connection) -> None:
     """Schema 6 → 7: the attachment store and its references (no older row references one)."""
     for statement in _statements(_ATTACHMENT_TABLES):
@@ -348,6 +358,8 @@ def migrate(conn: sqlite3.Connection, *, create: bool = True) -> int | None:
                 _add_activity_bucket(conn)
             if found < 10:
                 _add_releases(conn)
+            if found < 11:
+                _add_carried(conn)
         for statement in _statements(_SCHEMA):
             conn.execute(statement)
         conn.execute(

@@ -1,0 +1,144 @@
+"""State writes of a batch that pauses for waits commit with the batch once it resumes (SPEC §2,
+§15), also when the pause makes no wait record of the batch's own to carry them: a batch that
+pauses again only on a wait it started before, or whose waiting call is a task whose child
+waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import hearth
+from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.runtime.runtime import Runtime
+from hearth.testing import ScriptedModel, Step, call, calls, reply
+from hearth.testing.invariants import assert_invariants
+
+pytestmark = pytest.mark.anyio
+
+RAN: list[str] = []
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def script(request: ModelRequest) -> Step:
+    last = request.messages[-1] if request.messages else None
+    if isinstance(last, ToolResult):
+        return reply("done")
+    text = next((str(m.content) for m in reversed(request.messages) if isinstance(m, UserTurn)), "")
+    if text == "two waits":
+        return calls(call("ask", name="a"), call("ask", name="b"), call("note"))
+    if text == "delegate":
+        return calls(call("note"), call("task", agent="clerk", prompt="one wait"))
+    if text == "one wait":
+        return calls(call("ask", name="c"))
+    return reply("echo")
+
+
+@hearth.agent(durability=hearth.Durability(max_attempts=1, timeout=3600))
+def clerk(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/clerk")
+    answers = {name: ctx.use_state(name, None)[1] for name in ("a", "b", "c")}
+    notes, set_notes = ctx.use_state("notes", 0)
+
+    @hearth.tool(durable=True)
+    async def ask(name: str, ctx: hearth.ToolContext) -> str:
+        """Ask a person; remember the answer in state, under the question's name."""
+        answer = await ctx.step.wait(name, prompt=f"{name}?")
+        RAN.append(name)
+        answers[name](answer)
+        return str(answer)
+
+    @hearth.tool
+    async def note(ctx: hearth.ToolContext) -> str:
+        """Count a note in state."""
+        RAN.append("note")
+        set_notes(notes + 1)
+        return "noted"
+
+    ctx.use_tool(ask)
+    ctx.use_tool(note)
+    return "Ask."
+
+
+@hearth.agent
+def front(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/clerk")
+    notes, set_notes = ctx.use_state("notes", 0)
+
+    @hearth.tool
+    async def note(ctx: hearth.ToolContext) -> str:
+        """Count a note in state."""
+        RAN.append("front-note")
+        set_notes(notes + 1)
+        return "noted"
+
+    ctx.use_tool(note)
+    ctx.use_subagent(clerk, description="Asks people")
+    return "Delegate."
+
+
+def app(db: str) -> hearth.App:
+    return hearth.App([clerk, front], db=db, providers=[ScriptedModel("clerk", script)])
+
+
+async def pending(rt: Runtime, n: int, timeout: float = 10.0) -> list[Any]:
+    end = time.monotonic() + timeout
+    while len(waits := await rt.waits()) != n:
+        assert time.monotonic() < end, f"never {n} pending waits: {waits}"
+        await asyncio.sleep(0.01)
+    return waits
+
+
+async def waiting(rt: Runtime, submission_id: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while (await rt.submission(submission_id)).status != "waiting":
+        assert time.monotonic() < end, "the submission never started waiting"
+        await asyncio.sleep(0.01)
+
+
+async def test_writes_made_before_and_after_the_waits_of_a_batch_all_commit_with_it(
+    tmp_path: Any,
+) -> None:
+    RAN.clear()
+    async with app(str(tmp_path / "h.db")).run() as rt:
+        receipt = await rt.dispatch("clerk", "c-1", "two waits")
+        await waiting(rt, receipt.submission_id)
+        by_name = {w.name: w for w in await pending(rt, 2)}
+        await rt.resolve("clerk", "c-1", by_name["a"].wait_id, "yes")
+        # ``a`` ends and writes state; the batch pauses again on ``b`` alone (no new wait).
+        await pending(rt, 1)
+        await waiting(rt, receipt.submission_id)
+        assert await rt.store.get_state("clerk/c-1") == {}  # not committed yet
+        await rt.resolve("clerk", "c-1", by_name["b"].wait_id, "no")
+        await rt.read(receipt, timeout=10)
+        assert await rt.store.get_state("clerk/c-1") == {"notes": 1, "a": "yes", "b": "no"}
+        await assert_invariants(rt.store)
+    assert RAN.count("note") == 1 and RAN.count("a") == 1
+
+
+async def test_writes_of_a_batch_whose_only_waiting_call_is_a_task_are_kept(
+    tmp_path: Any,
+) -> None:
+    RAN.clear()
+    db = str(tmp_path / "h.db")
+    async with app(db).run() as rt:
+        receipt = await rt.dispatch("front", "c-1", "delegate")
+        await waiting(rt, receipt.submission_id)
+        [wait] = await pending(rt, 1)
+        assert await rt.store.get_state("front/c-1") == {}
+    # Another process resumes it: what the batch wrote is in the database, not in memory.
+    async with app(db).run() as rt:
+        agent, conversation = wait.conversation_id.split("/", 1)
+        await rt.resolve(agent, conversation, wait.wait_id, "ok")
+        await rt.read(receipt, timeout=10)
+        assert await rt.store.get_state("front/c-1") == {"notes": 1}
+        assert await rt.store.get_state(wait.conversation_id) == {"c": "ok"}
+        await assert_invariants(rt.store)
+    assert RAN.count("front-note") == 1 and RAN.count("c") == 1
