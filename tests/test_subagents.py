@@ -184,6 +184,9 @@ async def test_a_delegated_tasks_conversation_takes_no_input_from_outside() -> N
         ):
             with pytest.raises(hearth.DelegatedConversation, match="delegated task"):
                 await refused()
+        # Nor an abort: it has no submission of its own (it answered "nothing aborted").
+        with pytest.raises(hearth.DelegatedConversation, match="abort lead/p1"):
+            await rt.abort("researcher", id)
         # An id that only looks a little like one is anyone's.
         assert (await rt.read(await rt.dispatch("researcher", "notes.task-1", "q"), 10)).outcome
 

@@ -127,8 +127,8 @@ def test_a_child_task_links_to_the_child_conversation_and_back(
     assert "step · sweep" in text_of(page, "li.rec-tool_step_settled")
     assert page.current_url.startswith(f"{server.url}/console/chores/")
     assert "child task of boss/b-1" in text_of(page, "li.rec-conversation_created")
-    # No send box and no abort button: a child takes no input (409), and an abort of it
-    # stamped nothing (200, "nothing to abort"); the page says where to go instead.
+    # No send box and no abort button: a child takes no input, nor an abort (409 both); the
+    # page says where to go instead.
     assert not page.find_elements(By.ID, "abort") and not page.find_elements(By.ID, "send-form")
     assert "send to its parent" in text_of(page, "#child-note")
     page.find_element(By.CSS_SELECTOR, "li.rec-conversation_created a").click()

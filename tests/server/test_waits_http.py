@@ -338,6 +338,9 @@ def test_a_wait_in_a_subagent_the_app_does_not_list_is_read_and_resolved_over_ht
             refused = http.post(base, json={"message": "hi"})  # as any delegated conversation
             assert refused.status_code == 409, refused.text
             assert refused.json()["error"]["type"] == "delegated_conversation"
+            refused = http.post(f"{base}/abort")  # nothing of its own: its parent is aborted
+            assert refused.status_code == 409, refused.text
+            assert "abort manager/p" in refused.json()["error"]["message"]
             assert http.get("/agents/clerk/never-made").status_code == 404
     finally:
         server.stop()

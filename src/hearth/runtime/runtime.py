@@ -316,10 +316,19 @@ class Runtime:
         return reply_or_raise(sub.id, sub.outcome, sub.reply, sub.error)
 
     async def abort(self, agent: str, id: str) -> AbortResult:
-        """Stamp an abort intent on every unsettled submission of the conversation."""
+        """Stamp an abort intent on every unsettled submission of the conversation.
+        ``DelegatedConversation`` for a delegated task's conversation: it has no submission of
+        its own (its parent's attempt runs it), so its parent is what to abort."""
         conversation_id = await self.addressed(agent, id)
-        if await self.store.get_conversation(conversation_id) is None:
+        info = await self.store.get_conversation(conversation_id)
+        if info is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        if info.parent is not None:
+            raise DelegatedConversation(
+                f"{conversation_id} is the conversation of a delegated task: it runs inside its"
+                " parent's attempt and has nothing of its own to abort (abort"
+                f" {info.parent.get('conversation_id', 'its parent')})"
+            )
         _faults.reached("before:store.request_abort")
         ids = await self.store.request_abort(conversation_id)  # its owner hears of it
         _faults.reached("after:store.request_abort")

@@ -40,8 +40,8 @@ _ERROR_WORDS = {
     " server), or one made with the console's cookie and no Origin naming this server",
     404: "unknown agent, conversation or submission",
     408: "the body did not arrive in time",
-    409: "idempotency key reused with another payload, or input sent to a delegated task's"
-    " conversation",
+    409: "idempotency key reused with another payload, or input or an abort sent to a delegated"
+    " task's conversation",
     413: "body over HEARTH_MAX_BODY (HEARTH_MAX_UPLOAD with attachments), or a file over"
     " HEARTH_MAX_ATTACHMENT (named in the message)",
     415: "Content-Type is not JSON (nor multipart/form-data where files are taken)",
@@ -519,7 +519,7 @@ def openapi_document(
                 "operationId": "abort",
                 "summary": "Abort every unsettled submission of the conversation",
                 "responses": answers(
-                    {"200": _json(_ref("AbortResult"), "abort intents stamped")}, 400, 404
+                    {"200": _json(_ref("AbortResult"), "abort intents stamped")}, 400, 404, 409
                 ),
             },
         },
