@@ -178,6 +178,32 @@ def test_sigterm_while_a_sync_tool_blocks_still_exits_within_the_shutdown_time(
         server.kill()
 
 
+def test_sigterm_gives_back_work_whose_cleanup_outlasts_the_shutdown_time(tmp_path: Path) -> None:
+    """The watchdog ended the process at ``HEARTH_SHUTDOWN_S``, the moment the coordinator was
+    to cancel the late work and release it: the lease stayed held, and the attempt counted
+    (the next server failed the submission ``retry_exhausted`` under ``max_attempts=1``)."""
+    db = tmp_path / "h.db"
+    server = ServerProcess(db, app="cleanupapp:app", env={"HEARTH_SHUTDOWN_S": "3"}).start()
+    try:
+        conv = hearth.Client(server.url).conversation("shop", "o-1")
+        receipt = conv.send("buy")
+        wait_until(
+            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
+        )
+        time.sleep(0.2)  # the call is under way
+        server.terminate()
+        assert server.wait(timeout=30) == 0  # (the tool's cleanup takes 30 s)
+        assert "Traceback" not in server.log.read_text()
+        sub = stored_submission(db, receipt.submission_id)
+        assert sub.outcome is None and sub.lease_expires_at == 0  # released
+        assert sub.releases == 1
+        server.start()
+        again = hearth.Client(server.url).conversation("shop", "o-1")
+        assert again.read(receipt, timeout=30).text == "done"
+    finally:
+        server.kill()
+
+
 def test_sigterm_while_a_body_is_arriving_answers_503_and_exits_at_once(tmp_path: Path) -> None:
     """The read of the body waited until the server's grace ran out and was cancelled: the
     client got a bare 500 (not JSON), the log a traceback, and the shutdown waited for it."""

@@ -36,6 +36,9 @@ UNEXPECTED = "hearth: unexpected exception"
 OTHER_AGENTS_AFTER_S = 300.0
 BUG_PAUSE_S = 1.0  # the pause before retrying an attempt that a bug of hearth's ended, doubled
 LATE_RELEASE_S = 2.0  # how long a shutdown waits for the releases of work that ran past it
+# The share of ``shutdown_s`` a stop takes at most: closing the store and the process's exit have
+# the rest, so ``hearth serve``'s watchdog (at ``shutdown_s``) never ends a release half done.
+STOP_SHARE = 0.8
 
 
 @dataclass
@@ -82,7 +85,8 @@ class Coordinator:
         ]
 
     async def stop(self) -> None:
-        """Interrupt running work without settling it, release its leases, stop claiming."""
+        """Interrupt running work without settling it, release its leases, stop claiming; all
+        within ``STOP_SHARE`` of ``shutdown_s``, work that winds down slower given back anyway."""
         self._stopping = True
         if self._unlisten is not None:
             self._unlisten()
@@ -90,23 +94,36 @@ class Coordinator:
             task.cancel()
         for claim in list(self._claims.values()):
             claim.interrupt("shutdown")
+        budget = self.settings.shutdown_s * STOP_SHARE
+        # The end of the budget is kept for giving back what has not wound down by then.
+        release_s = min(LATE_RELEASE_S, budget / 4)
         pending = [t for t in self._supervisors if not t.done()]
         if pending:
-            _, late = await asyncio.wait(pending, timeout=self.settings.shutdown_s)
+            _, late = await asyncio.wait(pending, timeout=budget - 2 * release_s)
             for t in late:
                 t.cancel()  # each gives its lease back now, its work still winding down
             if late:
-                _, stuck = await asyncio.wait(late, timeout=LATE_RELEASE_S)
+                _, stuck = await asyncio.wait(late, timeout=release_s)
                 if stuck:
                     # Their releases did not get through in time: given back from here (what
                     # is left of their work is fenced out), never left for a lease to expire.
-                    for claim in list(self._claims.values()):
-                        with contextlib.suppress(Exception):
-                            async with asyncio.timeout(LATE_RELEASE_S):
-                                await self._release(claim.sub, graceful=True)
+                    await self._release_all(release_s)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _release_all(self, timeout: float) -> None:
+        """Give back every claim still held, together, for at most ``timeout`` seconds."""
+        releases = [
+            asyncio.ensure_future(self._release(c.sub, graceful=True))
+            for c in list(self._claims.values())
+        ]
+        if not releases:
+            return
+        _, unfinished = await asyncio.wait(releases, timeout=timeout)
+        for release in unfinished:
+            release.cancel()
+        await asyncio.gather(*releases, return_exceptions=True)
 
     def wake(self) -> None:
         self._wake.set()
