@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 import uvicorn
-from httpharness import make_app, sse_records
+from httpharness import child_env, free_port, make_app, sse_records, wait_until
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -94,3 +98,48 @@ def test_mounted_with_the_outer_lifespan_starts_and_stops_with_it(tmp_path: Path
             assert "Path=/hearth/" in signed.headers["set-cookie"]
             assert http.get("/hearth/metrics").status_code == 200  # with the cookie
     assert api._runtime.shutting_down
+
+
+@pytest.mark.parametrize(("target", "prefix"), [("asgiapp:api", ""), ("asgiapp:outer", "/hearth")])
+def test_sigterm_under_plain_uvicorn_ends_open_streams_and_exits(
+    tmp_path: Path, target: str, prefix: str
+) -> None:
+    """uvicorn waits for open connections before it runs the lifespan shutdown, where alone
+    hearth ended its streams: one SSE follower kept the process from ever exiting."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}{prefix}"
+    env = child_env(HEARTH_DB=f"sqlite:///{tmp_path / 'h.db'}")
+    args = [sys.executable, "-m", "uvicorn", target, "--port", str(port), "--log-level", "warning"]
+    with (tmp_path / "server.log").open("w") as log:
+        proc = subprocess.Popen(args, stderr=log, env=env)
+    try:
+        wait_until(lambda: _answers(f"{url}/healthz"), timeout=20)
+        httpx2.post(f"{url}/agents/echo/c-1", json={"message": "hi"}).raise_for_status()
+        seen: list[dict[str, Any]] = []
+        ended: list[bool] = []
+
+        def follow() -> None:
+            headers = {"accept": "text/event-stream"}
+            stream = f"{url}/agents/echo/c-1/stream"
+            with httpx2.stream("GET", stream, headers=headers, timeout=60) as r:
+                seen.extend(record for _, record in sse_records(r))  # raises if it breaks
+            ended.append(True)
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        wait_until(lambda: any(r["type"] == "submission_settled" for r in seen), timeout=15)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)  # (uvicorn's graceful shutdown has no time limit by default)
+        follower.join(5)
+        assert ended == [True]  # the stream ended cleanly: the client reconnects elsewhere
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx2.get(url, timeout=1).status_code == 200
+    except httpx2.HTTPError:
+        return False

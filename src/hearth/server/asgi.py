@@ -34,6 +34,7 @@ from hearth.runtime.runtime import Runtime
 from hearth.server import console
 from hearth.server.context import CLOSING_KEY, Closing, Endpoint
 from hearth.server.errors import ApiError, api_error, error_response
+from hearth.server.exit_signals import on_exit_signals
 from hearth.server.host import RuntimeHost
 from hearth.server.routes import admit, routes
 from hearth.server.session import cross_origin, same_origin, session_cookie, session_valid
@@ -173,9 +174,13 @@ class HearthASGI:
                 await self.runtime()
             except ApiError as exc:
                 raise RuntimeError(exc.message) from exc.__cause__
+        # The server runs this shutdown only once every connection has closed: its signal is
+        # when streams and long-polls must end.
+        undo = on_exit_signals(self.begin_shutdown)
         try:
             yield
         finally:
+            undo()
             await self.stop()
 
     def count_sse(self, delta: int) -> None:
