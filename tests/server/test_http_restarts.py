@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import threading
 import time
@@ -200,6 +201,32 @@ def test_sigterm_gives_back_work_whose_cleanup_outlasts_the_shutdown_time(tmp_pa
         server.start()
         again = hearth.Client(server.url).conversation("shop", "o-1")
         assert again.read(receipt, timeout=30).text == "done"
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
+def test_a_second_ctrl_c_while_a_sync_tool_blocks_exits_at_once(
+    tmp_path: Path, first: signal.Signals
+) -> None:
+    """The interrupt cancelled the watchdog on its way out, and the interpreter's exit then
+    waited for the tool's worker thread: the process lived on for as long as the tool blocked
+    (60 s here) past a ``HEARTH_SHUTDOWN_S`` of 3."""
+    db = tmp_path / "h.db"
+    server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "3"}).start()
+    try:
+        conv = hearth.Client(server.url).conversation("blocker", "b-1")
+        conv.send("block")
+        wait_until(
+            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
+        )
+        time.sleep(0.2)  # the call is under way on its thread
+        assert server.proc is not None
+        server.proc.send_signal(first)
+        time.sleep(1)  # the server has stopped; the tool's thread holds the process
+        server.proc.send_signal(signal.SIGINT)  # Ctrl-C again
+        assert server.wait(timeout=30) == 130  # at once, not at the watchdog (1)
+        assert "hearth: interrupted; exiting now" in server.log.read_text()
     finally:
         server.kill()
 

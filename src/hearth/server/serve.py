@@ -8,6 +8,7 @@ the process exits within ``HEARTH_SHUTDOWN_S`` — past that, it exits anyway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -16,7 +17,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 
@@ -85,9 +86,16 @@ class HearthServer(uvicorn.Server):
 
 
 def _overrun(limit: float) -> None:
-    sys.stderr.write(f"hearth: graceful shutdown took over {limit:g} s; exiting now\n")
-    sys.stderr.flush()
-    os._exit(1)
+    _exit_now(1, f"hearth: graceful shutdown took over {limit:g} s; exiting now")
+
+
+def _exit_now(status: int, why: str) -> NoReturn:
+    """End the process at once, whatever threads still run, after saying why."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.write(why + "\n")
+        sys.stderr.flush()
+    os._exit(status)
 
 
 def make_server(
@@ -148,9 +156,12 @@ def serve(
     if on_ready is not None:
         server.on_ready = on_ready
     try:
-        # The watchdog outlives the loop: closing it waits for the worker threads, and a sync
-        # tool's thread, which no shutdown can interrupt, held the process for as long as the
-        # tool ran.
         asyncio.run(serve_async(server, sockets))
-    finally:
-        server.cancel_watchdog()
+    except KeyboardInterrupt:
+        # Interrupted again while stopping (Ctrl-C twice): the exit would wait for a sync
+        # tool's thread, for as long as the tool runs.
+        _exit_now(130, "hearth: interrupted; exiting now")
+    # The watchdog outlives the loop (closing it waits for the worker threads, and a sync tool's
+    # thread, which no shutdown can interrupt, held the process for as long as the tool ran),
+    # and a failure: the interpreter's exit waits for those threads too.
+    server.cancel_watchdog()
