@@ -1027,6 +1027,26 @@ async def test_a_shutdown_stops_the_run_that_concludes_a_deadline(tmp_path: Path
     assert sub.outcome is None and (sub.releases, sub.interruptions) == (1, 0)
 
 
+@pytest.mark.parametrize("db", ["sqlite", "memory", "postgres"])
+async def test_a_read_still_waiting_when_the_runtime_stops_raises_shutting_down(
+    tmp_path: Path, db: str, request: pytest.FixtureRequest
+) -> None:
+    """A read pending when ``app.run()`` ended was never woken: it waited for good."""
+    app = app_with(
+        simple_agent("a"),
+        models=[ScriptedModel("a", [stall()])],
+        db=store_url(db, tmp_path, request),
+    )
+    async with app.run() as rt:
+        receipt = await rt.dispatch("a", "c", "go")
+        reader = asyncio.create_task(rt.read(receipt))
+        timed = asyncio.create_task(rt.read(receipt, timeout=60))
+        await asyncio.sleep(0.2)  # both wait for the settlement
+    for waiting in (reader, timed):
+        with pytest.raises(hearth.ShuttingDown, match="stopped before submission"):
+            await asyncio.wait_for(waiting, 10)
+
+
 async def test_transient_provider_errors_are_retried_then_succeed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

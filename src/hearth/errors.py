@@ -164,7 +164,8 @@ class AttachmentNotFound(HearthError):
 
 
 class ShuttingDown(HearthError):
-    """The runtime is shutting down and admits no new work."""
+    """The runtime is shutting down and admits no new work; a read still waiting when it has
+    stopped ends with this too."""
 
 
 class StoreError(HearthError):

@@ -68,6 +68,13 @@ from hearth.store.base import (
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
 
 
+def _stopped_before(submission_id: str) -> ShuttingDown:
+    return ShuttingDown(
+        f"the runtime stopped before submission {submission_id} settled (its work goes on"
+        " when a runtime runs on this database again: read it there)"
+    )
+
+
 class Runtime:
     """What ``async with app.run() as rt`` gives you.
 
@@ -92,6 +99,7 @@ class Runtime:
         self.settings = settings
         self.coordinator = Coordinator(env, settings)
         self.shutting_down = False
+        self.stopped = False  # a read that would wait raises ShuttingDown
         self.tail_reads = SharedReads(env.store)
         self.settled_looks = SettledLooks(env.store)
         self.channels = Deliveries(env, {c.name: c for c in channels})
@@ -109,8 +117,13 @@ class Runtime:
         """Graceful shutdown: admit nothing more, interrupt running work without settling it,
         and release its leases so that the next owner resumes it at once."""
         self.shutting_down = True
-        await self.scheduler.stop()
-        await self.coordinator.stop()
+        try:
+            await self.scheduler.stop()
+            await self.coordinator.stop()
+        finally:
+            # Nothing settles here any more: the reads still waiting end now, not never.
+            self.stopped = True
+            self.store.events.end_settled_waits()
         await self.settled_looks.close()
 
     # --- admission ------------------------------------------------------------------------
@@ -295,6 +308,8 @@ class Runtime:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"submission {submission_id} has not settled yet")
+                if self.stopped:
+                    raise _stopped_before(submission_id)
                 # Woken by the settlement's event, or, when that event was lost (another
                 # process's), by the shared look at every waited row.
                 self.settled_looks.watch(submission_id)
@@ -302,6 +317,8 @@ class Runtime:
                     await asyncio.wait({woken}, timeout=left)
                 finally:
                     self.settled_looks.unwatch(submission_id)
+                if woken.cancelled():
+                    raise _stopped_before(submission_id)  # (the stop ended every wait)
                 settled = woken.result() if woken.done() else None
                 if settled is not None:
                     return settled  # the row as the settlement committed it
@@ -310,7 +327,8 @@ class Runtime:
 
     async def read(self, receipt: Receipt | str, timeout: float | None = None) -> Reply:
         """Wait for the settlement and return the reply; raises ``SubmissionFailed`` or
-        ``SubmissionAborted`` for the other outcomes."""
+        ``SubmissionAborted`` for the other outcomes, and ``ShuttingDown`` when the runtime
+        stops first (the submission settles later, in the next process to run it)."""
         sid = receipt.submission_id if isinstance(receipt, Receipt) else receipt
         sub = await self.wait_settled(sid, timeout)
         return reply_or_raise(sub.id, sub.outcome, sub.reply, sub.error)

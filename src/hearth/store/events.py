@@ -138,6 +138,14 @@ class StoreEvents:
     def unwatch_settled(self, submission_id: str, fut: asyncio.Future[Submission | None]) -> None:
         _disarm(self._settled, submission_id, fut)
 
+    def end_settled_waits(self) -> None:
+        """Cancel every settlement waiter: its waiter is to hear of no settlement any more (the
+        runtime has stopped), and finds its future cancelled."""
+        settled, self._settled = self._settled, {}
+        for waiters in settled.values():
+            for fut in waiters:
+                fut.cancel()
+
     async def wait(self, conversation_id: str, timeout: float | None = None) -> None:
         """Wait until something is appended to the conversation (or the timeout passes)."""
         fut = self.subscribe(conversation_id)
