@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import json
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 import pydantic
 import pytest
 from leaky_library import leak_a_cancellation
@@ -40,6 +42,7 @@ from hearth.records import (
     ToolOutcome,
     UserMessage,
 )
+from hearth.store import open_store
 from hearth.testing import ScriptedModel, Step, call, calls, error, reply, stall, stream
 
 pytestmark = pytest.mark.anyio
@@ -1348,6 +1351,62 @@ async def test_work_that_winds_down_past_the_shutdown_time_is_still_given_back_g
         sub = await rt.submission(receipt.submission_id)
         assert (sub.releases, sub.interruptions) == (1, 0)
         assert (await rt.read(receipt, timeout=10)).text == "finished"
+
+
+@pytest.mark.parametrize("how", ["cancel_scope", "cancelled_twice"])
+async def test_a_cancellation_again_while_app_run_stops_still_gives_the_work_back(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled again while it stopped (an anyio cancel scope cancels at every await; a task
+    may be cancelled twice), ``app.run()`` closed the store under the attempt ("unexpected
+    exception ... the SQLite store is not open"): its lease stayed held, the attempt counted."""
+    started = asyncio.Event()
+
+    @hearth.tool
+    async def charge() -> str:
+        """Charge; on cancellation, undo the hold (it takes a moment)."""
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)
+            raise
+        return "charged"
+
+    model = ScriptedModel("a", [calls(call("charge")), reply("done")])
+    db = tmp_path / "h.db"
+    app = hearth.App(
+        [simple_agent("a", charge)], db=f"sqlite:///{db}", providers=[model], shutdown_s=10
+    )
+    receipts: list[Receipt] = []
+    scopes: list[anyio.CancelScope] = []
+
+    async def service() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            async with app.run() as rt:
+                receipts.append(await rt.dispatch("a", "c", "go"))
+                await rt.read(receipts[0])
+
+    serving = asyncio.create_task(service())
+    await asyncio.wait_for(started.wait(), 10)
+    if how == "cancel_scope":
+        scopes[0].cancel()
+    else:
+        serving.cancel()
+        await asyncio.sleep(0.1)  # the stop is under way
+        serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(serving, 30)
+    assert "unexpected exception" not in caplog.text
+    store = open_store(str(db))
+    await store.open()
+    try:
+        sub = await store.get_submission(receipts[0].submission_id)
+    finally:
+        await store.close()
+    assert sub is not None and sub.outcome is None
+    assert (sub.lease_expires_at, sub.releases) == (0, 1)  # given back, not counted
 
 
 async def test_an_abort_just_after_the_settlement_is_not_reported_as_a_takeover(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+import anyio
 
 T = TypeVar("T")
 
@@ -36,6 +38,25 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def run_to_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` (a stop: it must end by itself) to its end, even if the caller is cancelled
+    meanwhile, then let the caller's cancellation go on. An anyio cancel scope cancels again at
+    every await, and a task may be cancelled twice: a stop cut short left half its work."""
+    running = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    # The shield keeps an enclosing anyio scope from cancelling this task again and again;
+    # a plain asyncio cancel arrives once per ``cancel()``, and is held until the end.
+    with anyio.CancelScope(shield=True):
+        while not running.done():
+            try:
+                await asyncio.shield(running)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    running.result()
 
 
 async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

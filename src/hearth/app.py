@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hearth._tasks import run_to_end
 from hearth.agent import Agent
 from hearth.channels import Channel
 from hearth.config import Settings, check_db_url, shown_db
@@ -131,11 +132,16 @@ class App:
             await runtime.start()
             yield runtime
         finally:
-            try:
-                await runtime.stop()
-            finally:
-                await store.close()
-                await self.providers.aclose()  # their HTTP connections; remade on next use
+            # Cancelled again while it stops (an anyio cancel scope cancels at every await),
+            # the stop closed the store under the attempts it had yet to give back.
+            await run_to_end(self._stop(runtime, store))
+
+    async def _stop(self, runtime: Runtime, store: Store) -> None:
+        try:
+            await runtime.stop()
+        finally:
+            await store.close()
+            await self.providers.aclose()  # their HTTP connections; remade on next use
 
     def asgi(self, *, sse_heartbeat_s: float = 15.0) -> HearthASGI:
         """The HTTP API (docs/http.md) as an ASGI app: run it with any ASGI server, or mount it.
