@@ -251,3 +251,31 @@ def test_sigterm_while_a_body_is_arriving_answers_503_and_exits_at_once(tmp_path
     assert json.loads(body)["error"]["type"] == "shutting_down"
     assert took < 5
     assert "Traceback" not in server.log.read_text()
+
+
+def test_a_request_still_running_when_the_grace_ends_is_answered_503_shutting_down(
+    tmp_path: Path,
+) -> None:
+    """uvicorn cancels what still runs when its share of ``HEARTH_SHUTDOWN_S`` ends: the sender
+    got a bare plain-text 500 and the log a traceback, where a shutdown answers 503."""
+    server = ServerProcess(
+        tmp_path / "h.db", app="slowrouteapp:app", env={"HEARTH_SHUTDOWN_S": "2"}
+    ).start()
+    answer: list[httpx2.Response] = []
+
+    def deliver() -> None:
+        answer.append(httpx2.post(f"{server.url}/channels/hook", json={"id": "d-1"}, timeout=30))
+
+    sender = threading.Thread(target=deliver)
+    sender.start()
+    try:
+        time.sleep(0.5)  # its routing is under way (it takes 30 s)
+        server.terminate()
+        assert server.wait(timeout=15) == 0
+        sender.join(10)
+    finally:
+        server.kill()
+    (response,) = answer
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["type"] == "shutting_down"
+    assert "Traceback" not in server.log.read_text()

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from hearth.config import Settings
 from hearth.runtime.runtime import Runtime
@@ -188,13 +188,32 @@ class HearthASGI:
 
     # --- requests -------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._router(scope, receive, send)  # the lifespan (a websocket: refused)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._serve_http(scope, receive, send_tracked)
+        except asyncio.CancelledError:
+            if started or not self.shutting_down:
+                raise
+            # The server's grace ran out with this request unanswered, and it cancelled the
+            # request: the answer is a shutdown's (it was a bare 500, and a traceback logged).
+            await _cut_short(scope, receive, send)
+
+    async def _serve_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         response: Response
-        if scope["type"] == "http":
-            refused = self._refusal(scope, receive)
-            if refused is not None:
-                await refused(scope, receive, send)
-                return
-        if scope["type"] == "http" and _encoded_slash(scope):
+        refused = self._refusal(scope, receive)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        if _encoded_slash(scope):
             response = error_response(
                 400,
                 "invalid_id",
@@ -202,7 +221,7 @@ class HearthASGI:
             )
             await response(scope, receive, send)
             return
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["method"] == "POST":
             found = _ADMISSION_PATH.fullmatch(route_path(scope))
             if found:
                 scope["path_params"] = {"agent": found[1], "id": found[2]}
@@ -272,6 +291,17 @@ class HearthASGI:
                 return api_error(exc).response()
 
         return handle
+
+
+async def _cut_short(scope: Scope, receive: Receive, send: Send) -> None:
+    response = error_response(
+        503,
+        "shutting_down",
+        "the server shut down before it finished this request; send it again (an idempotency"
+        " key or a delivery id makes that safe)",
+        headers={"Retry-After": "1", "Connection": "close"},
+    )
+    await response(scope, receive, send)
 
 
 def _bearer(scope: Scope) -> bytes | None:
