@@ -251,3 +251,16 @@ def test_the_harness_works_from_an_async_test_too(lab: Lab) -> None:
         assert lab.harness.check_invariants() == []
 
     asyncio.run(an_async_test())
+
+
+def test_a_crash_after_the_last_outcome_of_a_batch_keeps_its_state_writes(lab: Lab) -> None:
+    # The batch's last outcome, its state writes and its commit are one append: there is no
+    # moment where every call has its outcome but the writes are not committed.
+    first = lab.harness.run(dispatch=[("stateful", "c1", "bump")], crash_at="after:tool_outcome")
+    assert first.killed
+    assert lab.count("bump") == 1
+    assert lab.harness.state("stateful/c1") == {"count": 1}
+    assert lab.harness.run().ok
+    assert lab.count("bump") == 1
+    (done,) = settled(lab.harness.history("stateful/c1"))
+    assert done.reply == "saw bump=ok; count=1"

@@ -91,6 +91,12 @@ class ToolBatch:
         self.rendered = rendered
         self.view = view
         self.waiting: PauseForWait | None = None  # set when a call of the batch waits
+        self._unfinished = 0  # jobs of the batch not finished yet
+        self._troubled = False  # a job raised: the batch will not commit now
+        # The outcome of the call that finished last, when the batch commits at once: appended
+        # with the state writes and the commit, so that no crash finds every outcome recorded
+        # and the writes not (recovery would commit the batch without them).
+        self._held: ToolOutcome | None = None
 
     async def run(self) -> None:
         view = self.view
@@ -124,9 +130,15 @@ class ToolBatch:
                 jobs.append(self._run_call(call, verdict, buffer))
         if jobs:
             _faults.reached("batch:start")
-            results = await asyncio.gather(*jobs, return_exceptions=True)
+            self._unfinished = len(jobs)
+            try:
+                results = await asyncio.gather(*map(self._job, jobs), return_exceptions=True)
+            except BaseException:
+                await self._record_held()  # cancelled as the last call finished: keep its outcome
+                raise
             for r in results:
                 if isinstance(r, BaseException):
+                    await self._record_held()
                     raise r
         if self.waiting is not None:
             # Every other call has its outcome recorded: the batch stays open, the attempt pauses,
@@ -142,7 +154,31 @@ class ToolBatch:
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
             for name, value in buffer.writes.items()
         ]
-        await self.journal.append(*writes, batch_committed(view))
+        held = [] if self._held is None else [self._held]
+        await self.journal.append(*held, *writes, batch_committed(view))
+
+    async def _job(self, job: Awaitable[None]) -> None:
+        try:
+            await job
+        except BaseException:
+            self._troubled = True
+            raise
+        finally:
+            self._unfinished -= 1
+
+    def _hold(self, outcome: ToolOutcome) -> bool:
+        """Keep ``outcome`` to append with the batch's commit when its call is the batch's last
+        to finish and the batch will commit now (nothing waits, nothing raised)."""
+        if self._unfinished != 1 or self._troubled or self.waiting is not None:
+            return False
+        self._held = outcome
+        return True
+
+    async def _record_held(self) -> None:
+        """The batch will not commit now: the held outcome is recorded alone, as any other."""
+        held, self._held = self._held, None
+        if held is not None:
+            await asyncio.shield(self.journal.append(held))
 
     async def _reconcile(self, call: AssistantToolCall, buffer: StateBuffer) -> None:
         """Ask the tool's reconcile about a call a dead attempt left unresolved: ``Done`` settles
@@ -193,7 +229,8 @@ class ToolBatch:
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
-        await self.journal.append(outcome)
+        if not self._hold(outcome):
+            await self.journal.append(outcome)
 
     async def _call_outcome(
         self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer, started: float
