@@ -567,30 +567,39 @@ class PostgresStore(Store):
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
+        # One time limit for the whole admission, whichever ways it goes (a group, alone after
+        # a lost group, the general path): each with a limit of its own added up to 4.6 s.
+        until = time.monotonic() + ADMIT_WAIT_S
         if ops.fast_admittable(new):
             # Written together with the admissions of other conversations waiting meanwhile.
             done: asyncio.Future[Admission | None] = asyncio.get_running_loop().create_future()
             try:
-                fast = await self._admits.submit(_Admit(new.conversation_id, new, sid, done))
+                fast = await self._admits.submit(
+                    _Admit(new.conversation_id, new, sid, done, until), until=until
+                )
             except _GroupLost:
                 # The group's answer was lost: it may have committed. Read back, then admit.
-                fast = await self._admit_alone(new, sid, uncertain=True)
+                fast = await self._admit_alone(new, sid, until, uncertain=True)
+            except TimeoutError:  # still waiting for a group, none of which wrote it
+                raise StoreUnavailable(
+                    f"{self._tx().where} did not take the admission within {ADMIT_WAIT_S:g} s"
+                ) from None
             if fast is not None:
                 return fast
         return await self._write(
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
             resolve=lambda conn: readback.admission(conn, sid),
-            budget_s=ADMIT_WAIT_S,
+            budget_s=_left(until),
         )
 
     async def _admit_alone(
-        self, new: NewSubmission, sid: str, *, uncertain: bool = False
+        self, new: NewSubmission, sid: str, until: float, *, uncertain: bool = False
     ) -> Admission | None:
         """``admit_fast`` in a round trip of its own (None: the general path answers)."""
         known = new.conversation_id in self._conversations
         admitted = await self._tx().write_once(
             lambda conn, outbox: ops.admit_fast(conn, new, sid, outbox, self._now(), known=known),
-            budget_s=ADMIT_WAIT_S,
+            budget_s=_left(until),
             resolve=lambda conn: readback.admission(conn, sid),
             uncertain=uncertain,
         )
@@ -606,7 +615,7 @@ class PostgresStore(Store):
         admission, unless it exists; the next group knows it."""
         if len(items) == 1:
             [item] = items
-            return [await self._admit_alone(item.new, item.submission_id)]
+            return [await self._admit_alone(item.new, item.submission_id, item.until)]
         tx = self._tx()
         outbox: ops.Outbox = []
         admissions = [
@@ -614,10 +623,11 @@ class PostgresStore(Store):
             for item in items
         ]
         try:
-            async with tx.connection(ADMIT_WAIT_S) as conn:
+            async with tx.connection(_left(min(item.until for item in items))) as conn:
                 _faults.reached("store:commit-begin")
                 answers = await ops.admit_group(conn, admissions, outbox, self._now())
         except (psycopg.Error, PoolTimeout) as exc:
+            tx.failed()
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
         tx.committed(outbox)
@@ -1080,6 +1090,12 @@ class _Admit:
     new: NewSubmission
     submission_id: str
     done: asyncio.Future[Admission | None] = field(repr=False)
+    until: float = float("inf")  # time.monotonic() by which its caller hears an answer
+
+
+def _left(until: float) -> float:
+    """What is left of an admission's time (a last short try when nothing is)."""
+    return max(0.05, min(ADMIT_WAIT_S, until - time.monotonic()))
 
 
 class _GroupLost(Exception):

@@ -16,6 +16,7 @@ and writes only what is missing.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -144,8 +145,10 @@ class Grouped(Generic[ItemT, AnswerT]):
         self._busy = 0  # groups being written now
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def submit(self, item: ItemT) -> AnswerT:
-        """``item``'s answer, once the group it joined is written."""
+    async def submit(self, item: ItemT, *, until: float | None = None) -> AnswerT:
+        """``item``'s answer, once the group it joined is written. With ``until`` (a
+        ``time.monotonic()``): ``TimeoutError`` if by then no group has taken the item (it is
+        dropped, never written); one that took it is waited for, as its writer is bounded."""
         if self._busy == 0 and not self._pending:
             # Nothing else is being written: write it here, with no hand-off to another task.
             self._busy += 1
@@ -160,7 +163,21 @@ class Grouped(Generic[ItemT, AnswerT]):
                 self._start()  # for what queued up meanwhile
         self._pending.append(item)
         self._start()
-        return cast(AnswerT, await item.done)
+        if until is None:
+            return cast(AnswerT, await item.done)
+        try:
+            async with asyncio.timeout_at(_loop_time(until)):
+                # Shielded: the time limit must not cancel an answer a writer is about to give.
+                return cast(AnswerT, await asyncio.shield(item.done))
+        except TimeoutError:
+            if item not in self._pending:
+                return cast(AnswerT, await item.done)  # taken meanwhile: being written
+            self._pending.remove(item)
+            item.done.cancel()
+            raise
+        except asyncio.CancelledError:
+            item.done.cancel()  # its caller is gone: a group not written yet drops it
+            raise
 
     def _start(self) -> None:
         if self._pending and self._busy < self.flushers:
@@ -239,3 +256,8 @@ class GroupAppends(Grouped[GroupItem, bool]):
         """Whether the records were written at ``expect + 1`` on (False: take the general path)."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         return await self.submit(GroupItem(conversation_id, records, expect, fence, done))
+
+
+def _loop_time(monotonic: float) -> float:
+    """``monotonic`` (a ``time.monotonic()``) as the running loop's clock reads it."""
+    return asyncio.get_running_loop().time() + (monotonic - time.monotonic())

@@ -123,6 +123,7 @@ class Transactions:
         self.events = events
         self.notes = notes
         self.last_answer = float("-inf")  # when the server last finished a piece of work
+        self.last_failure = float("-inf")  # when a connection last failed to do one
         self._probe: asyncio.Task[bool] | None = None  # a question asked outside the pool
         self._probe_failed = float("-inf")
 
@@ -154,8 +155,8 @@ class Transactions:
         by long transactions while the server is well). One question at a time; a failed one
         is not asked again for a moment."""
         now = time.monotonic()
-        if now - self.last_answer <= ADMIT_WAIT_S:
-            return True
+        if now - self.last_answer <= ADMIT_WAIT_S and self.last_failure < self.last_answer:
+            return True  # (not once a connection failed since: the start of an outage)
         if now - self._probe_failed < ADMIT_WAIT_S / 3 or self.pool.closed:
             return False
         if self._probe is None or self._probe.done():
@@ -304,6 +305,7 @@ class Transactions:
             except psycopg.OperationalError as exc:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
+                self.failed()
                 uncertain = uncertain or transaction or resolve is not None
                 if time.monotonic() + delay >= end or self.pool.closed:
                     raise StoreUnavailable(self._why(exc)) from None
@@ -375,6 +377,10 @@ class Transactions:
         """Note that the server just answered (a connection is not lost if work gets done)."""
         self.last_answer = time.monotonic()
 
+    def failed(self) -> None:
+        """Note that a connection just failed: the pool is not only busy, lately answered."""
+        self.last_failure = time.monotonic()
+
     def _exhausted(self) -> bool:
         """Whether every connection of the pool is in use."""
         stats = self.pool.get_stats()
@@ -384,7 +390,11 @@ class Transactions:
         """Whether every connection of the pool is in use while the server goes on answering
         (a burst, long transactions), as opposed to connections stuck on a server that does not
         (an outage). ``answering`` asks the server when nothing finished lately."""
-        return self._exhausted() and time.monotonic() - self.last_answer <= ADMIT_WAIT_S
+        return (
+            self._exhausted()
+            and time.monotonic() - self.last_answer <= ADMIT_WAIT_S
+            and self.last_failure < self.last_answer
+        )
 
     def _why(self, exc: BaseException) -> str:
         if isinstance(exc, PoolTimeout) and self._busy():
