@@ -205,15 +205,41 @@ def test_sigterm_gives_back_work_whose_cleanup_outlasts_the_shutdown_time(tmp_pa
         server.kill()
 
 
+def test_a_cleanup_shorter_than_four_fifths_of_the_shutdown_time_runs_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """Late work was cut at two fifths of ``HEARTH_SHUTDOWN_S`` (4 s of 10), not four: a 5 s
+    clean-up on cancellation was cut short."""
+    db, log = tmp_path / "h.db", tmp_path / "tool.log"
+    env = {"HEARTH_SHUTDOWN_S": "10", "HEARTH_TEST_CLEANUP_S": "5", "HEARTH_TEST_LOG": str(log)}
+    server = ServerProcess(db, app="cleanupapp:app", env=env).start()
+    try:
+        conv = hearth.Client(server.url).conversation("shop", "o-1")
+        receipt = conv.send("buy")
+        wait_until(
+            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
+        )
+        time.sleep(0.2)  # the call is under way
+        server.terminate()
+        assert server.wait(timeout=30) == 0
+        assert log.exists() and log.read_text() == "cleaned up\n"
+        sub = stored_submission(db, receipt.submission_id)
+        assert sub.outcome is None and sub.releases == 1
+    finally:
+        server.kill()
+
+
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
+@pytest.mark.parametrize("after", [0.3, 1.0], ids=["at-0.3s", "at-1s"])
 def test_a_second_ctrl_c_while_a_sync_tool_blocks_exits_at_once(
-    tmp_path: Path, first: signal.Signals
+    tmp_path: Path, first: signal.Signals, after: float
 ) -> None:
     """The interrupt cancelled the watchdog on its way out, and the interpreter's exit then
     waited for the tool's worker thread: the process lived on for as long as the tool blocked
-    (60 s here) past a ``HEARTH_SHUTDOWN_S`` of 3."""
+    (60 s here) past a ``HEARTH_SHUTDOWN_S`` of 3. Sent while the server still stopped, it only
+    skipped the end of the lifespan (a traceback) and the process waited for the watchdog."""
     db = tmp_path / "h.db"
-    server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "3"}).start()
+    server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "10"}).start()
     try:
         conv = hearth.Client(server.url).conversation("blocker", "b-1")
         conv.send("block")
@@ -221,12 +247,26 @@ def test_a_second_ctrl_c_while_a_sync_tool_blocks_exits_at_once(
             lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
         )
         time.sleep(0.2)  # the call is under way on its thread
+
+        # A request the server waits for as it stops (its grace is 8 s): until then, a second
+        # Ctrl-C only made it skip the end of the lifespan (a traceback) and wait on.
+        def deliver() -> None:
+            try:
+                httpx2.post(f"{server.url}/channels/slow", json={"id": "d-1"}, timeout=30)
+            except httpx2.HTTPError:
+                pass  # the process is gone before it answers
+
+        threading.Thread(target=deliver, daemon=True).start()
+        time.sleep(0.3)
         assert server.proc is not None
         server.proc.send_signal(first)
-        time.sleep(1)  # the server has stopped; the tool's thread holds the process
+        time.sleep(after)  # the runtime is stopping; the tool's thread holds the process
+        started = time.monotonic()
         server.proc.send_signal(signal.SIGINT)  # Ctrl-C again
         assert server.wait(timeout=30) == 130  # at once, not at the watchdog (1)
-        assert "hearth: interrupted; exiting now" in server.log.read_text()
+        assert time.monotonic() - started < 5  # (the watchdog: 10 s after the first)
+        text = server.log.read_text()
+        assert "hearth: interrupted; exiting now" in text and "Traceback" not in text
     finally:
         server.kill()
 

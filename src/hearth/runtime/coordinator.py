@@ -36,8 +36,9 @@ UNEXPECTED = "hearth: unexpected exception"
 OTHER_AGENTS_AFTER_S = 300.0
 BUG_PAUSE_S = 1.0  # the pause before retrying an attempt that a bug of hearth's ended, doubled
 LATE_RELEASE_S = 2.0  # how long a shutdown waits for the releases of work that ran past it
-# The share of ``shutdown_s`` a stop takes at most: closing the store and the process's exit have
-# the rest, so ``hearth serve``'s watchdog (at ``shutdown_s``) never ends a release half done.
+# The share of ``shutdown_s`` that running work has to wind down in a stop: giving back what has
+# not, closing the store and the process's exit have the rest, so ``hearth serve``'s watchdog (at
+# ``shutdown_s``) never ends a release half done.
 STOP_SHARE = 0.8
 
 
@@ -85,8 +86,9 @@ class Coordinator:
         ]
 
     async def stop(self) -> None:
-        """Interrupt running work without settling it, release its leases, stop claiming; all
-        within ``STOP_SHARE`` of ``shutdown_s``, work that winds down slower given back anyway."""
+        """Interrupt running work without settling it, release its leases, stop claiming: work
+        that has not wound down by ``STOP_SHARE`` of ``shutdown_s`` is given back anyway, well
+        before ``shutdown_s``."""
         self._stopping = True
         if self._unlisten is not None:
             self._unlisten()
@@ -94,12 +96,14 @@ class Coordinator:
             task.cancel()
         for claim in list(self._claims.values()):
             claim.interrupt("shutdown")
-        budget = self.settings.shutdown_s * STOP_SHARE
-        # The end of the budget is kept for giving back what has not wound down by then.
-        release_s = min(LATE_RELEASE_S, budget / 4)
+        limit = self.settings.shutdown_s
+        # Work winds down for STOP_SHARE of the limit; two thirds of the rest are kept for
+        # giving back what has not by then (two waits of ``release_s`` at most), the last third
+        # for closing the store before the process must be gone.
+        release_s = min(LATE_RELEASE_S, limit * (1 - STOP_SHARE) / 3)
         pending = [t for t in self._supervisors if not t.done()]
         if pending:
-            _, late = await asyncio.wait(pending, timeout=budget - 2 * release_s)
+            _, late = await asyncio.wait(pending, timeout=limit * STOP_SHARE)
             for t in late:
                 t.cancel()  # each gives its lease back now, its work still winding down
             if late:

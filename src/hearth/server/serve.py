@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -62,6 +63,10 @@ class HearthServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         first = not self.should_exit
+        if not first and sig == signal.SIGINT and self.hard_exit:
+            # Ctrl-C again while stopping: the wait is cut short, as docs/http.md says (the
+            # server would only skip its lifespan's end, and go on waiting for a sync tool).
+            _exit_now(130, "hearth: interrupted; exiting now")
         super().handle_exit(sig, frame)
         # A graceful shutdown ends with a normal exit, not by re-raising the signal.
         captured = getattr(self, "_captured_signals", None)
