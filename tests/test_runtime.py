@@ -1048,6 +1048,10 @@ async def test_a_read_still_waiting_when_the_runtime_stops_raises_shutting_down(
     for waiting in (reader, timed):
         with pytest.raises(hearth.ShuttingDown, match="stopped before submission"):
             await asyncio.wait_for(waiting, 10)
+    # And one asked afterwards, of the closed store ("the SQLite store is not open" before).
+    for timeout in (None, 0, 5):
+        with pytest.raises(hearth.ShuttingDown, match="stopped before submission"):
+            await rt.read(receipt, timeout=timeout)
 
 
 async def test_transient_provider_errors_are_retried_then_succeed(

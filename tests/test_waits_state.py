@@ -1,7 +1,6 @@
 """State writes of a batch that pauses for waits commit with the batch once it resumes (SPEC §2,
-§15), also when the pause makes no wait record of the batch's own to carry them: a batch that
-pauses again only on a wait it started before, or whose waiting call is a task whose child
-waits."""
+§15), also when the pause makes no wait record of the batch's own to carry them: a batch whose
+waiting call is a task whose child waits, at any depth."""
 
 from __future__ import annotations
 
@@ -36,6 +35,8 @@ def script(request: ModelRequest) -> Step:
         return calls(call("ask", name="a"), call("ask", name="b"), call("note"))
     if text == "delegate":
         return calls(call("note"), call("task", agent="clerk", prompt="one wait"))
+    if text == "delegate deeper":
+        return calls(call("note"), call("task", agent="mid", prompt="delegate"))
     if text == "one wait":
         return calls(call("ask", name="c"))
     return reply("echo")
@@ -67,25 +68,34 @@ def clerk(ctx: hearth.AgentContext) -> str:
     return "Ask."
 
 
-@hearth.agent
-def front(ctx: hearth.AgentContext) -> str:
-    ctx.use_model("scripted/clerk")
-    notes, set_notes = ctx.use_state("notes", 0)
+def delegating(name: str, to: hearth.Agent) -> hearth.Agent:
+    """An agent that notes in state and delegates, as ``name``."""
 
-    @hearth.tool
-    async def note(ctx: hearth.ToolContext) -> str:
-        """Count a note in state."""
-        RAN.append("front-note")
-        set_notes(notes + 1)
-        return "noted"
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/clerk")
+        notes, set_notes = ctx.use_state("notes", 0)
 
-    ctx.use_tool(note)
-    ctx.use_subagent(clerk, description="Asks people")
-    return "Delegate."
+        @hearth.tool
+        async def note(ctx: hearth.ToolContext) -> str:
+            """Count a note in state."""
+            RAN.append(f"{name}-note")
+            set_notes(notes + 1)
+            return "noted"
+
+        ctx.use_tool(note)
+        ctx.use_subagent(to, description="Asks people")
+        return "Delegate."
+
+    return hearth.agent(name=name)(render)
+
+
+mid = delegating("mid", clerk)
+front = delegating("front", clerk)
+top = delegating("top", mid)
 
 
 def app(db: str) -> hearth.App:
-    return hearth.App([clerk, front], db=db, providers=[ScriptedModel("clerk", script)])
+    return hearth.App([clerk, front, top], db=db, providers=[ScriptedModel("clerk", script)])
 
 
 async def pending(rt: Runtime, n: int, timeout: float = 10.0) -> list[Any]:
@@ -142,3 +152,25 @@ async def test_writes_of_a_batch_whose_only_waiting_call_is_a_task_are_kept(
         assert await rt.store.get_state(wait.conversation_id) == {"c": "ok"}
         await assert_invariants(rt.store)
     assert RAN.count("front-note") == 1 and RAN.count("c") == 1
+
+
+async def test_writes_of_every_level_of_nested_tasks_are_kept_and_an_abort_names_the_root(
+    tmp_path: Any,
+) -> None:
+    RAN.clear()
+    async with app(str(tmp_path / "h.db")).run() as rt:
+        receipt = await rt.dispatch("top", "t-1", "delegate deeper")
+        await waiting(rt, receipt.submission_id)
+        [wait] = await pending(rt, 1)
+        agent, conversation = wait.conversation_id.split("/", 1)
+        # The grandchild has no submission of its own; nor has its parent: the top one runs both.
+        with pytest.raises(hearth.DelegatedConversation, match=r"\(abort top/t-1\)"):
+            await rt.abort(agent, conversation)
+        await rt.resolve(agent, conversation, wait.wait_id, "ok")
+        await rt.read(receipt, timeout=10)
+        assert await rt.store.get_state("top/t-1") == {"notes": 1}
+        assert await rt.store.get_state(wait.conversation_id) == {"c": "ok"}
+        [middle] = [c for c in await rt.conversations(agent="mid")]
+        assert await rt.store.get_state(middle.conversation_id) == {"notes": 1}
+        await assert_invariants(rt.store)
+    assert RAN.count("top-note") == RAN.count("mid-note") == RAN.count("c") == 1

@@ -289,6 +289,9 @@ class Runtime:
         ):
             raise ValueError(f"timeout must be 0 or more seconds, or None; not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.stopped:
+            # (Its store may be closed already: a read of it said "not open", not why.)
+            raise _stopped_before(submission_id)
         events = self.store.events
         first = True
         while True:
@@ -342,15 +345,30 @@ class Runtime:
         if info is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
         if info.parent is not None:
+            root = await self._root_of(info)
             raise DelegatedConversation(
                 f"{conversation_id} is the conversation of a delegated task: it runs inside its"
-                " parent's attempt and has nothing of its own to abort (abort"
-                f" {info.parent.get('conversation_id', 'its parent')})"
+                f" parent's attempt and has nothing of its own to abort (abort {root})"
             )
         _faults.reached("before:store.request_abort")
         ids = await self.store.request_abort(conversation_id)  # its owner hears of it
         _faults.reached("after:store.request_abort")
         return AbortResult(aborted=bool(ids), submission_ids=ids)
+
+    async def _root_of(self, info: ConversationInfo) -> str:
+        """The conversation at the top of a delegated task's parents (the one whose submission
+        runs it, and takes an abort)."""
+        seen = {info.conversation_id}
+        while info.parent is not None:
+            parent_id = info.parent.get("conversation_id") or ""
+            if not parent_id or parent_id in seen:
+                return parent_id or "its parent"
+            parent = await self.store.get_conversation(parent_id)
+            if parent is None:
+                return parent_id
+            seen.add(parent.conversation_id)
+            info = parent
+        return info.conversation_id
 
     async def resolve(self, agent: str, id: str, wait_id: str, value: Any) -> Wait:
         """Resolve the durable wait ``wait_id`` of conversation ``agent``/``id`` with a JSON

@@ -55,9 +55,9 @@ class PauseForWait(Exception):
         self, conversation_id: str, message_id: str, attempt: int, writes: Mapping[str, Any]
     ) -> None:
         """Keep a batch's uncommitted state writes for the attempt that resumes it: in the
-        submission's row (a batch whose only waiting call is a task, or that waits again only on
-        waits started before, has no new wait record of its own), and in its new wait records
-        as well (what an attempt of an earlier release reads)."""
+        submission's row (a batch whose only waiting call is a task has no wait record of its
+        own: its child's are in the child's conversation), and in its new wait records as well
+        (what an attempt of an earlier release reads)."""
         if not writes:
             return
         self.carried[conversation_id] = {

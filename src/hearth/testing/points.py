@@ -58,7 +58,10 @@ RUNNER_SEAMS: Mapping[str, str] = MappingProxyType(
         "model:end": "the stream ended; remaining text and the completion are not written",
         "render": "the agent function is about to render from the committed state",
         "batch:start": "a tool batch's calls are about to run",
-        "batch:commit": "every call of a batch has its outcome; the batch is not committed",
+        "batch:commit": (
+            "every call of a batch has ended; the last one's outcome, the state writes and the"
+            " commit are about to be appended together"
+        ),
         "child:start": "a task's child conversation is created; its loop is about to run",
         "child:resume": "a dead attempt's child conversation is about to be resumed",
         "child:end": "a child's loop ended; the parent's outcome for the task is not written",

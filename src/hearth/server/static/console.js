@@ -480,7 +480,7 @@
     if (!r.ok) throw new Error(data.error ? data.error.message : `HTTP ${r.status}`);
     return data;
   }
-  // (A child task's page has neither: it takes no input, and an abort of it stamps nothing.)
+  // (A child task's page has neither: it takes no input nor an abort; its root conversation does.)
   document.getElementById("send-form")?.addEventListener("submit", async (event) => {
     event.preventDefault();
     const box = document.getElementById("message");
