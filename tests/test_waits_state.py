@@ -113,6 +113,14 @@ async def waiting(rt: Runtime, submission_id: str, timeout: float = 10.0) -> Non
         await asyncio.sleep(0.01)
 
 
+async def paused(rt: Runtime, agent: str, id: str, text: str) -> tuple[Any, Any]:
+    """Send ``text``; return its receipt and its one pending wait once the submission waits."""
+    receipt = await rt.dispatch(agent, id, text)
+    await waiting(rt, receipt.submission_id)
+    [wait] = await pending(rt, 1)
+    return receipt, wait
+
+
 async def test_writes_made_before_and_after_the_waits_of_a_batch_all_commit_with_it(
     tmp_path: Any,
 ) -> None:
@@ -122,9 +130,9 @@ async def test_writes_made_before_and_after_the_waits_of_a_batch_all_commit_with
         await waiting(rt, receipt.submission_id)
         by_name = {w.name: w for w in await pending(rt, 2)}
         await rt.resolve("clerk", "c-1", by_name["a"].wait_id, "yes")
-        # ``a`` ends and writes state; the batch pauses again on ``b`` alone (no new wait).
+        # The submission waits on, for ``b``: it runs again once every wait has ended.
         await pending(rt, 1)
-        await waiting(rt, receipt.submission_id)
+        assert (await rt.submission(receipt.submission_id)).status == "waiting"
         assert await rt.store.get_state("clerk/c-1") == {}  # not committed yet
         await rt.resolve("clerk", "c-1", by_name["b"].wait_id, "no")
         await rt.read(receipt, timeout=10)
@@ -139,14 +147,11 @@ async def test_writes_of_a_batch_whose_only_waiting_call_is_a_task_are_kept(
     RAN.clear()
     db = str(tmp_path / "h.db")
     async with app(db).run() as rt:
-        receipt = await rt.dispatch("front", "c-1", "delegate")
-        await waiting(rt, receipt.submission_id)
-        [wait] = await pending(rt, 1)
+        receipt, wait = await paused(rt, "front", "c-1", "delegate")
         assert await rt.store.get_state("front/c-1") == {}
     # Another process resumes it: what the batch wrote is in the database, not in memory.
     async with app(db).run() as rt:
-        agent, conversation = wait.conversation_id.split("/", 1)
-        await rt.resolve(agent, conversation, wait.wait_id, "ok")
+        await rt.resolve(*wait.conversation_id.split("/", 1), wait.wait_id, "ok")
         await rt.read(receipt, timeout=10)
         assert await rt.store.get_state("front/c-1") == {"notes": 1}
         assert await rt.store.get_state(wait.conversation_id) == {"c": "ok"}
@@ -159,9 +164,7 @@ async def test_writes_of_every_level_of_nested_tasks_are_kept_and_an_abort_names
 ) -> None:
     RAN.clear()
     async with app(str(tmp_path / "h.db")).run() as rt:
-        receipt = await rt.dispatch("top", "t-1", "delegate deeper")
-        await waiting(rt, receipt.submission_id)
-        [wait] = await pending(rt, 1)
+        receipt, wait = await paused(rt, "top", "t-1", "delegate deeper")
         agent, conversation = wait.conversation_id.split("/", 1)
         # The grandchild has no submission of its own; nor has its parent: the top one runs both.
         with pytest.raises(hearth.DelegatedConversation, match=r"\(abort top/t-1\)"):

@@ -156,6 +156,15 @@ def test_sigterm_with_open_sse_streams_exits_in_time_and_releases_the_work(
         server.kill()
 
 
+def call_under_way(server: ServerProcess, agent: str, id: str, message: str) -> hearth.Receipt:
+    """Send ``message`` and return once its tool call is under way."""
+    conv = hearth.Client(server.url).conversation(agent, id)
+    receipt = conv.send(message)
+    wait_until(lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15)
+    time.sleep(0.2)  # the call has started
+    return receipt
+
+
 def test_sigterm_while_a_sync_tool_blocks_still_exits_within_the_shutdown_time(
     tmp_path: Path,
 ) -> None:
@@ -165,12 +174,7 @@ def test_sigterm_while_a_sync_tool_blocks_still_exits_within_the_shutdown_time(
     db = tmp_path / "h.db"
     server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "2"}).start()
     try:
-        conv = hearth.Client(server.url).conversation("blocker", "b-1")
-        conv.send("block")
-        wait_until(
-            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
-        )
-        time.sleep(0.2)  # the call is under way on its thread
+        call_under_way(server, "blocker", "b-1", "block")
         server.terminate()
         code = server.wait(timeout=30)  # (the tool blocks for 60 s)
         assert code == 1  # past HEARTH_SHUTDOWN_S: the process ends anyway, saying so
@@ -186,12 +190,7 @@ def test_sigterm_gives_back_work_whose_cleanup_outlasts_the_shutdown_time(tmp_pa
     db = tmp_path / "h.db"
     server = ServerProcess(db, app="cleanupapp:app", env={"HEARTH_SHUTDOWN_S": "3"}).start()
     try:
-        conv = hearth.Client(server.url).conversation("shop", "o-1")
-        receipt = conv.send("buy")
-        wait_until(
-            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
-        )
-        time.sleep(0.2)  # the call is under way
+        receipt = call_under_way(server, "shop", "o-1", "buy")
         server.terminate()
         assert server.wait(timeout=30) == 0  # (the tool's cleanup takes 30 s)
         assert "Traceback" not in server.log.read_text()
@@ -214,12 +213,7 @@ def test_a_cleanup_shorter_than_four_fifths_of_the_shutdown_time_runs_to_its_end
     env = {"HEARTH_SHUTDOWN_S": "10", "HEARTH_TEST_CLEANUP_S": "5", "HEARTH_TEST_LOG": str(log)}
     server = ServerProcess(db, app="cleanupapp:app", env=env).start()
     try:
-        conv = hearth.Client(server.url).conversation("shop", "o-1")
-        receipt = conv.send("buy")
-        wait_until(
-            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
-        )
-        time.sleep(0.2)  # the call is under way
+        receipt = call_under_way(server, "shop", "o-1", "buy")
         server.terminate()
         assert server.wait(timeout=30) == 0
         assert log.exists() and log.read_text() == "cleaned up\n"
@@ -241,12 +235,7 @@ def test_a_second_ctrl_c_while_a_sync_tool_blocks_exits_at_once(
     db = tmp_path / "h.db"
     server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "10"}).start()
     try:
-        conv = hearth.Client(server.url).conversation("blocker", "b-1")
-        conv.send("block")
-        wait_until(
-            lambda: any(r["type"] == "assistant_tool_call" for r in conv.history()), timeout=15
-        )
-        time.sleep(0.2)  # the call is under way on its thread
+        call_under_way(server, "blocker", "b-1", "block")
 
         # A request the server waits for as it stops (its grace is 8 s): until then, a second
         # Ctrl-C only made it skip the end of the lifespan (a traceback) and wait on.
