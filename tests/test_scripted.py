@@ -83,6 +83,23 @@ async def test_aclose_is_a_no_op() -> None:
     assert text_of(await collect(model, request())) == "hi"
 
 
+@pytest.mark.anyio
+async def test_requests_keeps_the_latest_ones_not_every_request_ever_sent() -> None:
+    model = ScriptedModel("m", lambda req: reply(str(req.messages[0].content)), keep_requests=3)
+    for n in range(20):
+        await collect(model, request(UserTurn(f"q{n}")))
+        assert 3 <= len(model.requests) < 6 or n < 3
+        assert model.requests[-1].messages[0].content == f"q{n}"
+    everything = ScriptedModel("m", [reply("hi")], repeat_last=True, keep_requests=None)
+    for _ in range(20):
+        await collect(everything, request())
+    assert len(everything.requests) == 20
+    assert ScriptedModel("m", [reply("hi")]).keep_requests == 1000
+    for bad in (0, -1, 2.5, True, "10"):
+        with pytest.raises(ValueError, match="keep_requests"):
+            ScriptedModel("m", [reply("hi")], keep_requests=bad)  # type: ignore[arg-type]
+
+
 # --- choosing the step ---------------------------------------------------------------------------
 
 

@@ -250,8 +250,10 @@ class ScriptedModel:
     :data:`ScriptStepFunction`) or one :data:`ScriptStepFunction` used for every request. With a
     sequence, ``script[i]`` answers the request whose messages hold ``i`` assistant turns (aborted
     ones included); past the end, the last step is played again if ``repeat_last``, otherwise the
-    request fails with a terminal ``ProviderError``. ``requests`` records every request this
-    instance received.
+    request fails with a terminal ``ProviderError``. ``requests`` records the requests this
+    instance received, oldest first: at least the latest ``keep_requests`` (1,000 by default;
+    ``None`` keeps all), older ones dropped in batches, so that an app served with a scripted
+    model for hours does not keep every request it was ever sent.
 
     Example::
 
@@ -268,13 +270,21 @@ class ScriptedModel:
         *,
         context_window: int = 128_000,
         repeat_last: bool = False,
+        keep_requests: int | None = 1000,
     ) -> None:
         if not name:
             raise ValueError("a ScriptedModel needs a non-empty name")
         if context_window <= 0:
             raise ValueError("context_window must be positive")
+        if keep_requests is not None and (
+            isinstance(keep_requests, bool)
+            or not isinstance(keep_requests, int)
+            or keep_requests < 1
+        ):
+            raise ValueError(f"keep_requests must be a positive int or None, not {keep_requests!r}")
         self.model_name = name
         self.repeat_last = repeat_last
+        self.keep_requests = keep_requests
         self.requests: list[ModelRequest] = []
         self._context_window = context_window
         self._function: ScriptStepFunction | None = None
@@ -303,6 +313,9 @@ class ScriptedModel:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Play the step chosen for ``request``; cancelling stops it at once (sleeps included)."""
         self.requests.append(request)
+        keep = self.keep_requests
+        if keep is not None and len(self.requests) >= 2 * keep:
+            del self.requests[:-keep]  # in halves: a trim per request would copy the list each
         turns = sum(1 for m in request.messages if isinstance(m, AssistantTurn))
         position = turns + _summarised(request.summary)
         if request.purpose == "summary" and self._function is None:
