@@ -374,6 +374,35 @@ def test_admissions_in_flight_when_the_database_goes_down_are_answered_within_2_
     assert max(took for took, _ in answers) < ADMISSION_BOUND_S + SLACK_S, sorted(answers)[-5:]
 
 
+def test_a_webhook_is_answered_503_within_2_s_while_the_database_is_down(
+    outage: Cluster, tmp_path: Path
+) -> None:
+    """The channel's look for a kept delivery retried as reads do, for 10 s: the sender waited
+    that long for its 503 (where senders give up), a message 1.5 s."""
+    server = ServerProcess(
+        outage.url(),
+        app="slowrouteapp:app",
+        env={"HEARTH_TEST_ROUTE_S": "0"},
+        log=tmp_path / "server.log",
+    ).start()
+    try:
+        hook = f"{server.url}/channels/hook"
+        assert httpx2.post(hook, json={"id": "d-1"}, timeout=10).status_code == 202
+        outage.stop()
+        for request in (
+            lambda: httpx2.post(hook, json={"id": "d-2"}, timeout=20),
+            lambda: httpx2.post(f"{hook}/deliveries/d-1/replay", timeout=20),
+        ):
+            started = time.monotonic()
+            answer = request()
+            took = time.monotonic() - started
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["type"] == "unavailable"
+            assert took < ADMISSION_BOUND_S + SLACK_S
+    finally:
+        server.kill()
+
+
 def test_healthz_names_the_outage_and_both_recover_without_a_restart(
     served: ServerProcess, outage: Cluster
 ) -> None:

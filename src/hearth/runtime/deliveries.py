@@ -27,6 +27,7 @@ from hearth.errors import (
     HearthError,
     InvalidInput,
     InvalidSignature,
+    StoreUnavailable,
     UnknownChannel,
     app_failure,
     message_of,
@@ -39,6 +40,8 @@ from hearth.store.base import LIST_LIMIT, NewDelivery, NewSubmission, StoredDeli
 from hearth.store.rows import DELIVERY_ADMITTED
 
 log = logging.getLogger("hearth.channels")
+# How long the look for a kept delivery may take: as long as an admission waits for the database.
+LOOKUP_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class Deliveries:
                 name,
             ) from None
         new = _kept(name, delivery, body)
-        known = await self.env.store.get_delivery(name, new.delivery_id)
+        known = await self._looked_up(name, new.delivery_id)
         if known is not None and known.status == DELIVERY_ADMITTED:
             return _receipt(known, True)
         return await self._route(channel, delivery, new)
@@ -102,7 +105,7 @@ class Deliveries:
         """Route a kept delivery again (a failed one, after a fix); an admitted one is only
         answered again."""
         channel = self.channel(name)
-        known = await self.env.store.get_delivery(name, delivery_id)
+        known = await self._looked_up(name, delivery_id)
         if known is None:
             raise DeliveryNotFound(f"channel {name!r} has no delivery {delivery_id!r}")
         if known.status == DELIVERY_ADMITTED:
@@ -124,6 +127,19 @@ class Deliveries:
             received_at=known.received_at,
         )
         return await self._route(channel, delivery, new)
+
+    async def _looked_up(self, name: str, delivery_id: str) -> StoredDelivery | None:
+        """The kept delivery, read within what an admission waits for the database: a read
+        retries for longer, and a webhook waited 10 s for its 503 while the database was down
+        (past where senders give up) where a message is answered within 2 s."""
+        try:
+            async with asyncio.timeout(LOOKUP_S):
+                return await self.env.store.get_delivery(name, delivery_id)
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"the database did not answer within {LOOKUP_S:g} s; the delivery was not taken"
+                " (send it again)"
+            ) from None
 
     async def kept(
         self, name: str, *, status: str | None = None, limit: int = LIST_LIMIT
