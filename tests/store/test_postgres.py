@@ -1220,3 +1220,28 @@ async def test_a_key_over_the_servers_limit_is_refused_at_once_not_retried_as_an
         )
         [offset] = await store.append(CONV, [fine], fence=fence)
         assert [r.id for r in await store.read(CONV, after=offset - 1)] == ["fine"]
+
+
+async def test_the_clock_estimate_is_not_ahead_after_a_wait_for_a_connection(
+    pg_cluster: Cluster,
+) -> None:
+    """The first reading was timed from before the wait for a pool connection: the estimate ran
+    ahead of the database's clock by half that wait (0.48 s after a 1 s wait), and schedules
+    and deadlines were judged early."""
+    async with opened(pg_cluster.conninfo, new_schema(), pool_size=1) as store:
+
+        async def hog() -> None:
+            await store._read(lambda conn: conn.execute("SELECT pg_sleep(1.0)"))
+
+        held = asyncio.create_task(hog())
+        await asyncio.sleep(0.05)
+        await store.now()  # its reading waits for the only connection
+        await held
+        estimate = await store.now()
+        row = await store._read(
+            lambda conn: ops.fetchone(
+                conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS t", {}
+            )
+        )
+        assert row is not None
+        assert estimate - float(row["t"]) < 0.1  # (a read's round trip here: milliseconds)

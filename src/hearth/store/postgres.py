@@ -260,14 +260,22 @@ class PostgresStore(Store):
             return self.clock()
         local = time.monotonic()
         if self._skew is None or local - self._skew[1] > _SKEW_TTL_S:
-            row = await self._read(
-                lambda conn: ops.fetchone(
+            sent = local
+
+            async def clock(conn: ops.Conn) -> dict[str, Any] | None:
+                nonlocal sent
+                # Timed from here, the connection in hand: a wait for one (a busy pool) put
+                # the middle of the round trip before the database read its clock, and every
+                # reading ran ahead by half that wait (a deadline judged passed early).
+                sent = time.monotonic()
+                return await ops.fetchone(
                     conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS t", {}
                 )
-            )
+
+            row = await self._read(clock)
             after = time.monotonic()
             assert row is not None
-            self._skew = (float(row["t"]) - (local + after) / 2, after)
+            self._skew = (float(row["t"]) - (sent + after) / 2, after)
             local = after
         reading = local + self._skew[0]
         if reading < self._latest_now - CLOCK_STEP_S:
