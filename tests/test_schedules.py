@@ -271,6 +271,46 @@ async def test_two_schedulers_on_one_store_fire_each_occurrence_once(store: SQLi
     assert len(set(await fired(store))) == 20
 
 
+async def test_a_schedule_a_canary_changed_and_left_is_fired_again(store: SQLiteStore) -> None:
+    """A process that found another's cron in the row stopped firing for its whole life: a
+    canary started with another cron and rolled back left the schedule firing nowhere."""
+    clock = ManualClock(at("2026-05-01T10:00:30"))
+    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+    replica = scheduler(store, clock, every)
+    await replica.tick()
+    canary = scheduler(
+        store, clock, hearth.Schedule("m", digest, "x", cron="*/2 * * * *", message="m")
+    )
+    await canary.tick()  # the canary takes the schedule over, then is gone
+    for minute in range(1, 8):
+        clock.set(at("2026-05-01T10:00:30") + 60 * minute)
+        await replica.tick()
+    # 10:01 went to the canary's cron; its 10:02 unfired for more than a minute at 10:03:30,
+    # the replica takes the schedule back from then on.
+    assert await fired(store) == [f"2026-05-01T10:0{m}:00Z" for m in (4, 5, 6, 7)]
+    assert not replica.yields("m")
+
+
+async def test_a_schedule_another_process_keeps_under_its_cron_is_left_to_it(
+    store: SQLiteStore,
+) -> None:
+    clock = ManualClock(at("2026-05-01T10:00:30"))
+    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
+    old = scheduler(store, clock, every)
+    await old.tick()
+    newer = scheduler(
+        store, clock, hearth.Schedule("m", digest, "x", cron="*/2 * * * *", message="m")
+    )
+    await newer.tick()
+    for minute in range(1, 8):
+        clock.set(at("2026-05-01T10:00:30") + 60 * minute)
+        await old.tick()
+        await newer.tick()
+    # Every other minute, by the newer cron alone: the older process never takes it back.
+    assert await fired(store) == [f"2026-05-01T10:0{m}:00Z" for m in (2, 4, 6)]
+    assert old.yields("m") and not newer.yields("m")
+
+
 async def test_a_tick_with_nothing_due_evaluates_no_cron_expression(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

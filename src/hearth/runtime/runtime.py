@@ -259,7 +259,8 @@ class Runtime:
             # a clock set back (the cursor itself then named an occurrence hours away).
             since = self.scheduler.looks_from(s, cursor, now) if cursor and current else now
             after = max(now, since)
-            upcoming = s.next_after(after)
+            # None while another process keeps it under another cron: this one fires nothing.
+            upcoming = None if self.scheduler.yields(s.name) else s.next_after(after)
             out.append(
                 {
                     "name": s.name,

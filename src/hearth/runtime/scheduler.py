@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from hearth import _faults
 from hearth._tasks import cancel_and_wait
-from hearth.errors import DelegatedConversation
+from hearth.errors import ConfigurationError, DelegatedConversation
 from hearth.runtime.admission import new_submission, refuse_delegated
 from hearth.runtime.env import Env
 from hearth.schedules import Schedule, iso
@@ -37,6 +37,12 @@ TICK_S = 1.0  # the longest sleep between two looks at the clock
 INJECTED_TICK_S = 0.05  # an injected clock may jump at any moment: look often
 RETRY_S = 1.0  # after a store error
 CLOCK_BACK_S = 60.0  # a cursor this far ahead of the clock was set by a clock that was wrong
+# A schedule another process keeps under another cron (a newer release's, or a canary's) is
+# looked at again this often: fired again when its cron is this process's again, or when an
+# occurrence of the other cron has gone unfired for ABANDONED_S (that process is gone: a canary
+# rolled back left the schedule firing nowhere).
+FOREIGN_LOOK_S = 15.0
+ABANDONED_S = 60.0
 
 
 class Scheduler:
@@ -56,6 +62,8 @@ class Scheduler:
         # Schedules whose cursor is ahead of the clock: the clock's time when that was noticed.
         self._ahead: dict[str, float] = {}
         self._next: dict[str, tuple[float, float | None]] = {}  # name → (since, next after it)
+        # Schedules kept by another process under another cron: when this one last looked.
+        self._foreign: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def now(self) -> float:
@@ -94,6 +102,10 @@ class Scheduler:
                     _faults.reached("before:store.open_schedule")
                     self.cursors[s.name] = await self.env.store.open_schedule(s.name, s.spec, now)
                     _faults.reached("after:store.open_schedule")
+        for s in self.schedules:
+            looked = self._foreign.get(s.name)
+            if looked is not None and now - looked >= FOREIGN_LOOK_S:
+                self.cursors[s.name] = await self._look_again(s, now)
         firing = []
         for s in self.schedules:
             cursor = self.cursors[s.name]
@@ -122,6 +134,11 @@ class Scheduler:
             if upcoming is not None:
                 wake = min(wake, upcoming)
         return max(0.0, wake - await self.now())
+
+    def yields(self, name: str) -> bool:
+        """Whether this process leaves the schedule to another that keeps it under another
+        cron (and looks again now and then)."""
+        return name in self._foreign
 
     def _upcoming(self, s: Schedule, since: float) -> float | None:
         """The schedule's first occurrence after ``since``, computed once per ``since``: a
@@ -183,10 +200,43 @@ class Scheduler:
         fresh = {c.name: c for c in await self.env.store.list_schedules()}.get(s.name)
         if fresh is None or fresh.spec != s.spec:
             log.warning(
-                "schedule %s was changed by another process (now %s); this process no longer"
-                " fires it",
+                "schedule %s was changed by another process (now %s); this process does not fire"
+                " it while that process does",
                 s.name,
                 None if fresh is None else fresh.spec,
             )
+            self._foreign[s.name] = occurrence
             return None
         return fresh
+
+    async def _look_again(self, s: Schedule, now: float) -> ScheduleCursor | None:
+        """A schedule another process changed: its cursor once the cron stored is this
+        process's again, or once nobody fires the other one (taken back from now); else None,
+        to look again later."""
+        self._foreign[s.name] = now
+        fresh = {c.name: c for c in await self.env.store.list_schedules()}.get(s.name)
+        if fresh is not None and fresh.spec == s.spec:
+            del self._foreign[s.name]
+            log.info("schedule %s is fired by this process again", s.name)
+            return fresh
+        if fresh is not None and not _abandoned(fresh, now):
+            return None
+        del self._foreign[s.name]
+        log.warning(
+            "schedule %s: no process fires it as %s any longer; this process fires it again",
+            s.name,
+            None if fresh is None else fresh.spec,
+        )
+        return await self.env.store.open_schedule(s.name, s.spec, now)
+
+
+def _abandoned(cursor: ScheduleCursor, now: float) -> bool:
+    """Whether an occurrence of the cron ``cursor`` is kept for has gone unfired for
+    ``ABANDONED_S`` (a cron this release cannot read counts as one nobody fires)."""
+    cron, _, tz = cursor.spec.partition("|")
+    try:
+        other = Schedule("other", "other", "other", cron=cron, tz=tz or "UTC", message="-")
+    except ConfigurationError:
+        return True
+    due = other.next_after(cursor.cursor)
+    return due is not None and now - due > ABANDONED_S
