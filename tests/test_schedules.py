@@ -271,17 +271,23 @@ async def test_two_schedulers_on_one_store_fire_each_occurrence_once(store: SQLi
     assert len(set(await fired(store))) == 20
 
 
+async def two_crons(store: SQLiteStore, clock: ManualClock) -> tuple[Scheduler, Scheduler]:
+    """Schedule ``m`` every minute in one process, then every other minute in another that
+    started later (which keeps it under its cron): both have looked once."""
+    first, later = (
+        scheduler(store, clock, hearth.Schedule("m", digest, "x", cron=cron, message="m"))
+        for cron in ("* * * * *", "*/2 * * * *")
+    )
+    await first.tick()
+    await later.tick()
+    return first, later
+
+
 async def test_a_schedule_a_canary_changed_and_left_is_fired_again(store: SQLiteStore) -> None:
     """A process that found another's cron in the row stopped firing for its whole life: a
     canary started with another cron and rolled back left the schedule firing nowhere."""
     clock = ManualClock(at("2026-05-01T10:00:30"))
-    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
-    replica = scheduler(store, clock, every)
-    await replica.tick()
-    canary = scheduler(
-        store, clock, hearth.Schedule("m", digest, "x", cron="*/2 * * * *", message="m")
-    )
-    await canary.tick()  # the canary takes the schedule over, then is gone
+    replica, _ = await two_crons(store, clock)  # the canary takes the schedule over, then is gone
     for minute in range(1, 8):
         clock.set(at("2026-05-01T10:00:30") + 60 * minute)
         await replica.tick()
@@ -295,13 +301,7 @@ async def test_a_schedule_another_process_keeps_under_its_cron_is_left_to_it(
     store: SQLiteStore,
 ) -> None:
     clock = ManualClock(at("2026-05-01T10:00:30"))
-    every = hearth.Schedule("m", digest, "x", cron="* * * * *", message="m")
-    old = scheduler(store, clock, every)
-    await old.tick()
-    newer = scheduler(
-        store, clock, hearth.Schedule("m", digest, "x", cron="*/2 * * * *", message="m")
-    )
-    await newer.tick()
+    old, newer = await two_crons(store, clock)
     for minute in range(1, 8):
         clock.set(at("2026-05-01T10:00:30") + 60 * minute)
         await old.tick()
