@@ -106,6 +106,13 @@ class Schedule:
         """What a change of restarts the schedule from now: its cron and its zone."""
         return f"{self.cron}|{self.tz}"
 
+    @classmethod
+    def of_spec(cls, name: str, spec: str) -> Schedule:
+        """A schedule of the cron and zone a stored ``spec`` names (another release's, say), to
+        walk its occurrences; ``ConfigurationError`` when this release cannot read it."""
+        cron, _, tz = spec.partition("|")
+        return cls(name, "spec", "spec", cron=cron, tz=tz or "UTC", message="-")
+
     def next_after(self, t: float) -> float | None:
         """The first occurrence strictly after ``t`` (unix seconds), or None if none."""
         for at in self._from(t):

@@ -290,12 +290,13 @@ class Runtime:
         ):
             raise ValueError(f"timeout must be 0 or more seconds, or None; not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self.stopped:
-            # (Its store may be closed already: a read of it said "not open", not why.)
-            raise _stopped_before(submission_id)
         events = self.store.events
         first = True
         while True:
+            if self.stopped:
+                # Nothing settles here any more (and its store may be closed: a read of it said
+                # "not open", not why). A stop after this point cancels the watch armed below.
+                raise _stopped_before(submission_id)
             # Armed before the read: a settlement committed meanwhile still wakes us.
             woken = events.watch_settled(submission_id)
             try:
@@ -312,8 +313,6 @@ class Runtime:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"submission {submission_id} has not settled yet")
-                if self.stopped:
-                    raise _stopped_before(submission_id)
                 # Woken by the settlement's event, or, when that event was lost (another
                 # process's), by the shared look at every waited row.
                 self.settled_looks.watch(submission_id)

@@ -233,9 +233,8 @@ class Scheduler:
 def _abandoned(cursor: ScheduleCursor, now: float) -> bool:
     """Whether an occurrence of the cron ``cursor`` is kept for has gone unfired for
     ``ABANDONED_S`` (a cron this release cannot read counts as one nobody fires)."""
-    cron, _, tz = cursor.spec.partition("|")
     try:
-        other = Schedule("other", "other", "other", cron=cron, tz=tz or "UTC", message="-")
+        other = Schedule.of_spec(cursor.name, cursor.spec)
     except ConfigurationError:
         return True
     due = other.next_after(cursor.cursor)

@@ -66,7 +66,7 @@ class HearthServer(uvicorn.Server):
         if not first and sig == signal.SIGINT and self.hard_exit:
             # Ctrl-C again while stopping: the wait is cut short, as docs/http.md says (the
             # server would only skip its lifespan's end, and go on waiting for a sync tool).
-            _exit_now(130, "hearth: interrupted; exiting now")
+            _exit_now(130, INTERRUPTED)
         super().handle_exit(sig, frame)
         # A graceful shutdown ends with a normal exit, not by re-raising the signal.
         captured = getattr(self, "_captured_signals", None)
@@ -88,6 +88,9 @@ class HearthServer(uvicorn.Server):
     def cancel_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+
+
+INTERRUPTED = "hearth: interrupted; exiting now"  # Ctrl-C again while stopping
 
 
 def _overrun(limit: float) -> None:
@@ -165,7 +168,7 @@ def serve(
     except KeyboardInterrupt:
         # Interrupted again while stopping (Ctrl-C twice): the exit would wait for a sync
         # tool's thread, for as long as the tool runs.
-        _exit_now(130, "hearth: interrupted; exiting now")
+        _exit_now(130, INTERRUPTED)
     # The watchdog outlives the loop (closing it waits for the worker threads, and a sync tool's
     # thread, which no shutdown can interrupt, held the process for as long as the tool ran),
     # and a failure: the interpreter's exit waits for those threads too.
