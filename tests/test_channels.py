@@ -177,6 +177,34 @@ async def test_async_callbacks_and_concurrent_redeliveries_admit_once() -> None:
         assert len(await rt.submissions()) == 1
 
 
+async def test_a_delivery_verify_left_unstamped_takes_the_stores_clock() -> None:
+    """``received_at`` was this host's wall clock: on PostgreSQL, deliveries taken by a host
+    whose clock drifted listed out of the order they came in. Left out by ``verify``, it is the
+    store's clock (here set a day back); a verifier's own stamp is kept as it is."""
+    seen: list[float] = []
+
+    def verify(headers: Mapping[str, str], body: bytes) -> hearth.Delivery:
+        data = json.loads(body)
+        if "at" in data:
+            return hearth.Delivery(id=data["id"], type="mail", data=data, received_at=data["at"])
+        return hearth.Delivery(id=data["id"], type="mail", data=data)
+
+    def receive(delivery: hearth.Delivery) -> hearth.Dispatch:
+        seen.append(delivery.received_at)
+        return hearth.Dispatch(inbox, "box", message="hi")
+
+    channel = hearth.Channel("mail", verify=verify, receive=receive)
+    app = hearth.App([inbox], channels=[channel], db="memory", providers=MODELS)
+    async with app.run() as rt:
+        rt.env.store.clock = lambda: 1_700_000_000.0
+        await rt.deliver("mail", {}, json.dumps({"id": "d-1"}).encode())
+        await rt.deliver("mail", {}, json.dumps({"id": "d-2", "at": 1_600_000_000.5}).encode())
+        kept = {d.delivery_id: d.received_at for d in await rt.deliveries("mail")}
+    assert kept == {"d-1": 1_700_000_000.0, "d-2": 1_600_000_000.5}
+    assert seen == [1_700_000_000.0, 1_600_000_000.5]  # what receive was given, too
+    assert type(seen[0]) is float
+
+
 async def test_sync_callbacks_run_off_the_event_loop() -> None:
     """A sync verify or receive (a blocking lookup, say) ran on the event loop: every request,
     stream and lease renewal of the process waited for it. Each blocks here until the loop,

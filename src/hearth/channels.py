@@ -44,19 +44,31 @@ NAME_PATTERN = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 _STAMP_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?$")  # unix seconds; never nan or inf
 
 
+class Arrival(float):
+    """A ``received_at`` that ``verify`` left to its default: the time this host read it. The
+    runtime stamps such a delivery with the store's clock instead (on PostgreSQL, the database
+    server's), so that deliveries taken by hosts whose clocks differ list in the order they came.
+    """
+
+
+def _arrival() -> float:
+    return Arrival(time.time())
+
+
 @dataclass(frozen=True)
 class Delivery:
     """One authenticated webhook request, as ``verify`` normalised it.
 
     ``id`` is the sender's delivery id (a retry carries the same one), ``type`` the event's
     kind, ``data`` its JSON payload, ``headers`` the request headers worth keeping with a failed
-    delivery (never a signature or a token), ``received_at`` unix seconds.
+    delivery (never a signature or a token), ``received_at`` unix seconds: left out, the store's
+    clock when the delivery is taken (one clock for every process on PostgreSQL).
     """
 
     id: str
     type: str
     data: Any
-    received_at: float = field(default_factory=time.time)
+    received_at: float = field(default_factory=_arrival)
     headers: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -11,16 +11,18 @@ replay once the code is fixed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import inspect
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults
 from hearth._tasks import in_thread
-from hearth.channels import Channel, Delivery, Dispatch
+from hearth.channels import Arrival, Channel, Delivery, Dispatch
 from hearth.errors import (
     ChannelFailed,
     DeliveryNotFound,
@@ -96,7 +98,13 @@ class Deliveries:
                 name,
             ) from None
         new = _kept(name, delivery, body)
-        known = await self._looked_up(name, new.delivery_id)
+        async with _database_within(LOOKUP_S, "the delivery was not taken"):
+            if type(delivery.received_at) is Arrival:
+                # This host's clock may be off; the store's is every process's.
+                at = await self.env.store.now()
+                delivery = dataclasses.replace(delivery, received_at=at)
+                new = dataclasses.replace(new, received_at=at)
+            known = await self.env.store.get_delivery(name, new.delivery_id)
         if known is not None and known.status == DELIVERY_ADMITTED:
             return _receipt(known, True)
         return await self._route(channel, delivery, new)
@@ -105,7 +113,8 @@ class Deliveries:
         """Route a kept delivery again (a failed one, after a fix); an admitted one is only
         answered again."""
         channel = self.channel(name)
-        known = await self._looked_up(name, delivery_id)
+        async with _database_within(LOOKUP_S, "the delivery was not replayed"):
+            known = await self.env.store.get_delivery(name, delivery_id)
         if known is None:
             raise DeliveryNotFound(f"channel {name!r} has no delivery {delivery_id!r}")
         if known.status == DELIVERY_ADMITTED:
@@ -127,19 +136,6 @@ class Deliveries:
             received_at=known.received_at,
         )
         return await self._route(channel, delivery, new)
-
-    async def _looked_up(self, name: str, delivery_id: str) -> StoredDelivery | None:
-        """The kept delivery, read within what an admission waits for the database: a read
-        retries for longer, and a webhook waited 10 s for its 503 while the database was down
-        (past where senders give up) where a message is answered within 2 s."""
-        try:
-            async with asyncio.timeout(LOOKUP_S):
-                return await self.env.store.get_delivery(name, delivery_id)
-        except TimeoutError:
-            raise StoreUnavailable(
-                f"the database did not answer within {LOOKUP_S:g} s; the delivery was not taken"
-                " (send it again)"
-            ) from None
 
     async def kept(
         self, name: str, *, status: str | None = None, limit: int = LIST_LIMIT
@@ -255,3 +251,17 @@ def _kept(name: str, delivery: Any, body: bytes) -> NewDelivery:
 
 def _receipt(stored: StoredDelivery, deduplicated: bool) -> DeliveryReceipt:
     return DeliveryReceipt(stored.delivery_id, list(stored.submission_ids), deduplicated)
+
+
+@contextlib.asynccontextmanager
+async def _database_within(limit: float, then: str) -> AsyncIterator[None]:
+    """What the delivery asks of the store before routing, within what an admission waits for
+    the database: a read retries for longer, and a webhook waited 10 s for its 503 while the
+    database was down (past where senders give up) where a message is answered within 2 s."""
+    try:
+        async with asyncio.timeout(limit):
+            yield
+    except TimeoutError:
+        raise StoreUnavailable(
+            f"the database did not answer within {limit:g} s; {then} (send it again)"
+        ) from None
