@@ -557,6 +557,18 @@ def test_partials_and_callable_objects_are_described_by_what_the_model_gives() -
     assert hearth.tool(name="lookup")(_Lookup()).context_param == "ctx"
 
 
+async def _charge(amount: int, ctx: hearth.ToolContext) -> int:
+    return int(await ctx.step.do("charge", lambda: amount))
+
+
+def test_options_given_with_the_function_are_honoured() -> None:
+    """``hearth.tool(fn, durable=True, name=...)`` dropped every option: a tool declared
+    durable ran as an ordinary one (its ``ctx.step`` refused), and a partial had no name."""
+    charge = hearth.tool(_charge, durable=True, name="charge_card", description="Charge.")
+    assert (charge.durable, charge.name, charge.description) == (True, "charge_card", "Charge.")
+    assert hearth.tool(functools.partial(_lookup, region="eu"), name="lookup").name == "lookup"
+
+
 class _Order(pydantic.BaseModel):
     id: str
 

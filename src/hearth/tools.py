@@ -361,7 +361,16 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[py
 
 
 @overload
-def tool(fn: Callable[..., Any], /) -> Tool: ...
+def tool(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    durable: bool = False,
+    reconcile: Callable[..., Any] | None = None,
+    reconcile_timeout: float = RECONCILE_TIMEOUT_S,
+) -> Tool: ...
 
 
 @overload
@@ -391,8 +400,6 @@ def tool(
     ``reconcile=fn`` (ordinary tools only): after a crash, recovery asks ``fn(call)`` (a
     ``hearth.ReconcileCall``; sync or async; at most ``reconcile_timeout`` seconds) whether the
     cut-off call took effect, instead of marking its outcome unknown (docs/effects.md)."""
-    if fn is not None:
-        return Tool(fn)
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
@@ -404,4 +411,6 @@ def tool(
             reconcile_timeout=reconcile_timeout,
         )
 
-    return wrap
+    # ``hearth.tool(fn, durable=True)`` took ``fn`` and dropped the options: a tool declared
+    # durable ran as an ordinary one.
+    return wrap if fn is None else wrap(fn)
