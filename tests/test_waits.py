@@ -325,3 +325,34 @@ async def test_a_wait_outside_a_durable_tool_is_not_possible() -> None:
     async with hearth.App([p], db="memory", providers=[model]).run() as rt:
         receipt = await rt.dispatch("p", "c-1", "go")
         assert (await rt.read(receipt, timeout=10)).text == "ok"
+
+
+async def test_a_wait_inside_a_task_group_pauses_the_call() -> None:
+    """A task group gives hearth's pause back wrapped in an exception group: the call failed
+    (``BaseExceptionGroup: unhandled errors in a TaskGroup``) and no wait was ever started."""
+
+    @hearth.tool(durable=True)
+    async def approve(ctx: hearth.ToolContext) -> dict[str, Any]:
+        """Ask while loading."""
+        async with asyncio.TaskGroup() as group:
+            asked = group.create_task(ctx.step.wait("approval", prompt="ok?"))
+            loaded = group.create_task(ctx.step.do("load", lambda: 42))
+        return {"approval": asked.result(), "load": loaded.result()}
+
+    model = ScriptedModel("g", [calls(call("approve")), reply("done")])
+
+    @hearth.agent
+    def g(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/g")
+        ctx.use_tool(approve)
+        return "x"
+
+    async with hearth.App([g], db="memory", providers=[model]).run() as rt:
+        receipt = await rt.dispatch("g", "c-1", "go")
+        await until_waiting(rt, receipt.submission_id)
+        [wait] = await rt.waits()
+        await rt.resolve("g", "c-1", wait.wait_id, {"ok": True})
+        assert (await rt.read(receipt, timeout=10)).text == "done"
+        [outcome] = of(await rt.history("g", "c-1"), ToolOutcome)
+        assert not outcome.is_error
+        assert outcome.content == {"approval": {"ok": True}, "load": 42}

@@ -67,6 +67,24 @@ def stopping(exc: BaseException) -> bool:
     return task is None or task.cancelling() > 0
 
 
+def hearths_own(exc: BaseException) -> BaseException | None:
+    """The exception of hearth's own in ``exc``, or None. Application code that runs work in a
+    task group (``asyncio.TaskGroup``, anyio's) gets hearth's exceptions back wrapped in an
+    exception group: a durable wait's pause, a fence, hearth stopping the work. The first such
+    leaf goes on up as if raised alone; counted as the code's failure, a wait failed its call."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc if _ours(exc) else None
+    for leaf in exc.exceptions:
+        own = hearths_own(leaf)
+        if own is not None:
+            return own
+    return None
+
+
+def _ours(exc: BaseException) -> bool:
+    return isinstance(exc, Interruption | KeyboardInterrupt | FencedOut) or stopping(exc)
+
+
 class HearthError(Exception):
     """Base class of every error hearth raises on purpose."""
 

@@ -22,7 +22,7 @@ from hearth import _faults, telemetry
 from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.attachments import ConversationAttachments, parts_of
 from hearth.effects import NOT_DONE, Done, NotDone
-from hearth.errors import FencedOut, StepError, app_failure, described, stopping
+from hearth.errors import FencedOut, StepError, app_failure, described, hearths_own, stopping
 from hearth.records import (
     AssistantToolCall,
     Record,
@@ -265,6 +265,8 @@ class ToolBatch:
         except pydantic.ValidationError as exc:
             return error_outcome(call, "validation", _validation_message(exc), ms())
         except BaseException as exc:
+            if isinstance(exc, BaseExceptionGroup) and (own := hearths_own(exc)) is not None:
+                raise own from None  # a wait's pause (say) in a task group of the tool's
             if not app_failure(exc, caller):
                 raise  # hearth's own: a durable wait's pause, an interrupt
             return error_outcome(call, "exception", described(exc), ms())
