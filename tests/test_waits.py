@@ -17,7 +17,8 @@ import waitapp
 import hearth
 from hearth.records import Record, ToolOutcome, WaitResolved, WaitStarted
 from hearth.runtime.runtime import Runtime
-from hearth.steps import Steps
+from hearth.runtime.waits import recorded_waits, wait_started
+from hearth.steps import Steps, WaitPending
 from hearth.testing import ScriptedModel, call, calls, reply
 from hearth.testing.invariants import assert_invariants
 
@@ -356,3 +357,58 @@ async def test_a_wait_inside_a_task_group_pauses_the_call() -> None:
         [outcome] = of(await rt.history("g", "c-1"), ToolOutcome)
         assert not outcome.is_error
         assert outcome.content == {"approval": {"ok": True}, "load": 42}
+
+
+@pytest.mark.parametrize("names", [("s", "s"), ("y:s", "s")])
+async def test_steps_and_waits_are_their_calls_own_whatever_the_ids_hold(
+    names: tuple[str, str],
+) -> None:
+    """Ids with ':' (one provider gives ``functions.lookup:0``): calls ``x`` and ``x:y`` of
+    one message. Step records were found by their id's prefix, so ``x``'s step replayed the
+    value of ``x:y``'s after a wait; and step ``y:s`` of ``x`` had the id of step ``s`` of ``x:y``
+    (an ``IntegrityError``)."""
+
+    @hearth.tool(durable=True)
+    async def t(ctx: hearth.ToolContext) -> str:
+        """Step, then (call x) wait."""
+        if ctx.tool_call_id == "x:y":
+            await asyncio.sleep(0.1)  # its step comes after x's
+        name = names[0] if ctx.tool_call_id == "x" else names[1]
+        value = await ctx.step.do(name, lambda: f"value of {ctx.tool_call_id}")
+        if ctx.tool_call_id == "x":
+            await ctx.step.wait("w", prompt="go on?")
+        return str(value)
+
+    model = ScriptedModel("k", [calls(call("t", id="x"), call("t", id="x:y")), reply("done")])
+
+    @hearth.agent
+    def k(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/k")
+        ctx.use_tool(t)
+        return "x"
+
+    async with hearth.App([k], db="memory", providers=[model]).run() as rt:
+        receipt = await rt.dispatch("k", "c-1", "go")
+        await until_waiting(rt, receipt.submission_id)
+        [wait] = await rt.waits()
+        await rt.resolve("k", "c-1", wait.wait_id, True)
+        assert (await rt.read(receipt, timeout=10)).text == "done"
+        outcomes = {
+            o.tool_call_id: o.content for o in of(await rt.history("k", "c-1"), ToolOutcome)
+        }
+        assert outcomes == {"x": "value of x", "x:y": "value of x:y"}
+        await assert_invariants(rt.store)
+
+
+def test_wait_records_are_their_calls_own_whatever_the_ids_hold() -> None:
+    """As steps: wait ``y:w`` of call ``x`` had the record id of wait ``w`` of call ``x:y``,
+    and the waits call ``x`` had started included those of ``x:y``."""
+
+    def started(call: str, name: str, wait_id: str) -> WaitStarted:
+        pending = WaitPending(wait_id, name, None, None, started=False)
+        return wait_started("m_1", call, pending, 0.0)[0]
+
+    mine, theirs = started("x", "y:w", "w_1"), started("x:y", "w", "w_2")
+    assert mine.id != theirs.id
+    assert recorded_waits([mine, theirs], "m_1", "x")[0] == {"w_1"}
+    assert recorded_waits([mine, theirs], "m_1", "x:y")[0] == {"w_2"}

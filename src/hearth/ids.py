@@ -19,6 +19,16 @@ RESERVED_KEY_PREFIXES = ("schedule:", "channel:")
 MAX_NAME = 256
 
 
+def id_part(text: str) -> str:
+    """``text`` as one part of a record id joined with ``:``, where another part follows: with
+    ``%`` and ``:`` percent-encoded, so that no two (``text``, rest) pairs make one id (a call
+    ``x`` with step ``y:s`` and a call ``x:y`` with step ``s`` did). Text without either (most
+    tool-call ids) is unchanged, as are the ids recorded before this encoding."""
+    if ":" not in text and "%" not in text:
+        return text
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
 def is_name(name: object) -> bool:
     """Whether ``name`` can name a step, a wait or a piece of state on every store alike: a
     non-empty string of at most ``MAX_NAME`` characters, without NUL or half a surrogate pair."""

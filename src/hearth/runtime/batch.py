@@ -23,6 +23,7 @@ from hearth.agent import Rendered, StateBuffer, current_unit
 from hearth.attachments import ConversationAttachments, parts_of
 from hearth.effects import NOT_DONE, Done, NotDone
 from hearth.errors import FencedOut, StepError, app_failure, described, hearths_own, stopping
+from hearth.ids import id_part
 from hearth.records import (
     AssistantToolCall,
     Record,
@@ -311,11 +312,16 @@ class ToolBatch:
             pause.expiries.append(expires)
 
     def _steps(self, call: AssistantToolCall) -> Steps:
-        prefix = f"{call.message_id}:step:{call.tool_call_id}:"
+        prefix = f"{call.message_id}:step:{id_part(call.tool_call_id)}:"
+        # Found by the call's id, not by the record id's prefix: a sibling call whose id has
+        # this one's and a ':' before it shared the prefix, and its steps replayed here.
+        ours = f"{call.message_id}:step:"
         recorded = {
             r.step: r.value
             for r in self.journal.records
-            if isinstance(r, ToolStepSettled) and r.id.startswith(prefix)
+            if isinstance(r, ToolStepSettled)
+            and r.tool_call_id == call.tool_call_id
+            and r.id.startswith(ours)
         }
         metrics = self.scope.env.metrics
         traced = telemetry.recording()  # asked once per call: the answer costs an environ lookup

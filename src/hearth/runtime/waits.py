@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.errors import InvalidInput
+from hearth.ids import id_part
 from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.records import Record, WaitResolved, WaitStarted, iso_from_unix
 from hearth.steps import WaitOutcome, WaitPending
@@ -83,7 +84,7 @@ def wait_started(
     """The record that opens a wait (its id is deterministic) and its expiry in unix seconds."""
     expires = None if pending.timeout is None else now + pending.timeout
     record = WaitStarted(
-        id=f"{message_id}:wait:{tool_call_id}:{pending.name}",
+        id=f"{message_id}:wait:{id_part(tool_call_id)}:{pending.name}",
         wait_id=pending.wait_id,
         tool_call_id=tool_call_id,
         name=pending.name,
@@ -97,9 +98,11 @@ def recorded_waits(
     records: Sequence[Record], message_id: str, tool_call_id: str
 ) -> tuple[frozenset[str], dict[str, WaitOutcome]]:
     """The ids of the waits one call started, and how those that ended ended."""
-    prefix = f"{message_id}:wait:{tool_call_id}:"
+    prefix = f"{message_id}:wait:"  # and the call's own id (a sibling's may begin with it)
     started = frozenset(
-        r.wait_id for r in records if isinstance(r, WaitStarted) and r.id.startswith(prefix)
+        r.wait_id
+        for r in records
+        if isinstance(r, WaitStarted) and r.tool_call_id == tool_call_id and r.id.startswith(prefix)
     )
     ended = {
         r.wait_id: WaitOutcome(r.value, r.timed_out, r.aborted)
