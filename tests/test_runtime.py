@@ -1495,6 +1495,58 @@ async def test_a_sync_tool_runs_off_the_event_loop() -> None:
     assert seen and seen[0] != threading.main_thread().name
 
 
+async def test_sync_tools_stuck_for_good_hold_up_neither_other_calls_nor_the_stop(
+    tmp_path: Path,
+) -> None:
+    """Sync tools ran on asyncio's default executor (min(32, cpus + 4) threads): calls stuck in
+    a read with no timeout, aborted, kept their threads, and once they were as many as its
+    threads a sync tool that only returns never ran, and the store's stop (which waited on that
+    executor too) ran the shutdown long past ``shutdown_s``."""
+    import os
+    import threading
+
+    release = threading.Event()
+    stuck_for = min(32, (os.cpu_count() or 1) + 4) + 2
+    entered: list[str] = []
+
+    @hearth.tool
+    def read_socket() -> str:
+        """A read with no timeout."""
+        entered.append(threading.current_thread().name)
+        release.wait(60)
+        return "late"
+
+    @hearth.tool
+    def quick() -> str:
+        """Only returns."""
+        return "quick"
+
+    def script(request: ModelRequest) -> Step:
+        if isinstance(request.messages[-1], ToolResult):
+            return reply(str(request.messages[-1].content))
+        text = str(request.messages[-1].content)
+        return calls(call(text))
+
+    agent = simple_agent("a", read_socket, quick)
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    app = hearth.App([agent], db=db, providers=[ScriptedModel("a", script)], shutdown_s=5)
+    try:
+        async with app.run() as rt:
+            for i in range(stuck_for):
+                await rt.dispatch("a", f"s-{i}", "read_socket")
+            for _ in range(1000):  # (before: as many as the executor's threads, no more)
+                if len(entered) == stuck_for:
+                    break
+                await asyncio.sleep(0.01)
+            for i in range(stuck_for):
+                await rt.abort("a", f"s-{i}")
+            answer = await rt.read(await rt.dispatch("a", "q", "quick"), timeout=30)
+            assert answer.text == "quick"
+        assert not release.is_set()  # the stop did not wait for the stuck calls
+    finally:
+        release.set()
+
+
 # --- a bug of hearth's own ---------------------------------------------------------------------
 
 

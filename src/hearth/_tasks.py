@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import logging
+import queue
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -59,16 +63,78 @@ async def run_to_end(work: Coroutine[Any, Any, None]) -> None:
     running.result()
 
 
-async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """``asyncio.to_thread`` for an application's sync code. A ``StopIteration`` it raises (a
-    ``next()`` that found nothing) cannot be carried by a future: the await would never end. A
-    ``GeneratorExit`` can, but the task awaiting it takes it for a close of its coroutines,
-    which end without a word. Each arrives as a ``RuntimeError`` naming it."""
-    return await asyncio.to_thread(_stop_iteration_raised, fn, *args, **kwargs)
+class AppThreads:
+    """The threads an application's sync code runs on (sync tools, channel callbacks,
+    reconciles): as many as there are calls running, an idle one taken again, one idle for
+    ``idle_s`` let go. Not asyncio's default executor, whose min(32, cpus + 4) threads six calls
+    stuck in a network read took on two cores: every later sync tool waited behind them, and so
+    did hearth's own work on that executor (the store's stop, and with it the shutdown). Daemon
+    threads: a call that never returns does not keep the process from exiting."""
+
+    def __init__(self, idle_s: float = 60.0) -> None:
+        self.idle_s = idle_s
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job, less the jobs queued for them
+        self.threads = 0
+
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args)`` on one of the threads, in a copy of the caller's context."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        context = contextvars.copy_context()
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = context.run(fn, *args)
+            except BaseException as exc:  # the caller's to judge, as a thread pool's are
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._lock:
+            new = self._idle == 0
+            if new:
+                self.threads += 1
+            else:
+                self._idle -= 1
+        self._jobs.put(job)
+        if new:
+            threading.Thread(target=self._work, name="hearth-app", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # nobody counts on this thread: let it go
+                        self._idle -= 1
+                        self.threads -= 1
+                        return
+                continue  # a job was queued for it just now
+            job()
+            del job  # its result and arguments are not kept alive while idle
+            with self._lock:
+                self._idle += 1
 
 
-def _stop_iteration_raised(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+APP_THREADS = AppThreads()
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """``fn(*args)`` of an application's sync code, on one of ``APP_THREADS``. A
+    ``StopIteration`` it raises (a ``next()`` that found nothing) cannot be carried by a future:
+    the await would never end. A ``GeneratorExit`` can, but the task awaiting it takes it for a
+    close of its coroutines, which end without a word. Each arrives as a ``RuntimeError``
+    naming it."""
+    return await asyncio.wrap_future(APP_THREADS.submit(_stop_iteration_raised, fn, *args))
+
+
+def _stop_iteration_raised(fn: Callable[..., T], /, *args: Any) -> T:
     try:
-        return fn(*args, **kwargs)
+        return fn(*args)
     except (StopIteration, GeneratorExit) as exc:
         raise RuntimeError(f"{type(exc).__name__} raised: {exc!r}"[:500]) from exc

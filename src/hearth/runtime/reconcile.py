@@ -43,7 +43,7 @@ async def ask(tool: Tool, call: ReconcileCall) -> Answer:
     # A sync call of this process may still run on its worker thread (an abort or a lost lease
     # stops waiting for it, not the thread): wait for it, or give up and keep the marker.
     running = thread_still_running(call.conversation_id, call.tool_call_id)
-    if running is not None and not await asyncio.to_thread(running.wait, tool.reconcile_timeout):
+    if running is not None and not await in_thread(running.wait, tool.reconcile_timeout):
         log.warning(
             "reconcile of %s (%s): the call still runs on a thread of this process; its outcome"
             " stays unknown",
