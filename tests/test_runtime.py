@@ -1547,6 +1547,41 @@ async def test_sync_tools_stuck_for_good_hold_up_neither_other_calls_nor_the_sto
         release.set()
 
 
+async def test_a_tool_that_waits_for_its_own_conversation_is_told_at_once() -> None:
+    """A tool that sent a message to its own conversation and read it waited until the
+    submission's deadline (an hour by default): the message joins only after the tool returns.
+    A read of another conversation, and one after the attempt, still wait as always."""
+    seen: dict[str, Any] = {}
+
+    @hearth.tool
+    async def ask(ctx: hearth.ToolContext) -> str:
+        """Send a message and read its answer."""
+        rt = seen["rt"]
+        agent, _, id = ctx.conversation_id.partition("/")
+        own = await rt.dispatch(agent, id, "inner")
+        seen["own"] = own
+        try:
+            await rt.read(own, timeout=30)
+        except hearth.ReadOfOwnConversation as exc:
+            seen["error"] = str(exc)
+        other = await rt.dispatch(agent, "other", "plain")
+        return (await rt.read(other, timeout=30)).text
+
+    def script(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        if isinstance(last, ToolResult):
+            return reply(f"got {last.content}")
+        return calls(call("ask")) if last.content == "go" else reply(str(last.content))
+
+    async with app_with(simple_agent("a", ask), models=[ScriptedModel("a", script)]).run() as rt:
+        seen["rt"] = rt
+        await rt.read(await rt.dispatch("a", "c", "go"), timeout=30)
+        assert (await rt.read(seen["own"], timeout=30)).text == "inner"  # from outside: fine
+        (outcome,) = of(await rt.history("a", "c"), ToolOutcome)
+    assert "whose attempt this code runs inside" in seen["error"]
+    assert outcome.content == "plain"
+
+
 # --- a bug of hearth's own ---------------------------------------------------------------------
 
 

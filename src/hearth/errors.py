@@ -218,6 +218,12 @@ class StateWriteDuringRender(HearthError):
     """A state setter was called while the agent function was rendering."""
 
 
+class ReadOfOwnConversation(HearthError):
+    """Code running inside an attempt (a tool, a step) waited for an unsettled submission of
+    that attempt's conversation (or of a conversation it runs inside, a delegated task's
+    parent): it cannot settle before that code returns."""
+
+
 class StepError(HearthError):
     """A ``step.do`` call broke a rule (empty or reused name, non-JSON value)."""
 

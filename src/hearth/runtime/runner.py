@@ -43,7 +43,7 @@ from hearth.runtime.recovery import (
     unresolved_tools,
 )
 from hearth.runtime.rest import settlement_at_rest
-from hearth.runtime.scope import Lease, Settlement, TurnPolicy
+from hearth.runtime.scope import InAttempt, Lease, Settlement, TurnPolicy, inside_attempts
 from hearth.runtime.submission import SubmissionPolicy
 from hearth.runtime.tasks import TaskPreempted
 from hearth.runtime.waits import PauseForWait
@@ -102,6 +102,8 @@ class Attempt:
         return self.policy.agent(self.env)
 
     async def run(self) -> None:
+        inside = InAttempt(self.conversation_id)
+        token = inside_attempts.set((*inside_attempts.get(), inside))
         try:
             if self.sub.damage is not None:
                 await self._settle_corrupt(f"submission {self.sub.id}: {self.sub.damage}")
@@ -112,6 +114,8 @@ class Attempt:
                 raise  # a child's: its task call fails, and its parent goes on
             await self._settle_corrupt(str(exc))
         finally:
+            inside.running = False  # (a task its code started may outlive it)
+            inside_attempts.reset(token)
             self._end_turn()
             await self._close_workspaces()
 

@@ -21,6 +21,7 @@ from hearth.errors import (
     HearthError,
     InvalidId,
     InvalidInput,
+    ReadOfOwnConversation,
     ShuttingDown,
     SubmissionNotFound,
     UnknownAgent,
@@ -48,6 +49,7 @@ from hearth.runtime.coordinator import Coordinator
 from hearth.runtime.deliveries import Deliveries, DeliveryReceipt
 from hearth.runtime.env import Env
 from hearth.runtime.scheduler import Scheduler
+from hearth.runtime.scope import inside_attempts
 from hearth.runtime.settled import SettledLooks
 from hearth.runtime.shared_reads import SharedReads
 from hearth.runtime.waits import resolution
@@ -290,6 +292,17 @@ class Runtime:
         ):
             raise ValueError(f"timeout must be 0 or more seconds, or None; not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
+        inside = [a.conversation_id for a in inside_attempts.get() if a.running]
+        if inside:  # a tool's (or a step's) read: of its own conversation, it would never end
+            sub = await self.submission(submission_id)
+            if sub.outcome is not None:
+                return sub
+            if sub.conversation_id in inside:
+                raise ReadOfOwnConversation(
+                    f"submission {submission_id} is of conversation {sub.conversation_id}, whose"
+                    " attempt this code runs inside: it cannot settle (and a message sent there"
+                    " is not taken) until this code returns; read it from outside the attempt"
+                )
         events = self.store.events
         first = True
         while True:

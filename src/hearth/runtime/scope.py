@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +36,20 @@ class Lease:
 
     def known_held(self) -> bool:
         return time.monotonic() < self.valid_until
+
+
+@dataclass
+class InAttempt:
+    """An attempt that the code running in this context runs inside."""
+
+    conversation_id: str
+    running: bool = True
+
+
+# The attempts the running code is inside, outermost first (a delegated task's child loop runs
+# inside its parent's): none of their conversations takes a new turn, and none of their
+# submissions settles, until that code returns. Copied into the tasks that code starts.
+inside_attempts: ContextVar[tuple[InAttempt, ...]] = ContextVar("hearth_attempts", default=())
 
 
 @dataclass(frozen=True)
