@@ -40,6 +40,7 @@ from hearth.records import (
     Signal,
     SubmissionSettled,
     ToolOutcome,
+    ToolStepSettled,
     UserMessage,
 )
 from hearth.store import open_store
@@ -440,6 +441,8 @@ async def test_a_step_returns_the_json_form_of_its_value() -> None:
             await ctx.step.do("enum", lambda: Level.HIGH),
             await ctx.step.do("tuple", lambda: (1, "a")),
             await ctx.step.do("float", lambda: 0.5),
+            await ctx.step.do("cut", lambda: "cut \ud83d"),
+            await ctx.step.do("cuts", lambda: ["\ud83d", {"k": "\ude00"}]),
         ]
         seen.append([(type(v).__name__, v) for v in got])
         return "ok"
@@ -448,6 +451,7 @@ async def test_a_step_returns_the_json_form_of_its_value() -> None:
     app = app_with(simple_agent("a", values), models=[model])
     async with app.run() as rt:
         assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "done"
+        stored = [r.value for r in of(await rt.history("a", "c"), ToolStepSettled)]
     assert seen == [
         [
             ("int", 7),
@@ -457,8 +461,43 @@ async def test_a_step_returns_the_json_form_of_its_value() -> None:
             ("int", 3),
             ("list", [1, "a"]),
             ("float", 0.5),
+            ("str", "cut \ufffd"),  # half a surrogate pair: kept, and so replayed, as U+FFFD
+            ("list", ["\ufffd", {"k": "\ufffd"}]),
         ]
     ]
+    assert stored == [v for _, v in seen[0]]  # what a replay returns
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**5000, _nested(100_000)],
+    ids=["an int of 5,001 digits", "a list nested 100,000 deep"],
+)
+async def test_a_step_value_json_cannot_hold_raises_step_error(value: Any) -> None:
+    """An int of more digits than Python prints raised ValueError from inside the store's
+    encoder, and a list too deep to encode RecursionError, not StepError as documented."""
+    raised: list[BaseException] = []
+
+    @hearth.tool(durable=True)
+    async def keep(ctx: hearth.ToolContext) -> str:
+        """Keep a value."""
+        try:
+            await ctx.step.do("v", lambda: value)
+        except BaseException as exc:
+            raised.append(exc)
+        return "ok"
+
+    model = ScriptedModel("a", [calls(call("keep")), reply("done")])
+    async with app_with(simple_agent("a", keep), models=[model]).run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "go"), timeout=10)).text == "done"
+    assert len(raised) == 1 and isinstance(raised[0], hearth.StepError), raised
 
 
 def test_a_durable_tool_needs_a_tool_context_parameter() -> None:

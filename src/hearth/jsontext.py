@@ -62,6 +62,24 @@ def json_round_trip(value: JSON) -> JSON:
     return back
 
 
+_strict_compact = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+
+
+def stored_round_trip(value: JSON) -> JSON:
+    """``value`` as a store gives it back once kept in ``compact_json``'s form: as
+    ``json_round_trip`` gives it, and with each unpaired surrogate replaced by U+FFFD. Raises
+    as ``json_round_trip`` does (and ``RecursionError`` for nesting too deep to encode)."""
+    if type(value) is str:
+        return _paired(value)
+    text = _strict_compact(value)
+    back = json.loads(_paired(text))
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        check_depth(back)
+    return back
+
+
 def check_depth(value: JSON) -> None:
     """``ValueError`` when arrays and objects nest deeper than ``MAX_DEPTH`` in ``value``."""
     if not isinstance(value, dict | list):

@@ -17,7 +17,7 @@ from hearth import _faults
 from hearth._tasks import held_the_loop
 from hearth.errors import ConfigurationError, Interruption, StepError, WaitTimedOut
 from hearth.ids import is_name, name_rule
-from hearth.jsontext import json_round_trip
+from hearth.jsontext import json_round_trip, stored_round_trip
 
 # ``step.transaction``'s way to the store: (step name, the application's async fn(conn)) → the
 # recorded value, once the function's writes and the step record committed together.
@@ -35,18 +35,22 @@ _IN_TRANSACTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "hearth_step_transaction", default=None
 )
 
-# Values that come back from a JSON round trip as they went in (exact types: a subclass, such as
-# an ``IntEnum``, comes back as its base type, so it takes the round trip).
-_PLAIN = frozenset({int, str, bool, type(None)})
+# Values that come back from a store as they went in (exact types: a subclass, such as an
+# ``IntEnum``, comes back as its base type, so it takes the round trip). Not every int: one of
+# more digits than Python prints (4,300 by default) has no JSON form; nor every str: half a
+# surrogate pair is kept as U+FFFD.
+_PLAIN = frozenset({bool, type(None)})
+_PLAIN_INT_BITS = 4000  # about 1,200 digits
 
 
 def json_value(name: str, value: Any) -> Any:
-    """What step ``name`` returned, as JSON gives it back (what a replay returns too)."""
-    if type(value) in _PLAIN:  # a plain value is its own JSON round trip
+    """What step ``name`` returned, as a store gives it back (what a replay returns too)."""
+    kind = type(value)
+    if kind in _PLAIN or (kind is int and value.bit_length() <= _PLAIN_INT_BITS):
         return value
     try:
-        return json_round_trip(value)
-    except (TypeError, ValueError) as exc:
+        return stored_round_trip(value)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
 
 
