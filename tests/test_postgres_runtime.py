@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pgcluster import Cluster
 
@@ -134,3 +136,65 @@ async def test_a_database_clock_set_back_is_followed_at_the_next_claim(
         assert answer.outcome == "completed"
         assert abs(await store.now() - (right + 0)) < 60  # following the database again
     assert "moved -600" in caplog.text or "moved -599" in caplog.text, caplog.text
+
+
+async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_attempt_in_time(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An owner cut off from the database (its renewals hanging) ran its attempt on past its
+    lease, while a peer took the work over and ran the same step again (14 s of both, in a
+    hunt with a blackholing proxy). It stops the attempt before the lease runs out."""
+    import asyncio
+    import logging
+
+    from hearth.testing import call, calls
+
+    stopped: dict[str, float] = {}
+
+    @hearth.tool(durable=True)
+    async def slow(ctx: hearth.ToolContext) -> str:
+        """A long step."""
+
+        async def work() -> str:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                stopped["at"] = await rt.store.now()
+                raise
+            return "done"
+
+        return str(await ctx.step.do("work", work))
+
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/s")
+        ctx.use_tool(slow)
+        return ""
+
+    model = ScriptedModel("s", [calls(call("slow")), reply("ok")])
+    app = hearth.App(
+        [hearth.Agent(render, name="s")],
+        db=pg_cluster.url(),
+        providers=[model],
+        lease_s=10,
+        heartbeat_s=2,
+        scan_s=60,
+    )
+    async with app.run() as rt:
+        cut = asyncio.Event()
+
+        async def unanswered(owner: str, lease_s: float) -> list[Any]:
+            await cut.wait()  # a database that never answers
+            return []
+
+        rt.store.renew_all = unanswered  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="hearth.coordinator"):
+            receipt = await rt.dispatch("s", "c", "go")
+            for _ in range(3000):
+                if "at" in stopped:
+                    break
+                await asyncio.sleep(0.01)
+            row = await rt.submission(receipt.submission_id)
+        assert "at" in stopped, "the attempt ran on with no renewal reaching the database"
+        assert row.lease_expires_at is not None and stopped["at"] < row.lease_expires_at
+        assert "stopping its attempt before the lease runs out" in caplog.text
+        cut.set()

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hearth import _faults, logs, telemetry
 from hearth.config import Settings
@@ -40,6 +41,10 @@ LATE_RELEASE_S = 2.0  # how long a shutdown waits for the releases of work that 
 # not, closing the store and the process's exit have the rest, so ``hearth serve``'s watchdog (at
 # ``shutdown_s``) never ends a release half done.
 STOP_SHARE = 0.8
+# On a store shared with other processes, an attempt is stopped this long (at most; a fifth of a
+# short lease) before its lease could run out unrenewed, so that it has stopped before a peer may
+# take the work over; half of it goes to one last try at renewing.
+LEASE_MARGIN_S = 2.0
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Coordinator:
             asyncio.create_task(self._claim_loop(), name="hearth-claims"),
             asyncio.create_task(self._heartbeat_loop(), name="hearth-heartbeat"),
         ]
+        if self.store.shared:
+            self._tasks.append(asyncio.create_task(self._lease_watch(), name="hearth-leases"))
 
     async def stop(self) -> None:
         """Interrupt running work without settling it, release its leases, stop claiming: work
@@ -277,6 +284,61 @@ class Coordinator:
                 claim.interrupt("lost")
             await self._give_back_strays(held)
 
+    async def _lease_watch(self) -> None:
+        """Stop each attempt whose lease this process cannot know it still holds: no renewal
+        has reached the database for about a lease's length (the network cut, the database not
+        answering). Past that a peer may take the work over and run it again; an owner cut
+        off went on running its attempts (a step ran 14 s on two owners at once). One last
+        renewal is tried first, so that a process that only stood still (SIGSTOP, a frozen VM)
+        and finds its leases still its own goes on."""
+        margin = min(LEASE_MARGIN_S, self.settings.lease_s / 5)
+        while not self._stopping:
+            await asyncio.sleep(min(margin, self.settings.heartbeat_s) / 2)
+            now = time.monotonic()
+            lapsing = [
+                c
+                for c in self._claims.values()
+                if c.reason is None
+                and not c.settled
+                and c.work is not None
+                and not c.work.done()
+                and now >= c.lease.valid_until - margin
+            ]
+            if not lapsing:
+                continue
+            held = await self._renewed_within(margin / 2)
+            for claim in lapsing:
+                if (held is not None and claim.sub.fence in held) or claim.reason is not None:
+                    continue
+                if claim.settled or claim.work is None or claim.work.done():
+                    continue
+                log.warning(
+                    "no renewal of the lease of %s reached the database for %.0f s; stopping"
+                    " its attempt before the lease runs out and another process may take it over",
+                    claim.sub.id,
+                    time.monotonic() - (claim.lease.valid_until - self.settings.lease_s),
+                )
+                claim.interrupt("lost")
+
+    async def _renewed_within(self, limit: float) -> set[Fence] | None:
+        """The fences whose leases one renewal kept, if it answered within ``limit`` seconds
+        (each claim held is marked renewed); None if not. A renewal still waiting is left to
+        end by itself: cancelling a query can itself wait seconds for the server."""
+        sent = time.monotonic()
+        renewing = asyncio.ensure_future(self.store.renew_all(self.owner, self.settings.lease_s))
+        done, _ = await asyncio.wait({renewing}, timeout=limit)
+        if not done:
+            renewing.add_done_callback(_retrieved)
+            renewing.cancel()
+            return None
+        if renewing.exception() is not None:
+            return None
+        held = {h.fence for h in renewing.result()}
+        for claim in self._claims.values():
+            if claim.sub.fence in held:
+                claim.lease.renewed(sent, self.settings.lease_s)
+        return held
+
     async def _give_back_strays(self, held: set[Fence]) -> None:
         """Release the leases this owner holds with no attempt here: a release that failed
         (the disk full, the database away) left the row running under this owner, and every
@@ -434,3 +496,9 @@ class Coordinator:
             self._claims.pop(sub.id, None)
             metrics.running -= 1
             self.wake()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Take a finished task's exception, so that none is logged as never retrieved."""
+    if not task.cancelled():
+        task.exception()
