@@ -5,6 +5,7 @@ needed: the listener is fed payloads directly."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,11 @@ def listener(sender: str) -> tuple[Listener, list[Event]]:
     events = StoreEvents()
     heard: list[Event] = []
     events.listen(heard.append)
-    return Listener("postgresql://unused", {}, "hearth", sender, events, lambda: None), heard
+
+    async def unused() -> Any:
+        raise AssertionError("not connected in these tests")
+
+    return Listener(unused, "hearth", sender, events, lambda: None), heard
 
 
 @pytest.mark.parametrize("sender", ["p1", 'odd "sender" \\ é', ""])

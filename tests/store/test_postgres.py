@@ -1146,10 +1146,10 @@ async def test_a_write_whose_session_the_idle_timeout_ended_is_tried_again(
     """The server ends a transaction this process stood still in (stopped past the timeout):
     that was read as a refused write, a StoreError (the attempt ended as a bug of hearth's and
     a new one began), though nothing of it had committed."""
-    from hearth.store import postgres
+    from hearth.store import postgres_session
     from hearth.store.postgres_ops import fetchone
 
-    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_MS", 300)
+    monkeypatch.setattr(postgres_session, "IDLE_IN_TRANSACTION_MS", 300)
     tries = 0
 
     async def stands_still_once(conn: Any, outbox: Any) -> Any:

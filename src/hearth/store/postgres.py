@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import PoolTimeout
 
@@ -41,6 +40,7 @@ from hearth.errors import ConfigurationError, IntegrityError, StoreError, StoreU
 from hearth.records import Record, WaitStarted
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_readback as readback
+from hearth.store import postgres_session as session
 from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
@@ -94,7 +94,6 @@ SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
 ABORT_LOCK_WAIT_MS = 200  # an abort's wait for a row lock before it tells the row's owner
 ABORT_LOCKED_WAIT_MS = 10_000  # and its wait after
-IDLE_IN_TRANSACTION_MS = 10_000
 log = logging.getLogger("hearth.store")
 
 _SKEW_TTL_S = 30.0
@@ -107,16 +106,6 @@ _TAILS_KEPT = 4096
 # SQLSTATEs of a server shutting down or starting up (admin_shutdown, crash_shutdown,
 # cannot_connect_now): its connections end, and nothing is wrong with what was asked.
 _SERVER_GOING = frozenset({"57P01", "57P02", "57P03"})
-
-
-def _user_options(conninfo: str) -> str:
-    """The ``options`` the database URL gives (server settings, ``-c name=value``), followed by
-    a space; "" when it gives none or cannot be read (the connection then says why)."""
-    try:
-        given = conninfo_to_dict(conninfo).get("options")
-    except psycopg.ProgrammingError:
-        return ""
-    return f"{given} " if given else ""
 
 
 class PostgresStore(Store):
@@ -150,15 +139,8 @@ class PostgresStore(Store):
         self.events = StoreEvents()
         self.channel = "hearth_" + hashlib.sha256(schema.encode()).hexdigest()[:24]
         self._sender = uuid.uuid4().hex
-        self._kwargs: dict[str, Any] = {
-            # A process frozen inside a transaction (SIGSTOP, a stalled VM) would hold its row
-            # locks, and so block the peer that takes its work over, for as long as it is
-            # frozen: the server ends such a transaction after a while instead.
-            # After the URL's own options (given as keyword, these would replace them).
-            "options": _user_options(conninfo) + f"-c search_path={schema}"
-            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
-            "connect_timeout": CONNECT_TIMEOUT_S,
-        }
+        # The rest of hearth's settings are SET once connected (``postgres_session``).
+        self._kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
         self._transactions: Transactions | None = None
         self._app_search_path = "public"  # the database's own, read at open (step.transaction)
         # conversation → the last offset this process saw there, for one-statement appends
@@ -214,7 +196,7 @@ class PostgresStore(Store):
             raise StoreError(f"{self.where}: the migration failed: {first_line(exc)}") from None
         finally:
             await conn.close()
-        pool = await open_pool(self.conninfo, self._kwargs, self.pool_size)
+        pool = await open_pool(self.conninfo, self._kwargs, self.pool_size, self._configure)
         self._notes = Notes(pool, self.channel, self._sender)
         self._transactions = Transactions(
             pool,
@@ -226,7 +208,7 @@ class PostgresStore(Store):
             connect=self._connect_alone,
         )
         self._listener = Listener(
-            self.conninfo, self._kwargs, self.channel, self._sender, self.events, self._missed
+            self._listening, self.channel, self._sender, self.events, self._missed
         )
         self._listener.start()
         try:
@@ -251,9 +233,29 @@ class PostgresStore(Store):
     async def _connect_alone(self, timeout: float) -> ops.Conn:
         """A connection of its own, as the pool's are made, giving up after ``timeout``."""
         kwargs = {**self._kwargs, "connect_timeout": max(2, math.ceil(timeout))}
-        return await psycopg.AsyncConnection.connect(
+        conn = await psycopg.AsyncConnection.connect(
             self.conninfo, autocommit=True, row_factory=dict_row, **kwargs
         )
+        try:
+            await session.apply(conn, self.schema)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _listening(self) -> psycopg.AsyncConnection[Any]:
+        """The listener's connection, with hearth's session settings."""
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, **self._kwargs)
+        try:
+            await session.apply(conn, self.schema)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _configure(self, conn: ops.Conn) -> None:
+        """The pool's ``configure``: once per new connection, not per statement."""
+        await session.apply(conn, self.schema)
 
     async def now(self) -> float:
         if self.clock is not None:
@@ -403,7 +405,7 @@ class PostgresStore(Store):
                     work=work,
                     records=records,
                     app_search_path=self._app_search_path,
-                    hearth_search_path=self.schema,
+                    schema=self.schema,
                     outbox=outbox,
                     now=self._now(),
                     locked=locked,

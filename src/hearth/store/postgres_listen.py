@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -91,15 +91,13 @@ class Listener:
 
     def __init__(
         self,
-        conninfo: str,
-        connect_kwargs: dict[str, Any],
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
         channel: str,
         sender: str,
         events: StoreEvents,
         on_reconnect: Callable[[], None],
     ) -> None:
-        self._conninfo = conninfo
-        self._kwargs = connect_kwargs
+        self._connect = connect  # a new connection in autocommit, with hearth's settings
         self._channel = channel
         self._own = own_prefix(sender)
         self._events = events
@@ -120,9 +118,7 @@ class Listener:
         delay, first = _BACKOFF_MIN_S, True
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, **self._kwargs
-                )
+                conn = await self._connect()
             except psycopg.Error as exc:
                 log.warning("the notification listener cannot connect (%s); retrying", exc)
                 await asyncio.sleep(delay)

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row, tuple_row
 
 from hearth.errors import StoreError
 from hearth.records import ConversationCreated, Record
+from hearth.store import postgres_session as session
 from hearth.store import rules
 from hearth.store.events import APPENDED, Event
 from hearth.store.postgres_ops import NOW, Conn, Outbox, check_fence, fetchall, fetchone
@@ -40,7 +41,7 @@ async def run(
     work: Callable[[Any], Awaitable[Any]],
     records: Callable[[Any], Sequence[Record]],
     app_search_path: str,
-    hearth_search_path: str,
+    schema: str,
     outbox: Outbox,
     now: float | None,
     locked: Callable[[], None] = lambda: None,
@@ -65,9 +66,11 @@ async def run(
         raise AppFailure(exc) from exc
     # What the work set for the session (a plain SET search_path, SET ROLE) would outlive the
     # commit on this pooled connection, and every later use of it would fail: back to the
-    # connection's own settings (hearth's records are written as hearth's role, too).
-    await conn.execute("RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL")
-    await conn.execute("SELECT set_config('search_path', %(p)s, true)", {"p": hearth_search_path})
+    # connection's own settings, then hearth's (its records are written as hearth's role, too).
+    await conn.execute(
+        "RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; "
+        + session.settings(schema, conn.info.server_version)
+    )
     return await insert_new(conn, conversation_id, batch, outbox, now)
 
 

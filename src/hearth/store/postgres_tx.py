@@ -72,13 +72,17 @@ async def _replaced_when_stale(conn: ops.Conn) -> AsyncIterator[None]:
 
 
 async def open_pool(
-    conninfo: str, connect_kwargs: dict[str, Any], size: int
+    conninfo: str,
+    connect_kwargs: dict[str, Any],
+    size: int,
+    configure: Callable[[ops.Conn], Awaitable[None]],
 ) -> AsyncConnectionPool[ops.Conn]:
     pool: AsyncConnectionPool[ops.Conn] = AsyncConnectionPool(
         conninfo,
         min_size=1,
         max_size=size,
         kwargs={**connect_kwargs, "autocommit": True, "row_factory": dict_row},
+        configure=configure,
         open=False,
         timeout=ADMIT_WAIT_S,
         # Give up a background reconnection soon: the pool then regrows when a caller waits,

@@ -1,0 +1,59 @@
+"""The PostgreSQL store on databases and roles a DBA configured: hearth pins the settings it
+relies on for its own sessions, and refuses at open, saying what to do, a database it cannot
+work on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from pgcluster import Cluster, new_schema
+
+from hearth.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@contextlib.contextmanager
+def database(pg_cluster: Cluster, *settings: str, options: str = "") -> Iterator[str]:
+    """A database of its own with ``settings`` (``ALTER DATABASE ... SET``): its URL."""
+    name = f"d_{uuid.uuid4().hex[:12]}"
+    pg_cluster.sql(f"CREATE DATABASE {name} {options}")
+    try:
+        for setting in settings:
+            pg_cluster.sql(f"ALTER DATABASE {name} SET {setting}")
+        yield pg_cluster.conninfo.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        pg_cluster.sql(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@contextlib.asynccontextmanager
+async def opened(conninfo: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(conninfo, schema=new_schema())
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_a_dbas_idle_session_timeout_does_not_end_the_listeners_session(
+    pg_cluster: Cluster,
+) -> None:
+    """The listener's connection is idle by design: the server ended it over and over, each
+    time with a warning of a lost connection and notifications missed meanwhile."""
+    with database(pg_cluster, "idle_session_timeout = '200ms'") as url:
+        async with opened(url) as store:
+            listening = store.listener_pid
+            assert listening is not None
+            await asyncio.sleep(0.8)
+            assert store.listener_pid == listening
+            assert store._listener is not None and store._listener.connected.is_set()

@@ -1,0 +1,53 @@
+"""The PostgreSQL store behind pgbouncer: in session mode it works as on a direct connection,
+its schema applied whatever the pooler does with startup parameters; in transaction mode it is
+refused at open, saying why."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from bouncer import PgBouncer
+from pgcluster import Cluster, new_schema
+
+from hearth.store import NewSubmission
+from hearth.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _admits_into_its_own_schema(pg_cluster: Cluster, bouncer: PgBouncer) -> None:
+    schema = new_schema()
+    store = PostgresStore(bouncer.conninfo, schema=schema)
+    await store.open()
+    try:
+        admission = await store.admit(NewSubmission("a/c", "a", "message", {"message": "hi"}))
+        assert admission is not None
+        assert store._transactions is not None
+        async with store._transactions.pool.connection() as conn:
+            cursor = await conn.execute("SELECT current_schema() AS s")
+            assert await cursor.fetchone() == {"s": schema}
+    finally:
+        await store.close()
+    assert pg_cluster.sql(f"SELECT count(*) FROM {schema}.submissions") == "1"
+
+
+async def test_a_pooler_that_drops_the_startup_options_still_gets_the_schema(
+    pg_cluster: Cluster, pgbouncer: Callable[..., PgBouncer]
+) -> None:
+    """pgbouncer told to ignore ``options`` dropped hearth's search_path: every statement ran in
+    the role's default schema (another deployment's tables, when it had them)."""
+    await _admits_into_its_own_schema(pg_cluster, pgbouncer("session", "options"))
+
+
+async def test_a_session_mode_pooler_that_refuses_startup_options_works(
+    pg_cluster: Cluster, pgbouncer: Callable[..., PgBouncer]
+) -> None:
+    """pgbouncer refuses the ``options`` startup parameter: every pooled connection failed, and
+    the store reported the server unreachable."""
+    await _admits_into_its_own_schema(pg_cluster, pgbouncer("session"))
