@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from pgcluster import Cluster, new_schema
 
+from hearth.errors import StoreError
+from hearth.store import NewSubmission
 from hearth.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -57,3 +59,39 @@ async def test_a_dbas_idle_session_timeout_does_not_end_the_listeners_session(
             await asyncio.sleep(0.8)
             assert store.listener_pid == listening
             assert store._listener is not None and store._listener.connected.is_set()
+
+
+async def _keeps_text_as_written(url: str) -> None:
+    async with opened(url) as store:
+        text = "hi ✓ — 日本"
+        admission = await store.admit(NewSubmission("a/c", "a", "message", {"message": text}))
+        found = await store.get_submission(admission.submission.id)
+        assert found is not None
+        assert isinstance(found.id, str) and found.id == admission.submission.id
+        assert found.payload == {"message": text}
+
+
+async def test_a_sql_ascii_database_keeps_text_as_written(pg_cluster: Cluster) -> None:
+    """psycopg returned bytes for every text column there (ids as b'...'): no attempt could
+    run, and the next start failed reading the schema's version."""
+    options = "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+    with database(pg_cluster, options=options) as url:
+        await _keeps_text_as_written(url)
+
+
+async def test_a_dbas_client_encoding_does_not_refuse_text_outside_it(pg_cluster: Cluster) -> None:
+    """A database's client_encoding of LATIN1 made an admission of "✓" a UnicodeEncodeError
+    (an HTTP 500)."""
+    with database(pg_cluster, "client_encoding = 'LATIN1'") as url:
+        await _keeps_text_as_written(url)
+
+
+async def test_a_database_whose_encoding_cannot_hold_unicode_is_refused_at_open(
+    pg_cluster: Cluster,
+) -> None:
+    options = "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+    with database(pg_cluster, options=options) as url:
+        store = PostgresStore(url, schema=new_schema())
+        with pytest.raises(StoreError, match=r"encoding is LATIN1.*ENCODING 'UTF8'"):
+            await store.open()
+        await store.close()

@@ -140,7 +140,10 @@ class PostgresStore(Store):
         self.channel = "hearth_" + hashlib.sha256(schema.encode()).hexdigest()[:24]
         self._sender = uuid.uuid4().hex
         # The rest of hearth's settings are SET once connected (``postgres_session``).
-        self._kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
+        self._kwargs: dict[str, Any] = {
+            **session.CONNECT_KWARGS,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        }
         self._transactions: Transactions | None = None
         self._app_search_path = "public"  # the database's own, read at open (step.transaction)
         # conversation → the last offset this process saw there, for one-statement appends
@@ -166,13 +169,14 @@ class PostgresStore(Store):
             return
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                self.conninfo, autocommit=True, **self._kwargs
             )
         except psycopg.ProgrammingError as exc:  # the connection string itself is wrong
             raise ConfigurationError(f"bad PostgreSQL URL: {first_line(exc)}") from None
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot connect to {self.where}: {first_line(exc)}") from None
         try:
+            await session.check_server(conn, self.where)
             # This connection has the database's own search_path, which the application's
             # step.transaction functions get (hearth's connections use its schema).
             cursor = await conn.execute("SHOW search_path")

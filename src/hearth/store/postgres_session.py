@@ -12,6 +12,15 @@ from typing import Any
 
 import psycopg
 
+from hearth.errors import StoreError
+
+# Given with every connection (a startup parameter, which poolers pass on): hearth writes and reads
+# text as UTF-8. A database's or role's client_encoding (LATIN1, say), or PGCLIENTENCODING, made
+# any other character an error; a SQL_ASCII database's default made psycopg return bytes for text.
+CONNECT_KWARGS: dict[str, Any] = {"client_encoding": "UTF8"}
+# Server encodings that hold any text hearth writes (SQL_ASCII keeps the UTF-8 bytes as given).
+_ENCODINGS = frozenset({"UTF8", "SQL_ASCII"})
+
 # A process frozen inside a transaction (SIGSTOP, a stalled VM) would hold its row locks, and so
 # block the peer that takes its work over, for as long as it is frozen: the server ends such a
 # transaction after a while instead.
@@ -36,3 +45,17 @@ def settings(schema: str, server_version: int) -> str:
 async def apply(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Set hearth's session settings on ``conn`` (in autocommit: they outlive the statement)."""
     await conn.execute(settings(schema, conn.info.server_version))
+
+
+async def check_server(conn: psycopg.AsyncConnection[Any], where: str) -> None:
+    """Refuse, saying what to do, a database hearth cannot work on: one whose encoding cannot
+    hold all of Unicode (it would fail the work whose text it cannot hold)."""
+    cursor = await conn.execute("SELECT current_setting('server_encoding')")
+    row = await cursor.fetchone()
+    encoding = str(row[0]) if row else "UTF8"
+    if encoding.upper() not in _ENCODINGS:
+        raise StoreError(
+            f"{where}: the database's encoding is {encoding}, which cannot hold all the text"
+            " hearth stores; give hearth a database created with ENCODING 'UTF8' (CREATE DATABASE"
+            " name ENCODING 'UTF8' TEMPLATE template0)"
+        )
