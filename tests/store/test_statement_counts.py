@@ -13,7 +13,8 @@ from hearth.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.anyio
 
-_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+# (SET: the session settings of a connection the pool happened to open meanwhile, not the action's)
+_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "SET ")
 
 
 @contextmanager
