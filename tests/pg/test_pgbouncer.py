@@ -10,6 +10,7 @@ import pytest
 from bouncer import PgBouncer
 from pgcluster import Cluster, new_schema
 
+from hearth.errors import StoreError
 from hearth.store import NewSubmission
 from hearth.store.postgres import PostgresStore
 
@@ -51,3 +52,15 @@ async def test_a_session_mode_pooler_that_refuses_startup_options_works(
     """pgbouncer refuses the ``options`` startup parameter: every pooled connection failed, and
     the store reported the server unreachable."""
     await _admits_into_its_own_schema(pg_cluster, pgbouncer("session"))
+
+
+async def test_a_pooler_in_transaction_mode_is_refused_at_open(
+    pgbouncer: Callable[..., PgBouncer],
+) -> None:
+    """Sessions do not last across transactions there (prepared statements, LISTEN, settings):
+    the store answered 202, then failed its work."""
+    bouncer = pgbouncer("transaction")
+    store = PostgresStore(bouncer.conninfo, schema=new_schema())
+    with pytest.raises(StoreError, match="transaction mode"):
+        await store.open()
+    await store.close()

@@ -184,6 +184,7 @@ class PostgresStore(Store):
             if shown:
                 self._app_search_path = str(shown[0])
             self.schema_found = await migrate(conn, self.schema, create=create)
+            await self._check_sessions(conn)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise StoreError(
                 f"{self.where}: {first_line(exc)}; grant CREATE on the database to this role, or"
@@ -233,6 +234,15 @@ class PostgresStore(Store):
 
     async def ping(self, timeout: float) -> None:
         await self._tx().ping(timeout)
+
+    async def _check_sessions(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """``session.check_sessions`` on ``conn`` and a connection made as the pool's are."""
+        try:
+            alone = await self._connect_alone(CONNECT_TIMEOUT_S)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to {self.where}: {first_line(exc)}") from None
+        async with alone:
+            await session.check_sessions(conn, alone, self.schema, self.where)
 
     async def _connect_alone(self, timeout: float) -> ops.Conn:
         """A connection of its own, as the pool's are made, giving up after ``timeout``."""

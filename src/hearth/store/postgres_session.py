@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from hearth.errors import StoreError
 
@@ -59,3 +60,41 @@ async def check_server(conn: psycopg.AsyncConnection[Any], where: str) -> None:
             " hearth stores; give hearth a database created with ENCODING 'UTF8' (CREATE DATABASE"
             " name ENCODING 'UTF8' TEMPLATE template0)"
         )
+
+
+async def check_sessions(
+    conn: psycopg.AsyncConnection[Any],
+    alone: psycopg.AsyncConnection[Any],
+    schema: str,
+    where: str,
+) -> None:
+    """Refuse a pooler in transaction mode between hearth and the server: ``conn``'s session
+    must outlive its statements while ``alone`` (made and set as the pool's connections are)
+    has another of its own. There, a session's prepared statements, ``LISTEN`` and settings are
+    lost between transactions, and work admitted would fail later. And refuse settings that did
+    not take: statements in a schema other than hearth's would read and write another's tables."""
+    first = await _backend(conn)
+    other = await _backend(alone)
+    again = await _backend(conn)
+    if other[0] == first[0] or again[0] != first[0]:
+        raise StoreError(
+            f"{where} does not keep a session across transactions: a pooler in transaction mode"
+            " (pgbouncer's pool_mode = transaction) is in between, and hearth keeps prepared"
+            " statements, a LISTEN and its settings on each session; connect directly, or"
+            " through a pooler in session mode"
+        )
+    if other[1] != schema:
+        raise StoreError(
+            f"{where}: hearth's connections do not use the schema {schema!r} they set (they"
+            f" use {other[1]!r}); check that this role may use it (GRANT USAGE ON SCHEMA"
+            f" {schema})"
+        )
+
+
+async def _backend(conn: psycopg.AsyncConnection[Any]) -> tuple[int, str | None]:
+    """The pid of the server process that answers on ``conn``, and its schema."""
+    cursor = conn.cursor(row_factory=tuple_row)
+    await cursor.execute("SELECT pg_backend_pid(), current_schema()")
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0]), row[1]
