@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from pgcluster import Cluster, new_schema
 
-from hearth.errors import StoreError
+from hearth.errors import StoreError, StoreUnavailable
 from hearth.store import NewSubmission
 from hearth.store.postgres import PostgresStore
 
@@ -94,4 +94,38 @@ async def test_a_database_whose_encoding_cannot_hold_unicode_is_refused_at_open(
         store = PostgresStore(url, schema=new_schema())
         with pytest.raises(StoreError, match=r"encoding is LATIN1.*ENCODING 'UTF8'"):
             await store.open()
+        await store.close()
+
+
+async def test_a_read_only_database_is_refused_at_open_naming_target_session_attrs(
+    pg_cluster: Cluster,
+) -> None:
+    """A read-only server (a standby, default_transaction_read_only) was served: /healthz 200
+    and every admission 503, for good."""
+    schema = new_schema()
+    with database(pg_cluster) as url:
+        store = PostgresStore(url, schema=schema)
+        await store.open()  # the schema is there, as on a primary's standby
+        await store.close()
+        name = url.rsplit("/", 1)[1]
+        pg_cluster.sql(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+        store = PostgresStore(url, schema=schema)
+        with pytest.raises(StoreError, match=r"read-only.*target_session_attrs=read-write"):
+            await store.open()
+        await store.close()
+
+
+async def test_a_ping_fails_once_the_server_is_read_only(pg_cluster: Cluster) -> None:
+    """After a failover that left the URL on a standby, /healthz answered 200 while every
+    admission failed: a balancer kept sending traffic there."""
+    store = PostgresStore(pg_cluster.conninfo, schema=new_schema(), pool_size=1)
+    await store.open()
+    try:
+        await store.ping(2.0)
+        assert store._transactions is not None
+        async with store._transactions.pool.connection() as conn:
+            await conn.execute("SET default_transaction_read_only = on")  # as a standby's
+        with pytest.raises(StoreUnavailable, match="read-only"):
+            await store.ping(2.0)
+    finally:
         await store.close()

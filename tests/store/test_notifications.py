@@ -4,9 +4,11 @@ needed: the listener is fed payloads directly."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
+import psycopg
 import pytest
 
 from hearth.store.events import APPENDED, SETTLED, Event, StoreEvents
@@ -89,3 +91,28 @@ def test_a_malformed_notification_is_logged_and_dropped(caplog: pytest.LogCaptur
         mine._deliver('{"p2": 1}')
     assert heard == []
     assert caplog.text.count("malformed notification") == 5
+
+
+@pytest.mark.anyio
+async def test_a_listen_the_server_refuses_is_tried_ever_less_often() -> None:
+    """A standby refuses LISTEN after the connection succeeds: the listener tried again every
+    0.1 s, for good (a warning each time)."""
+    tries = 0
+
+    class Refusing:
+        async def execute(self, *args: Any) -> None:
+            raise psycopg.errors.FeatureNotSupported("cannot execute LISTEN during recovery")
+
+        async def close(self) -> None:
+            pass
+
+    async def connect() -> Any:
+        nonlocal tries
+        tries += 1
+        return Refusing()
+
+    listening = Listener(connect, "hearth", "p1", StoreEvents(), lambda: None)
+    listening.start()
+    await asyncio.sleep(1.5)
+    await listening.stop()
+    assert 2 <= tries <= 6  # 0, 0.1, 0.3, 0.7, 1.5 s: not every 0.1 s

@@ -140,6 +140,8 @@ class Listener:
                 with contextlib.suppress(Exception):
                     await conn.close()
             await asyncio.sleep(delay)
+            # (A LISTEN the server refuses, as a standby does, is tried ever less often.)
+            delay = min(delay * 2, _BACKOFF_MAX_S)
 
     def _deliver(self, payload: str) -> None:
         if payload.startswith(self._own):

@@ -43,6 +43,11 @@ def settings(schema: str, server_version: int) -> str:
     return "; ".join(statements)
 
 
+# ``Store.ping``'s question: whether the server answers, and may still be written (a failover
+# that left the URL on a standby: a balancer should send the traffic elsewhere).
+PING = "SELECT current_setting('transaction_read_only') AS read_only"
+
+
 async def apply(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Set hearth's session settings on ``conn`` (in autocommit: they outlive the statement)."""
     await conn.execute(settings(schema, conn.info.server_version))
@@ -50,15 +55,28 @@ async def apply(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
 
 async def check_server(conn: psycopg.AsyncConnection[Any], where: str) -> None:
     """Refuse, saying what to do, a database hearth cannot work on: one whose encoding cannot
-    hold all of Unicode (it would fail the work whose text it cannot hold)."""
-    cursor = await conn.execute("SELECT current_setting('server_encoding')")
+    hold all of Unicode (it would fail the work whose text it cannot hold), and a read-only one
+    (a hot standby, a role or database set read-only): it would start, answer /healthz, and
+    fail every admission for good."""
+    cursor = conn.cursor(row_factory=tuple_row)
+    await cursor.execute(
+        "SELECT current_setting('server_encoding'), current_setting('transaction_read_only'),"
+        " pg_is_in_recovery()"
+    )
     row = await cursor.fetchone()
-    encoding = str(row[0]) if row else "UTF8"
+    assert row is not None
+    encoding, read_only, standby = str(row[0]), row[1] == "on", bool(row[2])
     if encoding.upper() not in _ENCODINGS:
         raise StoreError(
             f"{where}: the database's encoding is {encoding}, which cannot hold all the text"
             " hearth stores; give hearth a database created with ENCODING 'UTF8' (CREATE DATABASE"
             " name ENCODING 'UTF8' TEMPLATE template0)"
+        )
+    if standby or read_only:
+        why = "a standby" if standby else "default_transaction_read_only is on"
+        raise StoreError(
+            f"{where} is read-only ({why}) and hearth writes to its database: point the URL at"
+            " the primary (with several hosts, add ?target_session_attrs=read-write)"
         )
 
 

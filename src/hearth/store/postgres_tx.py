@@ -25,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from hearth import _faults
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
+from hearth.store import postgres_session as session
 from hearth.store.events import ABORT, StoreEvents
 from hearth.store.postgres_listen import Notes, encode_all
 
@@ -144,7 +145,8 @@ class Transactions:
             raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
         try:
             async with asyncio.timeout(max(0.05, end - time.monotonic())):
-                await conn.execute("SELECT 1")
+                cursor = await conn.execute(session.PING)
+                row = await cursor.fetchone()
         except TimeoutError:
             raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
         except psycopg.Error as exc:
@@ -152,6 +154,11 @@ class Transactions:
         finally:
             await self.pool.putconn(conn)
         self.progressed()
+        if row is not None and row["read_only"] == "on":
+            raise StoreUnavailable(
+                f"{self.where} answers but is read-only now (a standby, after a failover?);"
+                " hearth cannot write there"
+            )
 
     async def answering(self, timeout: float = ADMIT_WAIT_S) -> bool:
         """Whether the server answers: it finished work lately, or it answers a question asked
