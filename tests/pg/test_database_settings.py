@@ -9,12 +9,14 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import psycopg
 import pytest
 from pgcluster import Cluster, new_schema
 
 from hearth.errors import StoreError, StoreUnavailable
 from hearth.store import NewSubmission
 from hearth.store.postgres import PostgresStore
+from hearth.store.postgres_schema import _LOCK_KEY
 
 pytestmark = pytest.mark.anyio
 
@@ -129,3 +131,26 @@ async def test_a_ping_fails_once_the_server_is_read_only(pg_cluster: Cluster) ->
             await store.ping(2.0)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_a_dbas_isolation_level_does_not_fail_a_start_racing_another(
+    pg_cluster: Cluster, isolation: str
+) -> None:
+    """The migration's snapshot was taken as it asked for the lock, before the wait: the schema
+    a peer created meanwhile was not there for it, and its CREATE SCHEMA failed."""
+    schema = new_schema()
+    with database(pg_cluster, f"default_transaction_isolation = '{isolation}'") as url:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as peer:
+            await peer.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+            store = PostgresStore(url, schema=schema)
+            opening = asyncio.create_task(store.open())
+            await asyncio.sleep(0.5)  # waiting for the lock
+            assert not opening.done()
+            await peer.execute(f"CREATE SCHEMA {schema}")  # the peer's migration, in short
+            await peer.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            try:
+                await opening
+                await store.admit(NewSubmission("a/c", "a", "message", {"message": "hi"}))
+            finally:
+                await store.close()

@@ -184,6 +184,9 @@ async def migrate(
     ``create``, a schema without hearth's tables is a ``StoreError`` (nothing is made). Returns
     the version found (``None``: there were no tables, and now there are this release's)."""
     async with conn.transaction():
+        # Whatever isolation a DBA made the default: under repeatable read or serializable, the
+        # snapshot taken as the lock is asked for missed the schema a peer created meanwhile.
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         # Created only when missing: ``CREATE SCHEMA IF NOT EXISTS`` asks for the database's
         # CREATE privilege even when the schema is there (owned by a role that has no more).
