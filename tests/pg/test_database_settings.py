@@ -40,8 +40,8 @@ def database(pg_cluster: Cluster, *settings: str, options: str = "") -> Iterator
 
 
 @contextlib.asynccontextmanager
-async def opened(conninfo: str) -> AsyncIterator[PostgresStore]:
-    store = PostgresStore(conninfo, schema=new_schema())
+async def opened(conninfo: str, schema: str | None = None) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(conninfo, schema=schema or new_schema())
     await store.open()
     try:
         yield store
@@ -154,3 +154,65 @@ async def test_a_dbas_isolation_level_does_not_fail_a_start_racing_another(
                 await store.admit(NewSubmission("a/c", "a", "message", {"message": "hi"}))
             finally:
                 await store.close()
+
+
+@contextlib.asynccontextmanager
+async def role_on_a_dbas_schema(
+    pg_cluster: Cluster, *grants: str, tables: bool = True
+) -> AsyncIterator[tuple[str, str]]:
+    """A schema made by the cluster's superuser (with hearth's tables, unless not ``tables``),
+    and a role given ``grants`` there (``{s}``: the schema, ``{r}``: the role): the role's URL
+    and the schema."""
+    schema, role = new_schema(), f"r_{uuid.uuid4().hex[:12]}"
+    pg_cluster.sql(f"CREATE ROLE {role} LOGIN")
+    try:
+        pg_cluster.sql(f"CREATE SCHEMA {schema}")
+        if tables:
+            async with opened(pg_cluster.conninfo, schema):
+                pass
+        for grant in grants:
+            pg_cluster.sql(grant.format(s=schema, r=role))
+        yield pg_cluster.conninfo.replace("postgres@", f"{role}@", 1), schema
+    finally:
+        pg_cluster.sql(f"DROP SCHEMA {schema} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+async def _refused(url: str, schema: str, match: str) -> None:
+    store = PostgresStore(url, schema=schema)
+    with pytest.raises(StoreError, match=match):
+        await store.open()
+    await store.close()
+
+
+_TABLES = "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {r}"
+_SEQUENCES = "GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"
+_USAGE = "GRANT USAGE ON SCHEMA {s} TO {r}"
+
+
+@pytest.mark.parametrize("grants", [(), (_TABLES, _SEQUENCES)], ids=["none", "tables only"])
+async def test_a_role_that_may_not_use_a_dbas_schema_is_told_to_grant_usage_on_it(
+    pg_cluster: Cluster, grants: tuple[str, ...]
+) -> None:
+    """The schema was skipped as if it were not there: "no schema has been selected to create
+    in", or "relation meta does not exist" once given the very grants the advice named."""
+    async with role_on_a_dbas_schema(pg_cluster, *grants) as (url, schema):
+        await _refused(url, schema, f"USAGE ON SCHEMA {schema}")
+
+
+async def test_a_role_that_may_use_a_dbas_schema_but_not_its_tables_is_told_which_grants(
+    pg_cluster: Cluster,
+) -> None:
+    """The tables were looked for where only those the role has a privilege on are shown: it
+    was told to grant CREATE on the database."""
+    async with role_on_a_dbas_schema(pg_cluster, _USAGE) as (url, schema):
+        await _refused(url, schema, "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA")
+    async with role_on_a_dbas_schema(pg_cluster, _USAGE, _TABLES, _SEQUENCES) as (url, schema):
+        async with opened(url, schema) as store:
+            await store.admit(NewSubmission("a/c", "a", "message", {"message": "hi"}))
+
+
+async def test_a_role_that_may_not_create_in_an_empty_dbas_schema_is_told_so(
+    pg_cluster: Cluster,
+) -> None:
+    async with role_on_a_dbas_schema(pg_cluster, _USAGE, tables=False) as (url, schema):
+        await _refused(url, schema, f"CREATE ON SCHEMA {schema}")

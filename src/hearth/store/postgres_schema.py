@@ -199,10 +199,14 @@ async def migrate(
             if not create:
                 raise missing
             await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        else:
+            await _check_usage(conn, schema)
         await conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
         found = await _version(conn, schema)
         if found is None and not create:
             raise missing
+        if found is None:
+            await _check_create(conn, schema)
         if found is not None and found > SCHEMA_VERSION:
             raise SchemaTooNew(
                 f"the database schema {schema!r} was created by a newer hearth (schema version"
@@ -260,6 +264,41 @@ ORDER BY 1, 2
 """
 
 
+async def _role(conn: psycopg.AsyncConnection[Any]) -> str:
+    cursor = await conn.execute("SELECT current_user")
+    row = await cursor.fetchone()
+    return str(row[0]) if row else "this role"
+
+
+async def _check_usage(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    """Refuse a role that may not use an existing schema (a DBA's, say), saying so: its names
+    were looked up past the schema, as if it were not there (no schema to create in, or a table
+    "meta" that does not exist)."""
+    cursor = await conn.execute("SELECT has_schema_privilege(%s, 'USAGE')", (schema,))
+    row = await cursor.fetchone()
+    if row is not None and row[0]:
+        return
+    raise StoreError(
+        f"the role {await _role(conn)!r} may not use the schema {schema!r}: grant it USAGE ON"
+        f" SCHEMA {schema}, then SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema}"
+        f" and USAGE ON ALL SEQUENCES IN SCHEMA {schema}"
+    )
+
+
+async def _check_create(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    """Refuse, saying so, a role that would create hearth's tables in a schema it may not
+    create in (one a DBA made for it, empty)."""
+    cursor = await conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (schema,))
+    row = await cursor.fetchone()
+    if row is not None and row[0]:
+        return
+    raise StoreError(
+        f"the schema {schema!r} has no hearth tables yet, and the role {await _role(conn)!r} may"
+        f" not create them: grant it CREATE ON SCHEMA {schema} (or make it the schema's owner),"
+        " or run hearth migrate once as a role that may"
+    )
+
+
 async def _check_grants(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Refuse a role that may read hearth's tables but not write them: it would start, answer
     /healthz, and fail every admission and claim (a traceback a second in the log)."""
@@ -267,9 +306,7 @@ async def _check_grants(conn: psycopg.AsyncConnection[Any], schema: str) -> None
     missing = await cursor.fetchall()
     if not missing:
         return
-    cursor = await conn.execute("SELECT current_user")
-    row = await cursor.fetchone()
-    role = row[0] if row else "this role"
+    role = await _role(conn)
     tables = sorted({name for name, _ in missing})
     privileges = sorted({privilege for _, privilege in missing})
     raise StoreError(
@@ -334,12 +371,18 @@ async def _run(conn: psycopg.AsyncConnection[Any], statements: str) -> None:
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
+    # From the catalog: information_schema shows only the tables this role has a privilege on.
     cursor = await conn.execute(
-        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'meta'",
+        "SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = 'meta' AND c.relkind IN ('r', 'p')",
         (schema,),
     )
-    if await cursor.fetchone() is None:
+    found = await cursor.fetchone()
+    if found is None:
         return None
+    if not found[0]:
+        await _check_grants(conn, schema)  # names what this role may not do, meta's SELECT too
     cursor = await conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")
     row = await cursor.fetchone()
     return None if row is None else int(str(row[0]))
