@@ -270,6 +270,33 @@ def test_a_snapshot_is_folded_and_encoded_off_the_event_loop(
     assert threads and threads[0] != server.thread.name
 
 
+def test_a_snapshot_shows_the_newest_records_and_submissions_within_a_bound(
+    server: ThreadServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation of 110 messages of 900 KB made a 198 MB snapshot, the whole history
+    read at once: the snapshot shows about the last SNAPSHOT_BYTES, and says where it starts."""
+    from hearth.server import snapshot
+
+    monkeypatch.setattr(snapshot, "SNAPSHOT_BYTES", 64 << 10)
+    big = "y" * (20 << 10)
+    with server.client() as http:
+        for i in range(12):
+            sid = http.post("/agents/echo/c-1", json={"message": f"{i}:{big}"}).json()
+            http.get(f"/agents/echo/c-1/submissions/{sid['submission_id']}", params={"wait": 5})
+        r = http.get("/agents/echo/c-1")
+        assert r.status_code == 200
+        snap = r.json()
+        records = http.get("/agents/echo/c-1/stream").json()["records"]
+    assert len(r.content) < 300 << 10  # the whole of it is about 1 MB
+    assert snap["offset"] == records[-1]["offset"]
+    assert 0 < snap["first_offset"] <= snap["messages"][0]["offset"]
+    assert snap["messages"][-1]["text"] == f"echo: 11:{big}"
+    assert [s["id"] for s in snap["submissions"]][-1] == sid["submission_id"]
+    assert 0 < len(snap["submissions"]) < 12
+    # The records before first_offset are the stream route's to page through.
+    assert records[0]["offset"] == 0 and records[0]["type"] == "conversation_created"
+
+
 def test_submission_wait_answers_soon_after_settlement(server: ThreadServer) -> None:
     with server.client() as http:
         sid = http.post("/agents/later/c-1", json={"message": "hi"}).json()["submission_id"]

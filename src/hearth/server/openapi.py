@@ -272,6 +272,11 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "conversation_id": {"type": "string"},
             "offset": {"type": "integer"},
+            "first_offset": {
+                "type": "integer",
+                "description": "the offset of the first record the messages were folded from"
+                " (0: the whole stream); page the earlier records through the stream route",
+            },
             "messages": {"type": "array", "items": {"type": "object"}},
             "submissions": {
                 "type": "array",

@@ -20,6 +20,7 @@ from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
 from hearth.server.params import int_param, query, storable
+from hearth.server.snapshot import newest_records, newest_submissions
 from hearth.server.tail import (
     MAX_OFFSET,
     MAX_WAIT_S,
@@ -188,10 +189,9 @@ def _given(body: dict[str, Any], name: str) -> Any:
 # --- GET /agents/{agent}/{id} ----------------------------------------------------------------
 async def get_snapshot(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
-    agent, id = request.path_params["agent"], request.path_params["id"]
-    records = await rt.history(agent, id)
-    conversation_id = await rt.addressed(agent, id)
-    subs = await rt.submissions(conversation_id)
+    conversation_id = await rt.addressed(request.path_params["agent"], request.path_params["id"])
+    records = await newest_records(rt, conversation_id)
+    subs = await newest_submissions(rt, conversation_id)
     # Folded and encoded on a thread: a long conversation's took over a second, every other
     # request of the process waiting.
     return await asyncio.to_thread(lambda: JSONResponse(snapshot(conversation_id, records, subs)))

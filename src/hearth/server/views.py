@@ -28,10 +28,12 @@ def submission_view(sub: Submission) -> dict[str, Any]:
 
 
 def snapshot(conversation_id: str, records: list[Record], subs: list[Submission]) -> dict[str, Any]:
-    """The conversation as messages (deltas folded in) plus its submissions."""
+    """The conversation as messages (deltas folded in) plus its submissions, from the newest
+    ``records`` (``first_offset``: where they start; the stream route pages the earlier ones)."""
     return {
         "conversation_id": conversation_id,
         "offset": records[-1].offset if records else -1,
+        "first_offset": records[0].offset if records else 0,
         "messages": messages(records),
         "submissions": [_submission_summary(s) for s in subs],
     }
