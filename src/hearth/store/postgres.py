@@ -45,11 +45,14 @@ from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import ABORT, APPENDED, RELEASED, Event, StoreEvents
+from hearth.store.postgres_deadline import within
 from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.postgres_tx import (
     ADMIT_WAIT_S,
+    TRY_GRACE_S,
+    WORK_TRY_S,
     Resolve,
     Transactions,
     Work,
@@ -142,6 +145,7 @@ class PostgresStore(Store):
         # The rest of hearth's settings are SET once connected (``postgres_session``).
         self._kwargs: dict[str, Any] = {
             **session.CONNECT_KWARGS,
+            **session.network_kwargs(conninfo),
             "connect_timeout": CONNECT_TIMEOUT_S,
         }
         self._transactions: Transactions | None = None
@@ -362,10 +366,11 @@ class PostgresStore(Store):
         resolve: Resolve[T] | None = None,
         budget_s: float | None = None,
         idle_is_lost: bool = True,
+        try_s: float | None = None,
     ) -> T:
         budget = self.write_retry_s if budget_s is None else budget_s
         return await self._tx().write(
-            work, budget_s=budget, resolve=resolve, idle_is_lost=idle_is_lost
+            work, budget_s=budget, resolve=resolve, idle_is_lost=idle_is_lost, try_s=try_s
         )
 
     # --- the stream -----------------------------------------------------------------------------
@@ -437,6 +442,8 @@ class PostgresStore(Store):
                 run,
                 resolve=lambda conn: transact.read_back(conn, conversation_id, ids),
                 idle_is_lost=False,
+                # the application's statements, for as long as the write may take at all
+                try_s=max(self.write_retry_s, WORK_TRY_S),
             )
         except transact.AppFailure as failure:
             raise failure.error from None
@@ -586,6 +593,7 @@ class PostgresStore(Store):
             lambda conn, outbox: ops.fork(conn, source, offset, target, outbox, self._now()),
             resolve=lambda conn: readback.forked(conn, source, offset, target),
             budget_s=ADMIT_WAIT_S,  # asked for by a caller, who hears 503 soon, as admissions
+            try_s=WORK_TRY_S,  # though a long conversation takes its time to copy
         )
 
     # --- submissions ----------------------------------------------------------------------------
@@ -647,9 +655,14 @@ class PostgresStore(Store):
             for item in items
         ]
         try:
-            async with tx.connection(_left(min(item.until for item in items))) as conn:
+            until = min(item.until for item in items)
+            async with tx.connection(_left(until)) as conn:
                 _faults.reached("store:commit-begin")
-                answers = await ops.admit_group(conn, admissions, outbox, self._now())
+                answers = await within(
+                    conn,
+                    ops.admit_group(conn, admissions, outbox, self._now()),
+                    _left(until) + TRY_GRACE_S,
+                )
         except (psycopg.Error, PoolTimeout) as exc:
             tx.failed()
             raise _GroupLost() from exc
@@ -853,7 +866,11 @@ class PostgresStore(Store):
         except ops.RowsLocked:
             await self._tx().announce([Event(ABORT, conversation_id)])
         try:
-            return await self._write(stamp(ABORT_LOCKED_WAIT_MS), budget_s=ADMIT_WAIT_S)
+            return await self._write(
+                stamp(ABORT_LOCKED_WAIT_MS),
+                budget_s=ADMIT_WAIT_S,
+                try_s=ABORT_LOCKED_WAIT_MS / 1000 + ADMIT_WAIT_S,  # the wait for the row, and more
+            )
         except ops.RowsLocked:
             raise StoreUnavailable(
                 f"{self.where}: the conversation's running step.transaction held its row for"
@@ -955,7 +972,8 @@ class PostgresStore(Store):
         try:
             async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
                 _faults.reached("store:commit-begin")  # the query is its own transaction
-                return await run(conn)
+                # (a cut connection is an OperationalError: the general path reads back)
+                return await within(conn, run(conn), WORK_TRY_S)
         except (psycopg.IntegrityError, psycopg.OperationalError, PoolTimeout):
             raise
         except psycopg.Error as exc:

@@ -21,11 +21,13 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hearth._tasks import cancel_and_wait
 from hearth.store.events import APPENDED, KINDS, Event, StoreEvents
+from hearth.store.postgres_deadline import within
 
 log = logging.getLogger("hearth.store.postgres")
 
 _BACKOFF_MIN_S = 0.1
 _BACKOFF_MAX_S = 2.0
+_SEND_TRY_S = 2.0  # one statement: a live server answers it in milliseconds
 
 
 _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
@@ -197,9 +199,14 @@ class Notes:
             self._appended, self._others = {}, []
             try:
                 async with self.pool.connection(timeout=2.0) as conn:
-                    await conn.execute(
-                        "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
-                        {"ch": self.channel, "ps": encode_all(events, self.sender)},
+                    # (bounded: a send stuck on a dead connection would hold back every later one)
+                    await within(
+                        conn,
+                        conn.execute(
+                            "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
+                            {"ch": self.channel, "ps": encode_all(events, self.sender)},
+                        ),
+                        _SEND_TRY_S,
                     )
             except (psycopg.Error, PoolTimeout) as exc:
                 log.debug("notifications not sent (peers re-read instead): %s", exc)

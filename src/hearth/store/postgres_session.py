@@ -19,8 +19,31 @@ from hearth.errors import StoreError
 # text as UTF-8. A database's or role's client_encoding (LATIN1, say), or PGCLIENTENCODING, made
 # any other character an error; a SQL_ASCII database's default made psycopg return bytes for text.
 CONNECT_KWARGS: dict[str, Any] = {"client_encoding": "UTF8"}
+# A connection whose peer went silent (a firewall dropping a flow, a host that vanished, a
+# half-open NAT entry) would otherwise be waited on until the kernel gives up: hours with no data
+# in flight, 15 minutes with some. With these, the kernel probes an idle connection after 5 s and
+# gives up after 3 unanswered probes 2 s apart, or once data sent stays unacknowledged for 15 s:
+# a dead peer fails its connection within about 15 s. A URL that sets any of them keeps its own.
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
 # Server encodings that hold any text hearth writes (SQL_ASCII keeps the UTF-8 bytes as given).
 _ENCODINGS = frozenset({"UTF8", "SQL_ASCII"})
+
+
+def network_kwargs(conninfo: str) -> dict[str, Any]:
+    """``KEEPALIVES``, less those that ``conninfo`` sets (libpq takes keyword arguments over
+    the URL's, so the URL's would be lost otherwise)."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        given = {}  # the connection itself will say what is wrong with the URL
+    return {key: value for key, value in KEEPALIVES.items() if key not in given}
+
 
 # A process frozen inside a transaction (SIGSTOP, a stalled VM) would hold its row locks, and so
 # block the peer that takes its work over, for as long as it is frozen: the server ends such a

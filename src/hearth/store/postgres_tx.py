@@ -27,6 +27,7 @@ from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_session as session
 from hearth.store.events import ABORT, StoreEvents
+from hearth.store.postgres_deadline import within
 from hearth.store.postgres_listen import Notes, encode_all
 
 T = TypeVar("T")
@@ -45,6 +46,18 @@ MAX_CONFLICT_RETRIES = 5  # tries after a deadlock, past the budget, before givi
 # connection of its own before calling it unreachable (a loaded machine opens them slowly).
 PROBE_TIMEOUT_S = 5.0
 _STALE_PLAN = "cached plan must not change result type"
+
+# How long one try of a piece of work may go without an answer before its connection is cut
+# and the work retried on another (or given up). Admissions, a ping and what else a caller is
+# waiting for get what is left of their own short budget (so HTTP answers 503 within 2 s); the
+# rest get limits that only a connection nobody answers on reaches: a read of a page or a blob
+# takes milliseconds on a live server, a step.transaction runs the application's statements for
+# seconds (the server ends one idle for IDLE_IN_TRANSACTION_MS), a fork copies a conversation.
+READ_TRY_S = 5.0
+WORK_TRY_S = 30.0
+# Past its budget, how long an admission's try may still run: a budget of 1.5 s is an answer
+# within 2 s.
+TRY_GRACE_S = 0.3
 
 
 def stale_plan(exc: BaseException) -> bool:
@@ -194,7 +207,7 @@ class Transactions:
         async def run(conn: ops.Conn, _: ops.Outbox) -> T:
             return await work(conn)
 
-        return await self._run(run, budget_s=READ_RETRY_S, transaction=False)
+        return await self._run(run, budget_s=READ_RETRY_S, transaction=False, try_s=READ_TRY_S)
 
     async def write(
         self,
@@ -204,17 +217,20 @@ class Transactions:
         resolve: Resolve[T] | None = None,
         uncertain: bool = False,
         idle_is_lost: bool = True,
+        try_s: float | None = None,
     ) -> T:
         """Run ``work`` in a transaction. ``uncertain``: an earlier try of the same write (a
         one-statement form of it) may have committed, so ``resolve`` looks first.
         ``idle_is_lost``: the server ending the transaction for idling (this process stopped
-        inside it) is a lost connection, tried again; else a ``StoreError``."""
+        inside it) is a lost connection, tried again; else a ``StoreError``. ``try_s``: how long
+        one try may run (by default, what is left of the budget, up to ``WORK_TRY_S``)."""
         return await self._run(
             work,
             budget_s=budget_s,
             resolve=resolve,
             uncertain=uncertain,
             idle_is_lost=idle_is_lost,
+            try_s=try_s,
         )
 
     async def write_once(
@@ -252,6 +268,7 @@ class Transactions:
         resolve: Resolve[T] | None = None,
         uncertain: bool = False,
         idle_is_lost: bool = True,
+        try_s: float | None = None,
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
@@ -261,26 +278,23 @@ class Transactions:
             try:
                 wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
                 async with self._connection(wait, busy_end if queued else None) as conn:
-                    if uncertain and resolve is not None:
-                        found = await resolve(conn)
-                        if found is not None:
-                            return found
-                    if not transaction:
-                        if resolve is not None:  # a write in one round trip, its own transaction
-                            _faults.reached("store:commit-begin")
-                        result = await work(conn, outbox)
-                        if resolve is not None:
-                            _faults.reached("store:commit-done")
-                        self.committed(outbox)
-                        return result
-                    async with conn.transaction():
-                        result = await work(conn, outbox)
-                        urgent = [e for e in outbox if e.kind == ABORT]
-                        if urgent:
-                            await self._notify(conn, urgent)
-                        _faults.reached("store:commit-begin")  # the work ran; not committed yet
-                    _faults.reached("store:commit-done")  # committed; no caller has heard of it
-                self.committed(outbox, [e for e in outbox if e.kind != ABORT])
+                    # A connection nobody answers on any more (a dropped flow, a silent peer)
+                    # is cut when the try's time is up, and the work goes on as after any lost
+                    # connection: retried, a write read back first.
+                    limit = try_s
+                    if limit is None:
+                        limit = min(max(0.05, end - time.monotonic()) + TRY_GRACE_S, WORK_TRY_S)
+                    resolved, result = await within(
+                        conn,
+                        self._try(conn, work, outbox, transaction, resolve, uncertain),
+                        limit,
+                    )
+                if resolved:
+                    return result
+                if not transaction:
+                    self.committed(outbox)
+                else:
+                    self.committed(outbox, [e for e in outbox if e.kind != ABORT])
                 return result
             except (HearthError, psycopg.IntegrityError):
                 # After a lost COMMIT whose transaction finished late, the retry is refused (the
@@ -341,6 +355,37 @@ class Transactions:
                     uncertain = uncertain or (not transaction and resolve is not None)
                     continue
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+
+    async def _try(
+        self,
+        conn: ops.Conn,
+        work: Work[T],
+        outbox: ops.Outbox,
+        transaction: bool,
+        resolve: Resolve[T] | None,
+        uncertain: bool,
+    ) -> tuple[bool, T]:
+        """One try of ``_run``'s work on ``conn``: (True, what ``resolve`` found) when an earlier
+        try turns out to have written it, else (False, the work's answer)."""
+        if uncertain and resolve is not None:
+            found = await resolve(conn)
+            if found is not None:
+                return True, found
+        if not transaction:
+            if resolve is not None:  # a write in one round trip, its own transaction
+                _faults.reached("store:commit-begin")
+            result = await work(conn, outbox)
+            if resolve is not None:
+                _faults.reached("store:commit-done")
+            return False, result
+        async with conn.transaction():
+            result = await work(conn, outbox)
+            urgent = [e for e in outbox if e.kind == ABORT]
+            if urgent:
+                await self._notify(conn, urgent)
+            _faults.reached("store:commit-begin")  # the work ran; not committed yet
+        _faults.reached("store:commit-done")  # committed; no caller has heard of it
+        return False, result
 
     @contextlib.asynccontextmanager
     async def _connection(
@@ -420,7 +465,7 @@ class Transactions:
             return None
         try:
             async with self.pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                return await resolve(conn)
+                return await within(conn, resolve(conn), READ_TRY_S)
         except (psycopg.Error, PoolTimeout):
             return None
 
@@ -430,7 +475,7 @@ class Transactions:
         self.events.publish_all(events)
         with contextlib.suppress(psycopg.Error, PoolTimeout):
             async with self.pool.connection(timeout=ADMIT_WAIT_S) as conn:
-                await self._notify(conn, events)
+                await within(conn, self._notify(conn, events), ADMIT_WAIT_S)
 
     async def _notify(self, conn: ops.Conn, outbox: ops.Outbox) -> None:
         await conn.execute(

@@ -1,0 +1,172 @@
+"""The PostgreSQL store over a network that fails silently: connections whose peer stops
+answering without closing them (a dropped flow, a hung middlebox), as a loopback proxy plays
+them. Each such connection is given up on within a bound, never waited on for good."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from pgcluster import Cluster, new_schema
+
+from hearth.errors import StoreUnavailable
+from hearth.store import NewSubmission
+from hearth.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.anyio
+
+CONV = "support/c-1"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class StrandingProxy:
+    """A loopback TCP proxy to PostgreSQL. ``strand()`` holds every connection open so far for
+    good, forwarding nothing more either way and closing nothing (the flow silently dropped);
+    connections made afterwards go through."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._links: list[asyncio.Event] = []  # set while a connection forwards
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    @property
+    def conninfo(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def strand(self) -> int:
+        for flowing in self._links:
+            flowing.clear()
+        return len(self._links)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in self._tasks:
+            task.cancel()
+        for writer in self._writers:
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.CancelledError, OSError):  # (stopped with the test)
+            await self._forward(reader, writer)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers += [writer, up_writer]
+        flowing = asyncio.Event()
+        flowing.set()
+        self._links.append(flowing)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                await flowing.wait()  # stranded: held here for good
+                sink.write(data)
+                await sink.drain()
+
+        tasks = [
+            asyncio.create_task(pipe(reader, up_writer)),
+            asyncio.create_task(pipe(up_reader, writer)),
+        ]
+        self._tasks.update(tasks)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for w in (writer, up_writer):
+            w.close()
+
+
+@contextlib.asynccontextmanager
+async def through_proxy(
+    pg_cluster: Cluster, **options: object
+) -> AsyncIterator[tuple[PostgresStore, StrandingProxy]]:
+    proxy = StrandingProxy(pg_cluster.port)
+    await proxy.start()
+    store = PostgresStore(proxy.conninfo, schema=new_schema(), **options)  # type: ignore[arg-type]
+    try:
+        await store.open()
+        yield store, proxy
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(store.close(), 30)
+        await proxy.stop()
+
+
+def new(n: int = 1) -> NewSubmission:
+    return NewSubmission(CONV, "support", "message", {"t": n})
+
+
+async def test_every_connection_asks_the_kernel_to_notice_a_silent_peer(
+    pg_cluster: Cluster,
+) -> None:
+    """TCP keepalives and a user timeout on the pool's, the listener's and a lone connection,
+    so a peer that vanished fails them within seconds; a URL's own values are kept."""
+    store = PostgresStore(pg_cluster.conninfo + "?keepalives_idle=30", schema=new_schema())
+    await store.open()
+    try:
+
+        def options(conn: psycopg.AsyncConnection[object]) -> dict[str, str]:
+            return {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
+
+        async with store._tx().pool.connection() as pooled:
+            seen = [options(pooled)]
+        async with await store._connect_alone(5) as alone:
+            seen.append(options(alone))
+        listening = await store._listening()
+        async with listening:
+            seen.append(options(listening))
+        for found in seen:
+            assert found["keepalives"] == "1"
+            assert found["keepalives_idle"] == "30"  # the URL's
+            assert found["keepalives_interval"] == "2"
+            assert found["keepalives_count"] == "3"
+            assert found["tcp_user_timeout"] == "15000"
+    finally:
+        await store.close()
+
+
+async def test_an_admission_on_a_connection_that_stopped_answering_answers_within_two_seconds(
+    pg_cluster: Cluster,
+) -> None:
+    """The pool's connection stops answering (its flow dropped): the admission on it answered
+    only once the network healed (for good, here); now it gives up within its budget, and the
+    connection is replaced, so the next admission is taken."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, proxy):
+        await store.admit(new(1))
+        await store.notified()
+        assert proxy.strand() >= 1
+        began = time.monotonic()
+        with contextlib.suppress(StoreUnavailable):
+            await asyncio.wait_for(store.admit(new(2)), 30)
+        assert time.monotonic() - began < 2.5
+        admission = await asyncio.wait_for(store.admit(new(3)), 10)
+        assert admission.submission.conversation_id == CONV
+
+
+async def test_a_read_on_a_connection_that_stopped_answering_is_asked_again_on_another(
+    pg_cluster: Cluster,
+) -> None:
+    """A read (what a GET or a long-poll asks) whose connection stops answering is given up
+    on after a few seconds and asked on a new connection, which answers."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, proxy):
+        admitted = await store.admit(new(1))
+        await store.notified()
+        assert proxy.strand() >= 1
+        began = time.monotonic()
+        found = await asyncio.wait_for(store.get_submission(admitted.submission.id), 30)
+        assert found is not None and found.id == admitted.submission.id
+        assert time.monotonic() - began < 9
