@@ -317,6 +317,43 @@ def test_a_json_body_over_the_body_limit_without_attachments_is_a_413_unparsed(
         assert http.post("/agents/echo/c-2", json=small).status_code == 202  # files still may
 
 
+def test_a_json_body_declared_over_the_body_limit_without_attachments_is_refused_early(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    """A JSON admission with no attachments was read up to HEARTH_MAX_UPLOAD before its 413:
+    a client declaring 30 MB and stalling before the end got no answer until the body
+    deadline, and ten such clients held 600 MB. It is refused once HEARTH_MAX_BODY is read."""
+    import socket
+
+    server = serve_app(max_upload=50 << 20, max_body=10_000)
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        b"POST /agents/echo/c-1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (30 << 20)
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + b'{"message": "' + b"a" * 200_000)  # then it stalls
+        answer = sock.recv(65536)  # (it hung for the 30 s body deadline, then 408)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"HEARTH_MAX_BODY" in answer
+    with server.client() as http:
+        assert http.get("/agents/echo/c-1").status_code == 404  # nothing admitted
+
+
+def test_only_a_body_whose_first_bytes_show_attachments_may_pass_the_body_limit(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    server = serve_app(max_upload=50_000, max_body=10_000)
+    files = [{"name": "a", "data": b64(b"y" * 20_000)}]
+    with server.client() as http:
+        first = http.post("/agents/echo/c-1", json={"attachments": files, "message": "x"})
+        after = http.post("/agents/echo/c-2", json={"message": "x" * 5_000, "attachments": files})
+        late = http.post("/agents/echo/c-3", json={"message": "x" * 12_000, "attachments": files})
+    assert first.status_code == 202 and after.status_code == 202, (first.text, after.text)
+    # The key past the first HEARTH_MAX_BODY bytes: its message alone is over that limit.
+    assert late.status_code == 413 and "HEARTH_MAX_BODY" in late.json()["error"]["message"]
+
+
 def test_attachments_are_behind_the_token(serve_app: Callable[..., ThreadServer]) -> None:
     server = serve_app(token="s3cret")
     auth = {"Authorization": "Bearer s3cret"}

@@ -60,8 +60,8 @@ def is_multipart(request: Request) -> bool:
 async def read_admission_body(request: Request, settings: Settings) -> tuple[Any, list[Attachment]]:
     """The admission body as JSON (without its files) and its attachments.
 
-    JSON bodies may reach ``max_upload`` bytes only when they carry ``attachments``; multipart
-    bodies always may. 415 for any other media type."""
+    JSON bodies may reach ``max_upload`` bytes only when their first ``max_body`` bytes show an
+    ``attachments`` key; multipart bodies always may. 415 for any other media type."""
     if is_multipart(request):
         raw = await read_body(request, settings.max_upload, "HEARTH_MAX_UPLOAD")
         return await _read_form(request, raw, settings)
@@ -78,10 +78,8 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
         f"the body is over the limit of {settings.max_body} bytes (HEARTH_MAX_BODY)",
         {"max_body": settings.max_body},
     )
-    limit = max(settings.max_body, settings.max_upload)
-    raw = await read_body(request, limit, "HEARTH_MAX_UPLOAD")
-    if len(raw) > settings.max_body and b'"attachments"' not in raw:
-        raise too_big  # no files in it: not worth parsing (up to HEARTH_MAX_UPLOAD) to refuse
+    upload = (settings.max_upload, "HEARTH_MAX_UPLOAD", _shows_attachments)
+    raw = await read_body(request, settings.max_body, upload=upload)
     body = parse_json(raw)
     entries = None
     if isinstance(body, dict) and "attachments" in body:
@@ -92,6 +90,15 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
     if len(raw) > settings.max_body and (not entries or _size(body) > settings.max_body):
         raise too_big
     return body, _decode_entries(entries, settings.max_attachment)
+
+
+# An "attachments" key: only a body whose first HEARTH_MAX_BODY bytes show one may pass that
+# limit, so a body without files is never buffered past it.
+_ATTACHMENTS_KEY = re.compile(rb'"attachments"\s*:')
+
+
+def _shows_attachments(head: bytes) -> bool:
+    return _ATTACHMENTS_KEY.search(head) is not None
 
 
 def _size(body: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -39,14 +40,20 @@ async def read_json(request: Request, max_body: int) -> Any:
     return parse_json(await read_body(request, max_body))
 
 
-async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_BODY") -> bytes:
-    """The raw body, or an ``ApiError`` (413 over ``max_body``, named as ``setting``; 400)."""
-    too_big = ApiError(
-        413,
-        "payload_too_large",
-        f"the body is over the limit of {max_body} bytes ({setting})",
-        {"max_body": max_body},
-    )
+async def read_body(
+    request: Request,
+    max_body: int,
+    setting: str = "HEARTH_MAX_BODY",
+    *,
+    upload: tuple[int, str, Callable[[bytes], bool]] | None = None,
+) -> bytes:
+    """The raw body, or an ``ApiError`` (413 over ``max_body``, named as ``setting``; 400).
+
+    ``upload``, ``(limit, setting, carries_files)``: a body may go past ``max_body``, up to
+    ``limit``, when ``carries_files`` says yes to its first ``max_body`` bytes. Any other body
+    is refused as soon as it passes ``max_body``: nothing is buffered past that first."""
+    too_big = _too_big(max_body, setting)
+    most = max_body if upload is None else max(max_body, upload[0])
     encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
     if encoding != "identity":
         # Read as sent, a compressed body would be reported as bad JSON (or bad UTF-8).
@@ -61,13 +68,21 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
             length = int(declared)
         except ValueError:
             raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
-        if length > max_body:
+        if length > most:
+            if most > max_body and upload is not None:
+                max_body, setting = most, upload[1]  # (what the refusal names)
             if length > _DRAIN_LIMIT:
-                raise too_big  # not worth reading at all; the connection will be closed
+                # not worth reading at all; the connection is closed
+                raise _too_big(max_body, setting, close=True)
             await _drain(request)
-            raise too_big
+            raise _too_big(max_body, setting)
+    else:
+        length = None
     chunks: list[bytes] = []
     size = 0
+    limit = max_body  # raised to the upload limit once the body shows it carries files
+    named = setting  # (the limit's setting, for the 413)
+    looked = False  # (whether it was asked)
     closing: Closing | None = request.scope.get(CLOSING_KEY)
     undo = None
     try:
@@ -78,9 +93,18 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
                 undo = closing.on_set(functools.partial(_end_now, deadline))
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > max_body:
+                if size > limit and upload is not None and not looked:
+                    looked = True
+                    head = b"".join(chunks) + chunk[: max_body - (size - len(chunk))]
+                    if upload[2](head):
+                        limit, named, too_big = most, upload[1], _too_big(most, upload[1])
+                    elif length is not None and length > _DRAIN_LIMIT:
+                        too_big = _too_big(limit, named, close=True)
+                        break  # not worth draining, as a declared length past it is (above)
+                if size > limit:
                     if size <= _DRAIN_LIMIT:
                         continue
+                    too_big = _too_big(limit, named, close=True)  # (the rest is not read)
                     break
                 chunks.append(chunk)
     except ClientDisconnect:
@@ -102,9 +126,21 @@ async def read_body(request: Request, max_body: int, setting: str = "HEARTH_MAX_
     finally:
         if undo is not None:
             undo()
-    if size > max_body:
+    if size > limit:
         raise too_big
     return b"".join(chunks)
+
+
+def _too_big(limit: int, setting: str, *, close: bool = False) -> ApiError:
+    # ``close``: the rest of the body is not read, so the connection cannot serve another
+    # request; without the header it stayed open, neither read nor closed.
+    return ApiError(
+        413,
+        "payload_too_large",
+        f"the body is over the limit of {limit} bytes ({setting})",
+        {"max_body": limit},
+        headers={"Connection": "close"} if close else None,
+    )
 
 
 def _end_now(deadline: asyncio.Timeout) -> None:
