@@ -170,3 +170,17 @@ async def test_a_read_on_a_connection_that_stopped_answering_is_asked_again_on_a
         found = await asyncio.wait_for(store.get_submission(admitted.submission.id), 30)
         assert found is not None and found.id == admitted.submission.id
         assert time.monotonic() - began < 9
+
+
+async def test_a_ping_on_a_connection_that_stopped_answering_fails_within_its_time(
+    pg_cluster: Cluster,
+) -> None:
+    """/healthz's ping on a pooled connection that stopped answering: it failed only once
+    psycopg's cancel request had been waited for (6 s and more past its 1.5 s)."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, proxy):
+        await store.ping(1.5)
+        assert proxy.strand() >= 1
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="no answer"):
+            await asyncio.wait_for(store.ping(1.5), 30)
+        assert time.monotonic() - began < 4

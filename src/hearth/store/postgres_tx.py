@@ -27,7 +27,7 @@ from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_session as session
 from hearth.store.events import ABORT, StoreEvents
-from hearth.store.postgres_deadline import within
+from hearth.store.postgres_deadline import Stalled, within
 from hearth.store.postgres_listen import Notes, encode_all
 
 T = TypeVar("T")
@@ -156,11 +156,16 @@ class Transactions:
             if self._exhausted() and left > 0 and await self._ask(left):
                 return  # the server answers; this process's connections are all busy
             raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
+
+        async def ask() -> dict[str, Any] | None:
+            cursor = await conn.execute(session.PING)
+            return await cursor.fetchone()
+
         try:
-            async with asyncio.timeout(max(0.05, end - time.monotonic())):
-                cursor = await conn.execute(session.PING)
-                row = await cursor.fetchone()
-        except TimeoutError:
+            # (a connection that does not answer is cut, not cancelled: psycopg's cancel waits
+            # up to 10 s more for a server that may not answer it either)
+            row = await within(conn, ask(), max(0.05, end - time.monotonic()))
+        except Stalled:
             raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
         except psycopg.Error as exc:
             raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
