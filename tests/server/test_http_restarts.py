@@ -170,15 +170,18 @@ def test_sigterm_while_a_sync_tool_blocks_still_exits_within_the_shutdown_time(
 ) -> None:
     """The watchdog was stopped once the server had stopped, and the interpreter then waited
     for the tool's worker thread: the process lived on for as long as the tool blocked (60 s
-    here) past a ``HEARTH_SHUTDOWN_S`` of 2."""
+    here) past a ``HEARTH_SHUTDOWN_S`` of 2. (Then it ended at the watchdog, with 1; since sync
+    tools run on daemon threads of their own, the stop gives the work back and ends cleanly.)"""
     db = tmp_path / "h.db"
     server = ServerProcess(db, app="syncapp:app", env={"HEARTH_SHUTDOWN_S": "2"}).start()
     try:
-        call_under_way(server, "blocker", "b-1", "block")
+        receipt = call_under_way(server, "blocker", "b-1", "block")
         server.terminate()
         code = server.wait(timeout=30)  # (the tool blocks for 60 s)
-        assert code == 1  # past HEARTH_SHUTDOWN_S: the process ends anyway, saying so
-        assert "graceful shutdown took over 2 s" in server.log.read_text()
+        assert code == 0, server.log.read_text()
+        assert "graceful shutdown took over" not in server.log.read_text()
+        sub = stored_submission(db, receipt.submission_id)
+        assert sub.outcome is None and sub.releases == 1  # given back for the next process
     finally:
         server.kill()
 
