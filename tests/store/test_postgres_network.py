@@ -15,6 +15,7 @@ from pgcluster import Cluster, new_schema
 
 from hearth.errors import StoreUnavailable
 from hearth.store import NewSubmission
+from hearth.store.events import Event
 from hearth.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -30,13 +31,15 @@ def anyio_backend() -> str:
 class StrandingProxy:
     """A loopback TCP proxy to PostgreSQL. ``strand()`` holds every connection open so far for
     good, forwarding nothing more either way and closing nothing (the flow silently dropped);
-    connections made afterwards go through."""
+    connections made afterwards go through. ``strand(port)`` holds only the one whose
+    connection to the server has that local port (``client_port`` in ``pg_stat_activity``)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.server: asyncio.Server | None = None
         self.port = 0
-        self._links: list[asyncio.Event] = []  # set while a connection forwards
+        # (the port upstream, an event set while the connection forwards) for each connection
+        self._links: list[tuple[int, asyncio.Event]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: list[asyncio.StreamWriter] = []
 
@@ -48,10 +51,11 @@ class StrandingProxy:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
-    def strand(self) -> int:
-        for flowing in self._links:
+    def strand(self, port: int | None = None) -> int:
+        held = [flowing for at, flowing in self._links if port in (None, at)]
+        for flowing in held:
             flowing.clear()
-        return len(self._links)
+        return len(held)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -70,7 +74,7 @@ class StrandingProxy:
         self._writers += [writer, up_writer]
         flowing = asyncio.Event()
         flowing.set()
-        self._links.append(flowing)
+        self._links.append((up_writer.get_extra_info("sockname")[1], flowing))
 
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             while data := await source.read(65536):
@@ -184,3 +188,37 @@ async def test_a_ping_on_a_connection_that_stopped_answering_fails_within_its_ti
         with pytest.raises(StoreUnavailable, match="no answer"):
             await asyncio.wait_for(store.ping(1.5), 30)
         assert time.monotonic() - began < 4
+
+
+async def test_a_listener_whose_connection_stopped_answering_reconnects_and_hears_again(
+    pg_cluster: Cluster,
+) -> None:
+    """Only the listener's connection goes silent: it listened on for good, so a peer's
+    commits (an abort among them) reached this process at scan speed only; it now checks its
+    quiet connection, gives it up and listens on a new one."""
+    async with through_proxy(pg_cluster) as (store, proxy):
+        before = store.listener_pid
+        async with await psycopg.AsyncConnection.connect(pg_cluster.conninfo) as admin:
+            cursor = await admin.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE pid = %s", [before]
+            )
+            row = await cursor.fetchone()
+        assert row is not None
+        assert proxy.strand(row[0]) == 1
+        listener = store._listener
+        assert listener is not None
+        async with asyncio.timeout(30):
+            while store.listener_pid == before or not listener.connected.is_set():
+                await asyncio.sleep(0.1)
+        heard: list[Event] = []
+        store.events.listen(heard.append)
+        peer = PostgresStore(pg_cluster.conninfo, schema=store.schema)
+        await peer.open()
+        try:
+            admitted = await peer.admit(new(1))
+            await peer.notified()
+        finally:
+            await peer.close()
+        async with asyncio.timeout(10):
+            while not any(e.submission_id == admitted.submission.id for e in heard):
+                await asyncio.sleep(0.05)

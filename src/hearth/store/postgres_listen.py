@@ -4,6 +4,8 @@ A notification is sent only once the change it names has committed: ``Notes`` se
 after the commit (an abort intent goes inside its transaction). Payloads carry ids and offsets
 only. The listener reconnects by itself with backoff; while it is down the coordinator's
 polling at ``scan_s`` keeps work moving, so a lost notification delays work but never loses it.
+A listener that has heard nothing for a while asks its connection a ``SELECT 1``: a connection
+whose peer went silent without closing it (a dropped flow) would otherwise listen for good.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +31,10 @@ log = logging.getLogger("hearth.store.postgres")
 _BACKOFF_MIN_S = 0.1
 _BACKOFF_MAX_S = 2.0
 _SEND_TRY_S = 2.0  # one statement: a live server answers it in milliseconds
+# Heard nothing for this long, the listener checks its connection, which must answer in
+# _CHECK_S: a silent peer (its flow dropped, keepalives answered by a middlebox) fails no read.
+_QUIET_S = 5.0
+_CHECK_S = 3.0
 
 
 _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
@@ -127,14 +134,14 @@ class Listener:
                 delay = min(delay * 2, _BACKOFF_MAX_S)
                 continue
             try:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
+                await within(conn, conn.execute(listen), _CHECK_S)
                 self.backend_pid = conn.info.backend_pid
                 self.connected.set()
                 if not first:
                     self._on_reconnect()  # what was missed meanwhile is found by a look
                 first, delay = False, _BACKOFF_MIN_S
-                async for note in conn.notifies():
-                    self._deliver(note.payload)
+                await self._listen(conn)
             except psycopg.Error as exc:
                 log.warning("the notification listener lost its connection (%s); reconnecting", exc)
             finally:
@@ -144,6 +151,19 @@ class Listener:
             await asyncio.sleep(delay)
             # (A LISTEN the server refuses, as a standby does, is tried ever less often.)
             delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Deliver what ``conn`` hears until it fails, or stops answering: a quiet connection
+        is asked a ``SELECT 1`` every ``_QUIET_S``, and cut if no answer comes within
+        ``_CHECK_S`` (a notification arriving meanwhile waits in psycopg's backlog)."""
+        heard = time.monotonic()  # the connection's last sign of life
+        while True:
+            async for note in conn.notifies(timeout=_QUIET_S):
+                heard = time.monotonic()
+                self._deliver(note.payload)
+            if time.monotonic() - heard >= _QUIET_S:
+                await within(conn, conn.execute("SELECT 1"), _CHECK_S)
+                heard = time.monotonic()
 
     def _deliver(self, payload: str) -> None:
         if payload.startswith(self._own):
