@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -148,6 +149,44 @@ def test_a_head_under_the_size_bound_is_served(stalled_server: ThreadServer) -> 
         pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad * 40 + b"\r\n")
         assert whole_response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_a_pipelined_head_split_across_reads_is_not_counted_with_what_came_before(
+    stalled_server: ThreadServer,
+) -> None:
+    """A read that carried 68 KB of small pipelined requests and ended inside the next head
+    counted all of it as that head: 431, ahead of the answers still owed."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    last = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    count = BoundedHeadProtocol.max_head_bytes // len(request) + 100
+    with connect(stalled_server.url) as sock:
+        sock.sendall(request * count + last[:20])
+        time.sleep(0.3)  # (the server has read the first part and waits for the rest)
+        sock.sendall(last[20:])
+        answers = read_all(sock)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)
+    assert len(statuses) == count + 1 and set(statuses) == {b"200"}, set(statuses)
+
+
+def test_a_head_too_large_after_a_pipelined_post_is_answered_after_it(
+    stalled_server: ThreadServer,
+) -> None:
+    """The 431 went out before the answer to the POST pipelined ahead of it, which was
+    admitted all the same: its client read 431 for a message that was accepted."""
+    body = b'{"message": "hi"}'
+    post = (
+        b"POST /agents/echo/p-1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+    count = BoundedHeadProtocol.max_head_bytes // len(pad) + 8
+    with connect(stalled_server.url) as sock:
+        sock.sendall(post + b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad * count)
+        answers = read_all(sock)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)
+    assert statuses == [b"202", b"431"], answers[:300]
+    with httpx2.Client(base_url=stalled_server.url, timeout=10) as http:
+        assert len(http.get("/agents/echo/p-1").json()["submissions"]) == 1
 
 
 def test_streams_pipelined_on_a_connection_that_closes_give_back_their_slots(

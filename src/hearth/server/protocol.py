@@ -9,7 +9,9 @@ what bounds how many of them can pile up.
 
 The httptools parser (C) costs a quarter less CPU per request than h11 (pure Python), but unlike
 h11 it puts no bound on a head's size: a head past ``MAX_HEAD_BYTES`` is answered 431 and its
-connection closed.
+connection closed, once the answers to the requests pipelined before it have gone out. Only the
+head's own bytes count: a read that also carries earlier requests (pipelined) counts for the
+request line and the headers the parser completed in it, and each later read whole.
 
 uvicorn writes an answer's status line and headers, then its body, as two writes: two ``send``
 system calls and two packets for a small JSON answer. Each response here holds its head until its
@@ -42,7 +44,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     max_head_bytes = MAX_HEAD_BYTES
     _head_timer: asyncio.TimerHandle | None = None
     _in_head = False  # between the first byte of a request and the end of its head
-    _head_bytes = 0
+    _head_bytes = 0  # of the reads that were all head
+    _head_parsed = 0  # of the request line and headers parsed so far
+    _head_began = False  # (in the read being parsed)
+    _refused = False  # a head too large: 431 once the answers before it are out
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._open_cycles: list[Any] = []  # its requests whose answers may still be going out
@@ -50,20 +55,50 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # nothing more is read from a connection that is being refused
+        self._head_began = False
         super().data_received(data)
         if not self._in_head:
             return
-        self._head_bytes += len(data)
-        if self._head_bytes > self.max_head_bytes and not self.transport.is_closing():
-            self._disarm()
-            self.transport.write(_TOO_LARGE)
-            self.transport.close()
+        if not self._head_began:
+            self._head_bytes += len(data)  # a head that began in an earlier read: all of it
+        size = max(self._head_bytes, self._head_parsed)
+        if size > self.max_head_bytes and not self.transport.is_closing():
+            self._refuse()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._head_parsed = True, 0, 0
+        self._head_began = True
         if self._head_timer is None:
             self._arm()  # the first bytes of the next request on a kept-alive connection
+
+    def on_url(self, url: bytes) -> None:
+        self._head_parsed += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refused and not self._answers_pending() and not self.transport.is_closing():
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+
+    def _refuse(self) -> None:
+        """Answer 431 and close, after the answers to the requests before this head."""
+        self._disarm()
+        self._refused = True
+        if not self._answers_pending():
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+
+    def _answers_pending(self) -> bool:
+        cycle = self.cycle
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
