@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -162,6 +164,71 @@ def test_sse_streams_end_cleanly_when_the_server_shuts_down(server: ThreadServer
         assert ended.is_set(), "the SSE response did not end cleanly"
         assert time.monotonic() - started < 5
         assert records[-1]["type"] == "submission_settled"
+
+
+@pytest.fixture
+def wordy(tmp_path: Path) -> Iterator[ThreadServer]:
+    """A server whose agent answers 2 MB to every message."""
+    import hearth
+    from hearth.testing import ScriptedModel, reply
+
+    @hearth.agent
+    def talker(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/wordy")
+        return "talk"
+
+    model = ScriptedModel("wordy", lambda request: reply("y" * 2_000_000), context_window=10**9)
+    app = hearth.App([talker], db=str(tmp_path / "w.db"), providers=[model], port=0)
+    server = ThreadServer(app).start()
+    yield server
+    server.stop()
+
+
+def stalled_follower(server: ThreadServer) -> Any:
+    """A socket following a conversation of about 20 MB over SSE that never reads: the
+    server's writes to it soon wait for good."""
+    import socket
+
+    with server.client() as http:
+        for i in range(4):
+            settle(http, "talker", "big", str(i))
+    port = int(server.url.rsplit(":", 1)[1])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"GET /agents/talker/big/stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    wait_until(lambda: server.asgi.sse_streams == 1, timeout=10)
+    return sock
+
+
+def test_a_stream_whose_client_stopped_reading_ends_at_once_when_the_server_shuts_down(
+    wordy: ThreadServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its write waited for the client, and never saw the shutdown: every graceful exit took
+    four fifths of HEARTH_SHUTDOWN_S (24 s), then logged the cancelled write's traceback."""
+    sock = stalled_follower(wordy)
+    try:
+        time.sleep(1)  # (its writes wait for the client by now)
+        started = time.monotonic()
+        wordy.stop()
+        assert time.monotonic() - started < 10
+    finally:
+        sock.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_stream_write_its_client_does_not_take_in_time_ends_the_stream(
+    wordy: ThreadServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that stopped reading held its stream, and one of HEARTH_MAX_STREAMS, for good."""
+    monkeypatch.setattr(tail.ConversationStream, "write_timeout_s", 1.0, raising=False)
+    sock = stalled_follower(wordy)
+    try:
+        wait_until(lambda: wordy.asgi.sse_streams == 0, timeout=15)
+    finally:
+        sock.close()
 
 
 def test_sse_for_an_unknown_conversation_is_404_json(server: ThreadServer) -> None:

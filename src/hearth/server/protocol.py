@@ -27,6 +27,9 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEAD_TIMEOUT_S = 10.0
+# In each request's scope: drops its connection at once (a stream whose client stopped reading
+# ends so, where a clean end would wait for that client to read).
+ABORT_KEY = "hearth.abort_connection"
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
 
 _TOO_LARGE = (
@@ -110,6 +113,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         if cycle is not None:
             self._open_cycles = [c for c in self._open_cycles if not c.response_complete]
             self._open_cycles.append(cycle)
+            cycle.scope[ABORT_KEY] = self.transport.abort  # type: ignore[literal-required]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -21,15 +21,19 @@ from hearth.runtime.runtime import Runtime
 from hearth.runtime.settled import LOOK_EVERY_S
 from hearth.server.broadcast import BATCH, ENCODED, MAX_PENDING, Follower, broadcasts
 from hearth.server.context import Closing
+from hearth.server.protocol import ABORT_KEY
 from hearth.store.base import Submission
 
 if TYPE_CHECKING:
-    from starlette.types import Receive, Scope, Send
+    from starlette.types import Message, Receive, Scope, Send
 
 # What one stream reads for itself while it catches up, and holds while its client is slow to
 # take it: as much as it may hold pending once it follows its conversation's channel.
 CATCH_UP_BYTES = MAX_PENDING
 WRITE_PIECE = 64 << 10  # the most bytes written to a stream at once
+# A write its client has not taken in this long ends the stream (its connection is dropped):
+# a client that stopped reading, or a dead network path, would hold its slot for good.
+WRITE_TIMEOUT_S = 60.0
 PAGE_LIMIT = 1000  # records in one JSON page
 PAGE_BYTES = 4 << 20  # and their size: a page ends after the record that reaches it
 MAX_WAIT_S = 300.0  # the longest long-poll (?wait=); longer is refused (400)
@@ -53,8 +57,14 @@ class ConversationStream(Response):
     channel (``hearth.server.broadcast``), which reads each later append once for every stream.
     A comment line goes out every ``heartbeat_s`` (0: never) so proxies keep the connection
     open. The stream ends when the client leaves or the server closes (``closing``); ``release``
-    is called once it has ended, however it ended.
+    is called once it has ended, however it ended. A write its client has not taken within
+    ``WRITE_TIMEOUT_S``, or at all once the server closes, drops the connection where the
+    server offers a way to (hearth's own does): the stream then ends at once.
     """
+
+    write_timeout_s = WRITE_TIMEOUT_S
+    _abort: Callable[[], None] | None = None
+    _writing = False  # (a write waits for its client)
 
     media_type = "text/event-stream"
 
@@ -80,6 +90,9 @@ class ConversationStream(Response):
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._abort = scope.get(ABORT_KEY)
+        if self._abort is not None:
+            send = self._bounded(send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if scope.get("method") != "HEAD":  # HEAD: the headers only, never a stream
@@ -95,7 +108,7 @@ class ConversationStream(Response):
         loop = asyncio.get_running_loop()
         watcher = client_gone(receive)
         watcher.add_done_callback(lambda done: _closed_by(done, follower))
-        stop_closing = self.closing.on_set(follower.close)
+        stop_closing = self.closing.on_set(lambda: self._close(follower))
         pinger = _Pinger(loop, follower, self.heartbeat_s) if self.heartbeat_s > 0 else None
         try:
             await self._serve(follower, send)
@@ -106,6 +119,33 @@ class ConversationStream(Response):
             watcher.cancel()
             if follower.channel is not None:
                 follower.channel.leave(follower)
+
+    def _bounded(self, send: Send) -> Send:
+        """``send``, dropping the connection when a write waits past its time: at once while
+        the server closes, else after ``write_timeout_s``."""
+        loop = asyncio.get_running_loop()
+
+        async def bounded(message: Message) -> None:
+            wait = 0.0 if self.closing.is_set() else self.write_timeout_s
+            timer = loop.call_later(wait, self._drop)  # (cancelled unless the write waits)
+            self._writing = True
+            try:
+                await send(message)
+            finally:
+                self._writing = False
+                timer.cancel()
+
+        return bounded
+
+    def _close(self, follower: Follower) -> None:
+        follower.close()
+        if self._writing:
+            self._drop()  # a write waiting for a client that does not read: end it now
+
+    def _drop(self) -> None:
+        # The waiting send returns once the connection is gone, and every later one at once.
+        if self._abort is not None:
+            self._abort()
 
     async def _serve(self, follower: Follower, send: Send) -> None:
         runtime, hub = self.runtime, broadcasts(self.runtime)
