@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from httpharness import ThreadServer, wait_until
+
+from hearth.store.rows import OPEN
 
 JSON = {"content-type": "application/json"}
 
@@ -425,6 +429,33 @@ def test_the_admin_view_reads_the_open_work_not_every_settled_submission(
     assert view["outcomes"] == {"completed": 120}
     assert [s["id"] for s in view["unsettled"]] == [sid]
     assert len(view["recent"]) == 20 and view["recent"][0]["conversation_id"] == "echo/s-119"
+
+
+def test_a_submission_settling_while_the_admin_view_is_read_is_listed_once(
+    server: ThreadServer,
+) -> None:
+    """The view reads the open work, then the settled: one that settled in between was listed
+    in both (seen once in a suite run)."""
+    with server.client() as http:
+        sid = http.post("/agents/echo/c-1", json={"message": "hi"}).json()["submission_id"]
+        http.get(f"/agents/echo/c-1/submissions/{sid}", params={"wait": 10})
+        runtime = server.asgi._runtime
+        assert server.loop is not None
+        settled = asyncio.run_coroutine_threadsafe(runtime.submission(sid), server.loop).result()
+        stale = dataclasses.replace(settled, status="running", outcome=None, settled_at=None)
+        submissions = runtime.submissions
+
+        async def read_before_it_settled(*args: Any, **kwargs: Any) -> Any:
+            found = await submissions(*args, **kwargs)
+            return [stale] if args[1:2] == (OPEN,) else found
+
+        runtime.submissions = read_before_it_settled
+        try:
+            view = http.get("/admin/submissions").json()
+        finally:
+            runtime.submissions = submissions
+    assert [s["id"] for s in view["recent"]] == [sid]
+    assert view["unsettled"] == [] and view["leases"] == []
 
 
 def test_a_subagents_child_stream_is_readable_through_the_api(server: ThreadServer) -> None:

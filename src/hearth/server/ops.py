@@ -71,9 +71,11 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
     for conversation_id in dict.fromkeys(s.conversation_id for s in open_work):
         found = await rt.submissions(conversation_id, [JOINED])
         joined += [s for s in found if s.outcome is None]
-    unsettled = sorted([*open_work, *joined], key=lambda s: s.seq)
     settled = await rt.latest_settled(RECENT, conversation)
     settled.sort(key=lambda s: s.settled_at or 0.0, reverse=True)
+    # Read after the open work: one that settled in between is listed as settled, not twice.
+    done = {s.id for s in settled}
+    unsettled = sorted([s for s in [*open_work, *joined] if s.id not in done], key=lambda s: s.seq)
     now = await rt.now()  # the clock the leases were stamped with
     waiting = {s.conversation_id for s in unsettled if s.status == "waiting"}
     counts: Counter[str] = Counter()
