@@ -250,20 +250,21 @@ class PostgresStore(Store):
 
     async def _connect_alone(self, timeout: float) -> ops.Conn:
         """A connection of its own, as the pool's are made, giving up after ``timeout``."""
-        kwargs = {**self._kwargs, "connect_timeout": max(2, math.ceil(timeout))}
-        conn = await psycopg.AsyncConnection.connect(
-            self.conninfo, autocommit=True, row_factory=dict_row, **kwargs
+        conn: ops.Conn = await self._with_session(
+            row_factory=dict_row, connect_timeout=max(2, math.ceil(timeout))
         )
-        try:
-            await session.apply(conn, self.schema)
-        except BaseException:
-            await conn.close()
-            raise
         return conn
 
     async def _listening(self) -> psycopg.AsyncConnection[Any]:
         """The listener's connection, with hearth's session settings."""
-        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, **self._kwargs)
+        return await self._with_session()
+
+    async def _with_session(self, **extra: Any) -> psycopg.AsyncConnection[Any]:
+        """A new connection outside the pool (``extra``: psycopg's connect arguments over this
+        store's), with hearth's session settings applied."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, **{**self._kwargs, **extra}
+        )
         try:
             await session.apply(conn, self.schema)
         except BaseException:
