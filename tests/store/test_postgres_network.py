@@ -32,10 +32,12 @@ class StrandingProxy:
     """A loopback TCP proxy to PostgreSQL. ``strand()`` holds every connection open so far for
     good, forwarding nothing more either way and closing nothing (the flow silently dropped);
     connections made afterwards go through. ``strand(port)`` holds only the one whose
-    connection to the server has that local port (``client_port`` in ``pg_stat_activity``)."""
+    connection to the server has that local port (``client_port`` in ``pg_stat_activity``).
+    ``latency``: how long each chunk is held before it is passed on (half a round trip)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
+        self.latency = 0.0
         self.server: asyncio.Server | None = None
         self.port = 0
         # (the port upstream, an event set while the connection forwards) for each connection
@@ -79,6 +81,8 @@ class StrandingProxy:
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             while data := await source.read(65536):
                 await flowing.wait()  # stranded: held here for good
+                if self.latency:
+                    await asyncio.sleep(self.latency)
                 sink.write(data)
                 await sink.drain()
 
@@ -222,3 +226,65 @@ async def test_a_listener_whose_connection_stopped_answering_reconnects_and_hear
         async with asyncio.timeout(10):
             while not any(e.submission_id == admitted.submission.id for e in heard):
                 await asyncio.sleep(0.05)
+
+
+async def test_on_a_slow_link_connections_held_by_transactions_are_a_busy_pool(
+    pg_cluster: Cluster,
+) -> None:
+    """A round trip of 500 ms, the pool's connection held by a long transaction: the server
+    was asked alone on a new connection within 1.5 s, which such a link cannot open, and the
+    admission answered 503 calling it unreachable; work finished lately shows it answers, and
+    the admission waits for the connection."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, proxy):
+        proxy.latency = 0.25  # from now on (opening the store takes many round trips)
+        await store.admit(new(1))
+        release = asyncio.Event()
+
+        async def held() -> None:  # an application's step.transaction, say
+            async with store._tx().pool.connection() as conn:
+                await release.wait()
+                await conn.execute("SELECT 1")
+
+        holder = asyncio.create_task(held())
+        try:
+            await asyncio.sleep(1.6)  # nothing finishes for longer than an admission's budget
+            admitting = asyncio.create_task(store.admit(new(2)))
+            await asyncio.sleep(4.0)
+            assert not admitting.done()
+            release.set()
+            admission = await asyncio.wait_for(admitting, 30)
+            assert admission.submission.conversation_id == CONV
+        finally:
+            release.set()
+            await holder
+
+
+async def test_a_busy_pool_says_how_long_it_was_waited_for(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection in use, work finishing meanwhile, and the caller given up on (here: the
+    question asked alone failed): the 503 said the pool was in use for 30 s after 1.5 s."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, _proxy):
+        transactions = store._tx()
+        release = asyncio.Event()
+
+        async def answers_not(timeout: float = 0.0) -> bool:
+            transactions.progressed()  # pooled work finished as the question failed
+            return False
+
+        monkeypatch.setattr(transactions, "answering", answers_not)
+
+        async def held() -> None:
+            async with transactions.pool.connection() as conn:
+                await release.wait()
+                await conn.execute("SELECT 1")
+
+        holder = asyncio.create_task(held())
+        try:
+            while not transactions._exhausted():
+                await asyncio.sleep(0.01)
+            with pytest.raises(StoreUnavailable, match=r"in use for 1\.\d s"):
+                await asyncio.wait_for(store.admit(new(1)), 30)
+        finally:
+            release.set()
+            await holder

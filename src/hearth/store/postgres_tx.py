@@ -15,6 +15,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -45,6 +46,11 @@ MAX_CONFLICT_RETRIES = 5  # tries after a deadlock, past the budget, before givi
 # How long a caller already queued for a busy pool gives the server to answer on a new
 # connection of its own before calling it unreachable (a loaded machine opens them slowly).
 PROBE_TIMEOUT_S = 5.0
+# On a slow link (a round trip of 500 ms), how many of the fastest recent try's time the server
+# may take to show it answers: a new connection's handshake, authentication, settings and
+# question, with room to spare. On a fast link, an admission's budget is the bound instead.
+LINK_ROUND_TRIPS = 8
+_TRIES_KEPT = 20
 _STALE_PLAN = "cached plan must not change result type"
 
 # How long one try of a piece of work may go without an answer before its connection is cut
@@ -144,6 +150,7 @@ class Transactions:
         self.last_failure = float("-inf")  # when a connection last failed to do one
         self._probe: asyncio.Task[bool] | None = None  # a question asked outside the pool
         self._probe_failed = float("-inf")
+        self._took: deque[float] = deque(maxlen=_TRIES_KEPT)  # the latest tries that succeeded
 
     async def ping(self, timeout: float) -> None:
         """``Store.ping``: a trivial question on a connection of the pool or, while every one is
@@ -178,22 +185,39 @@ class Transactions:
                 " hearth cannot write there"
             )
 
-    async def answering(self, timeout: float = ADMIT_WAIT_S) -> bool:
+    async def answering(self, timeout: float | None = None) -> bool:
         """Whether the server answers: it finished work lately, or it answers a question asked
         on a new connection of its own (outside the pool, whose connections may all be held
-        by long transactions while the server is well). One question at a time; a failed one
-        is not asked again for a moment."""
+        by long transactions while the server is well). One question at a time, given
+        ``PROBE_TIMEOUT_S`` whoever asked it (a slow link opens a connection slowly); this
+        caller waits ``timeout`` for it (by default, ``patience``), a later one may find its
+        answer. A failed one is not asked again for a moment."""
+        if timeout is None:
+            timeout = self.patience()
         now = time.monotonic()
-        if now - self.last_answer <= ADMIT_WAIT_S and self.last_failure < self.last_answer:
-            return True  # (not once a connection failed since: the start of an outage)
+        if self._answered_lately(now):
+            return True
         if now - self._probe_failed < ADMIT_WAIT_S / 3 or self.pool.closed:
             return False
         if self._probe is None or self._probe.done():
-            self._probe = asyncio.ensure_future(self._ask(max(0.1, timeout)))
+            self._probe = asyncio.ensure_future(self._ask(PROBE_TIMEOUT_S))
         try:
-            return await asyncio.shield(self._probe)
-        except Exception:
+            async with asyncio.timeout(max(0.1, timeout)):
+                return await asyncio.shield(self._probe)
+        except Exception:  # (a TimeoutError among them: the question goes on being asked)
             return False
+
+    def patience(self) -> float:
+        """How long the server may go without finishing anything before it is asked whether it
+        answers, and take to show it does: an admission's budget, or on a slow link as long as
+        opening a connection takes there (judged from the fastest recent try, about one round
+        trip), up to ``PROBE_TIMEOUT_S``."""
+        link = min(self._took, default=0.0)
+        return min(PROBE_TIMEOUT_S, max(ADMIT_WAIT_S, LINK_ROUND_TRIPS * link))
+
+    def _answered_lately(self, now: float) -> bool:
+        # (not once a connection failed since: the start of an outage)
+        return now - self.last_answer <= self.patience() and self.last_failure < self.last_answer
 
     async def _ask(self, timeout: float) -> bool:
         if self.connect is None:
@@ -288,12 +312,17 @@ class Transactions:
                     # connection: retried, a write read back first.
                     limit = try_s
                     if limit is None:
-                        limit = min(max(0.05, end - time.monotonic()) + TRY_GRACE_S, WORK_TRY_S)
+                        # (one that queued for a busy pool has spent its budget there: its try
+                        # gets a budget's time again, which a slow link's round trips need)
+                        left = max(ADMIT_WAIT_S if queued else 0.05, end - time.monotonic())
+                        limit = min(left + TRY_GRACE_S, WORK_TRY_S)
+                    began = time.monotonic()
                     resolved, result = await within(
                         conn,
                         self._try(conn, work, outbox, transaction, resolve, uncertain),
                         limit,
                     )
+                    self._took.append(time.monotonic() - began)
                 if resolved:
                     return result
                 if not transaction:
@@ -313,7 +342,7 @@ class Transactions:
                     queued = True  # the server answers, every connection is in use: wait on
                     continue
                 if time.monotonic() + delay >= end or self.pool.closed:
-                    raise StoreUnavailable(self._why(exc)) from None
+                    raise StoreUnavailable(self._why(exc, time.monotonic() - start)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.errors.ProgramLimitExceeded as exc:
@@ -338,7 +367,7 @@ class Transactions:
                 self.failed()
                 uncertain = uncertain or transaction or resolve is not None
                 if time.monotonic() + delay >= end or self.pool.closed:
-                    raise StoreUnavailable(self._why(exc)) from None
+                    raise StoreUnavailable(self._why(exc, time.monotonic() - start)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.errors.IdleInTransactionSessionTimeout as exc:
@@ -349,7 +378,7 @@ class Transactions:
                         f"{self.where} refused the operation: {first_line(exc)}"
                     ) from exc
                 if time.monotonic() + delay >= end or self.pool.closed:
-                    raise StoreUnavailable(self._why(exc)) from None
+                    raise StoreUnavailable(self._why(exc, time.monotonic() - start)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.Error as exc:
@@ -451,17 +480,14 @@ class Transactions:
         """Whether every connection of the pool is in use while the server goes on answering
         (a burst, long transactions), as opposed to connections stuck on a server that does not
         (an outage). ``answering`` asks the server when nothing finished lately."""
-        return (
-            self._exhausted()
-            and time.monotonic() - self.last_answer <= ADMIT_WAIT_S
-            and self.last_failure < self.last_answer
-        )
+        return self._exhausted() and self._answered_lately(time.monotonic())
 
-    def _why(self, exc: BaseException) -> str:
+    def _why(self, exc: BaseException, waited: float) -> str:
+        """Why a caller that tried for ``waited`` seconds is given up on."""
         if isinstance(exc, PoolTimeout) and self._busy():
             return (
                 f"{self.where} is busy: every connection of the pool was in use for"
-                f" {POOL_BUSY_S:.0f} s (raise HEARTH_PG_POOL, or send less at once)"
+                f" {waited:.1f} s (raise HEARTH_PG_POOL, or send less at once)"
             )
         return f"{self.where} is unreachable: {first_line(exc)}"
 
