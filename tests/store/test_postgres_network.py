@@ -288,27 +288,3 @@ async def test_a_busy_pool_says_how_long_it_was_waited_for(
         finally:
             release.set()
             await holder
-
-
-async def test_a_pool_whose_every_connection_stopped_answering_is_down_not_busy(
-    pg_cluster: Cluster,
-) -> None:
-    """The pool's only connection stuck in a try (a fork, given up to 30 s) on a flow that went
-    silent, while new connections still get through: the pool was judged busy, so /healthz
-    answered 200 and admissions queued until the try was cut; past a few seconds without an
-    answer it is down, and both answer 503."""
-    async with through_proxy(pg_cluster, pool_size=1) as (store, proxy):
-        await store.admit(new(1))
-        await store.notified()
-        assert proxy.strand() >= 1
-        forking = asyncio.create_task(store.fork(CONV, 0, "support/forked"))
-        try:
-            await asyncio.sleep(6.0)  # the try has had no answer for longer than STUCK_S
-            assert not forking.done()
-            with pytest.raises(StoreUnavailable):
-                await asyncio.wait_for(store.ping(1.5), 10)
-            with pytest.raises(StoreUnavailable, match="no connection of the pool"):
-                await asyncio.wait_for(store.admit(new(2)), 10)
-        finally:
-            with contextlib.suppress(StoreUnavailable):
-                await asyncio.wait_for(forking, 60)

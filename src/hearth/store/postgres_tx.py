@@ -15,10 +15,9 @@ import contextlib
 import logging
 import random
 import time
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -52,10 +51,6 @@ PROBE_TIMEOUT_S = 5.0
 # question, with room to spare. On a fast link, an admission's budget is the bound instead.
 LINK_ROUND_TRIPS = 8
 _TRIES_KEPT = 20
-# A try whose connection has had no answer for this long is stuck, and a pool whose every
-# connection is in such a try is down, not busy, whatever a new connection of its own finds:
-# callers are not queued behind tries that will only end when cut, up to WORK_TRY_S later.
-STUCK_S = 5.0
 _STALE_PLAN = "cached plan must not change result type"
 
 # How long one try of a piece of work may go without an answer before its connection is cut
@@ -69,25 +64,6 @@ WORK_TRY_S = 30.0
 # Past its budget, how long an admission's try may still run: a budget of 1.5 s is an answer
 # within 2 s.
 TRY_GRACE_S = 0.3
-
-
-# When each pooled connection last finished a statement (its last sign of life).
-_answered: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-
-
-class StampingCursor(psycopg.AsyncCursor[Any]):
-    """The pool's cursor: it notes in ``_answered`` when each statement got its answer, so a try
-    of long work (a step.transaction's statements) shows it is moving, and one on a connection
-    nobody answers on shows it is not."""
-
-    async def execute(self, *args: Any, **kwargs: Any) -> Self:
-        done = await super().execute(*args, **kwargs)
-        _answered[self.connection] = time.monotonic()
-        return done
-
-    async def executemany(self, *args: Any, **kwargs: Any) -> None:
-        await super().executemany(*args, **kwargs)
-        _answered[self.connection] = time.monotonic()
 
 
 def stale_plan(exc: BaseException) -> bool:
@@ -125,12 +101,7 @@ async def open_pool(
         conninfo,
         min_size=1,
         max_size=size,
-        kwargs={
-            **connect_kwargs,
-            "autocommit": True,
-            "row_factory": dict_row,
-            "cursor_factory": StampingCursor,
-        },
+        kwargs={**connect_kwargs, "autocommit": True, "row_factory": dict_row},
         configure=configure,
         open=False,
         timeout=ADMIT_WAIT_S,
@@ -180,7 +151,6 @@ class Transactions:
         self._probe: asyncio.Task[bool] | None = None  # a question asked outside the pool
         self._probe_failed = float("-inf")
         self._took: deque[float] = deque(maxlen=_TRIES_KEPT)  # the latest tries that succeeded
-        self._trying: dict[ops.Conn, float] = {}  # the pooled connections in a try, since when
 
     async def ping(self, timeout: float) -> None:
         """``Store.ping``: a trivial question on a connection of the pool or, while every one is
@@ -190,7 +160,7 @@ class Transactions:
             conn = await self.pool.getconn(timeout=timeout / 2)  # the rest: to ask alone
         except PoolTimeout as exc:
             left = end - time.monotonic()
-            if self._exhausted() and not self._stuck() and left > 0 and await self._ask(left):
+            if self._exhausted() and left > 0 and await self._ask(left):
                 return  # the server answers; this process's connections are all busy
             raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
 
@@ -346,15 +316,12 @@ class Transactions:
                         # gets a budget's time again, which a slow link's round trips need)
                         left = max(ADMIT_WAIT_S if queued else 0.05, end - time.monotonic())
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
-                    began = self._trying[conn] = time.monotonic()
-                    try:
-                        resolved, result = await within(
-                            conn,
-                            self._try(conn, work, outbox, transaction, resolve, uncertain),
-                            limit,
-                        )
-                    finally:
-                        del self._trying[conn]
+                    began = time.monotonic()
+                    resolved, result = await within(
+                        conn,
+                        self._try(conn, work, outbox, transaction, resolve, uncertain),
+                        limit,
+                    )
                     self._took.append(time.monotonic() - began)
                 if resolved:
                     return result
@@ -371,12 +338,7 @@ class Transactions:
                     raise
                 return found
             except PoolTimeout as exc:
-                if (
-                    self._exhausted()
-                    and not self._stuck()
-                    and await self.answering()
-                    and time.monotonic() < busy_end
-                ):
+                if self._exhausted() and await self.answering() and time.monotonic() < busy_end:
                     queued = True  # the server answers, every connection is in use: wait on
                     continue
                 if time.monotonic() + delay >= end or self.pool.closed:
@@ -487,9 +449,7 @@ class Transactions:
                 done, _ = await asyncio.wait({getting}, timeout=ADMIT_WAIT_S / 3)
                 if done:
                     return getting.result()
-                if self._stuck() or not (
-                    self._exhausted() and await self.answering(PROBE_TIMEOUT_S)
-                ):
+                if not (self._exhausted() and await self.answering(PROBE_TIMEOUT_S)):
                     raise PoolTimeout(
                         "the server stopped answering while every connection was busy"
                     )
@@ -516,30 +476,14 @@ class Transactions:
         stats = self.pool.get_stats()
         return stats.get("pool_size", 0) > 0 and stats.get("pool_available", 0) == 0
 
-    def _stuck(self) -> bool:
-        """Whether every connection of the pool is in a try that has had no answer for
-        ``STUCK_S`` (a dropped flow, a silent peer): those end only when cut."""
-        size = self.pool.get_stats().get("pool_size", 0)
-        now = time.monotonic()
-        quiet = sum(
-            now - max(began, _answered.get(conn, began)) > STUCK_S
-            for conn, began in self._trying.items()
-        )
-        return size > 0 and quiet >= size
-
     def _busy(self) -> bool:
         """Whether every connection of the pool is in use while the server goes on answering
         (a burst, long transactions), as opposed to connections stuck on a server that does not
         (an outage). ``answering`` asks the server when nothing finished lately."""
-        return self._exhausted() and not self._stuck() and self._answered_lately(time.monotonic())
+        return self._exhausted() and self._answered_lately(time.monotonic())
 
     def _why(self, exc: BaseException, waited: float) -> str:
         """Why a caller that tried for ``waited`` seconds is given up on."""
-        if isinstance(exc, PoolTimeout) and self._stuck():
-            return (
-                f"{self.where} is unreachable: no connection of the pool has had an answer for"
-                f" {STUCK_S:g} s"
-            )
         if isinstance(exc, PoolTimeout) and self._busy():
             return (
                 f"{self.where} is busy: every connection of the pool was in use for"
