@@ -288,3 +288,25 @@ async def test_a_busy_pool_says_how_long_it_was_waited_for(
         finally:
             release.set()
             await holder
+
+
+async def test_a_pool_busy_with_long_statements_on_a_live_server_is_busy_not_down(
+    pg_cluster: Cluster,
+) -> None:
+    """Every pooled connection in one statement running longer than 5 s (a slow query in a
+    step.transaction, a wait on a row lock) on a server that answers: a judgement that took
+    such a pool for stuck answered /healthz and admissions 503 (reverted; README: /healthz stays
+    200 while the server answers, and an admission waits for a connection)."""
+    async with through_proxy(pg_cluster, pool_size=2) as (store, _):
+        tx = store._tx()
+
+        async def slow(conn: psycopg.AsyncConnection[object], outbox: object) -> str:
+            await conn.execute("SELECT pg_sleep(12)")
+            return "slow done"
+
+        works = [asyncio.create_task(tx.write(slow, budget_s=30.0)) for _ in range(2)]
+        await asyncio.sleep(6.0)  # both statements past 5 s without an answer
+        await store.ping(1.5)  # the server answers: not down
+        admission = await store.admit(new(1))  # waits for a connection, then admits
+        assert admission.submission.conversation_id == CONV
+        assert await asyncio.gather(*works) == ["slow done", "slow done"]
