@@ -310,3 +310,34 @@ async def test_a_pool_busy_with_long_statements_on_a_live_server_is_busy_not_dow
         admission = await store.admit(new(1))  # waits for a connection, then admits
         assert admission.submission.conversation_id == CONV
         assert await asyncio.gather(*works) == ["slow done", "slow done"]
+
+
+async def test_a_try_being_abandoned_when_its_caller_is_cancelled_is_cancelled_too() -> None:
+    """A caller cancelled while its cut try was given a moment to end left that try running
+    (work of the application's inside a step.transaction, say), its error never retrieved."""
+    from hearth.store import postgres_deadline
+
+    class Gone:
+        @property
+        def socket(self) -> int:
+            raise psycopg.OperationalError("the connection is closed")
+
+    class Conn:
+        pgconn = Gone()
+
+    ended: list[str] = []
+
+    async def deaf() -> None:  # not waiting on the server: a cut does not end it
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    caller = asyncio.create_task(postgres_deadline.within(Conn(), deaf(), 0.1))  # type: ignore[arg-type]
+    await asyncio.sleep(0.5)  # past the deadline: the try is being abandoned
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.sleep(0.05)
+    assert ended == ["cancelled"]

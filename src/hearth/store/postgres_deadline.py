@@ -87,10 +87,14 @@ async def _abandon(conn: psycopg.AsyncConnection[Any], task: asyncio.Future[Any]
     """Cut ``conn`` under ``task`` and give it a moment to end; then cancel it (it was not
     waiting on the server: the application's own code in a step.transaction, say)."""
     cut(conn)
-    done, _ = await asyncio.shield(asyncio.wait({task}, timeout=CUT_WAIT_S))
+    task.add_done_callback(_consumed)
+    try:
+        done, _ = await asyncio.shield(asyncio.wait({task}, timeout=CUT_WAIT_S))
+    except asyncio.CancelledError:
+        task.cancel()  # the caller is stopped meanwhile: the try is not left running
+        raise
     if not done:
         task.cancel()
-    task.add_done_callback(_consumed)
 
 
 def _consumed(task: asyncio.Future[Any]) -> None:
