@@ -301,6 +301,38 @@ def test_a_snapshot_shows_the_newest_records_and_submissions_within_a_bound(
     assert records[0]["offset"] == 0 and records[0]["type"] == "conversation_created"
 
 
+def test_a_snapshot_reads_the_submissions_it_shows_not_every_one(
+    server: ThreadServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The submissions were read 20 at a time from the first: a conversation of 100,000
+    submissions cost 5,000 reads a snapshot. They are read from the newest back."""
+    from hearth.server import snapshot
+
+    monkeypatch.setattr(snapshot, "SNAPSHOT_SUBMISSIONS", 5)
+    with server.client() as http:
+        sids = [
+            http.post("/agents/echo/c-1", json={"message": f"m{i}"}).json()["submission_id"]
+            for i in range(100)
+        ]
+        http.get(f"/agents/echo/c-1/submissions/{sids[-1]}", params={"wait": 10})
+        store = server.asgi._runtime.store
+        reads: list[int] = []
+        list_submissions = store.list_submissions
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            found = await list_submissions(*args, **kwargs)
+            reads.append(len(found))
+            return found
+
+        store.list_submissions = counted
+        try:
+            snap = http.get("/agents/echo/c-1").json()
+        finally:
+            store.list_submissions = list_submissions
+    assert [s["id"] for s in snap["submissions"]] == sids[-5:]  # in admission order
+    assert len(reads) == 1  # (before: 5 reads of 20, and every row of the 100)
+
+
 def test_submission_wait_answers_soon_after_settlement(server: ThreadServer) -> None:
     with server.client() as http:
         sid = http.post("/agents/later/c-1", json={"message": "hi"}).json()["submission_id"]

@@ -486,6 +486,18 @@ async def test_list_submissions_pages_with_a_cursor(store: Store) -> None:
     assert await store.list_submissions(limit=0) == []
 
 
+async def test_list_submissions_pages_from_the_newest_back(store: Store) -> None:
+    """``before``: the newest submissions before a ``seq``, newest first (a snapshot reads
+    what it shows from the newest back, not every submission from the first)."""
+    made = [await admitted(store, CONV if n % 2 else OTHER, f"m{n}") for n in range(5)]
+    newest = await store.list_submissions(before=2**62, limit=2)
+    assert [s.id for s in newest] == [made[4].id, made[3].id]
+    older = await store.list_submissions(before=newest[-1].seq, limit=10)
+    assert [s.id for s in older] == [m.id for m in reversed(made[:3])]
+    mine = await store.list_submissions(CONV, before=2**62, limit=10)
+    assert [s.id for s in mine] == [made[3].id, made[1].id]
+
+
 async def test_submissions_are_counted_and_the_latest_settled_read_from_the_newest(
     store: Store,
 ) -> None:

@@ -8,7 +8,6 @@ one huge read nor builds an answer of hundreds of megabytes."""
 from __future__ import annotations
 
 import json
-from collections import deque
 
 from hearth.errors import ConversationNotFound
 from hearth.records import Record
@@ -47,22 +46,23 @@ async def newest_records(runtime: Runtime, conversation_id: str) -> list[Record]
 
 async def newest_submissions(runtime: Runtime, conversation_id: str) -> list[Submission]:
     """The conversation's newest submissions in admission order: at most
-    ``SNAPSHOT_SUBMISSIONS``, of about ``SNAPSHOT_BYTES`` in all (the newest one always)."""
-    kept: deque[tuple[Submission, int]] = deque()
-    size, after = 0, 0
+    ``SNAPSHOT_SUBMISSIONS``, of about ``SNAPSHOT_BYTES`` in all (the newest one always).
+    Read from the newest back, so that the reads grow with what is shown, not with every
+    submission the conversation ever had (a read of 20 rows per 20 submissions, from the first)."""
+    kept: list[Submission] = []
+    size, before = 0, 2**62
     while True:
         page = await runtime.store.list_submissions(
-            conversation_id, after=after, limit=_SUBMISSION_PAGE
+            conversation_id, before=before, limit=_SUBMISSION_PAGE
         )
         for sub in page:
-            weight = _weight(sub)
-            kept.append((sub, weight))
-            size += weight
-            while len(kept) > 1 and (size > SNAPSHOT_BYTES or len(kept) > SNAPSHOT_SUBMISSIONS):
-                size -= kept.popleft()[1]
+            size += _weight(sub)
+            if kept and (size > SNAPSHOT_BYTES or len(kept) >= SNAPSHOT_SUBMISSIONS):
+                return kept[::-1]
+            kept.append(sub)
         if len(page) < _SUBMISSION_PAGE:
-            return [sub for sub, _ in kept]
-        after = page[-1].seq
+            return kept[::-1]
+        before = page[-1].seq
 
 
 def _weight(sub: Submission) -> int:

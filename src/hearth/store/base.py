@@ -234,9 +234,12 @@ class Store(ABC):
         *,
         after: int = 0,
         limit: int = LIST_LIMIT,
+        before: int | None = None,
     ) -> list[Submission]:
         """At most ``limit`` submissions in admission order, optionally filtered, starting
-        after the cursor ``after`` (the ``seq`` of the last row of the previous page)."""
+        after the cursor ``after`` (the ``seq`` of the last row of the previous page). Given
+        ``before`` (a ``seq``; a large number for the newest), the page ends there instead:
+        the newest submissions before it, newest first, read from the newest back."""
         ...
 
     @abstractmethod

@@ -709,15 +709,21 @@ class PostgresStore(Store):
         *,
         after: int = 0,
         limit: int = LIST_LIMIT,
+        before: int | None = None,
     ) -> list[Submission]:
+        # Two statements, not one with a parameter for the order: the planner walks the index
+        # the way the order asks only when the order is written out.
+        order = "seq" if before is None else "seq DESC"
         rows = await self._read(
             lambda conn: ops.fetchall(
                 conn,
                 "SELECT * FROM submissions WHERE seq > %(after)s"
+                " AND (%(before)s::bigint IS NULL OR seq < %(before)s)"
                 " AND (%(c)s::text IS NULL OR conversation_id = %(c)s)"
                 " AND (%(st)b::text[] IS NULL OR status = ANY(%(st)b::text[]))"
-                " ORDER BY seq LIMIT %(limit)s",
+                f" ORDER BY {order} LIMIT %(limit)s",
                 {
+                    "before": before,
                     "after": after,
                     "c": conversation_id,
                     "st": None if statuses is None else list(statuses),

@@ -359,16 +359,21 @@ class SQLiteStore(Store):
         *,
         after: int = 0,
         limit: int = LIST_LIMIT,
+        before: int | None = None,
     ) -> list[Submission]:
         where = ["seq > ?"]
         args: list[object] = [after]
+        if before is not None:
+            where.append("seq < ?")
+            args.append(before)
         if conversation_id is not None:
             where.append("conversation_id = ?")
             args.append(conversation_id)
         if statuses is not None:
             where.append("status IN (SELECT value FROM json_each(?))")
             args.append(json.dumps(list(statuses)))
-        sql = f"SELECT * FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
+        order = "seq" if before is None else "seq DESC"
+        sql = f"SELECT * FROM submissions WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ?"
 
         def work(conn: sqlite3.Connection) -> list[Submission]:
             return [submission_from_row(row) for row in conn.execute(sql, [*args, max(limit, 0)])]
