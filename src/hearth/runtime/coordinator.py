@@ -23,7 +23,7 @@ from hearth.runtime.env import Env
 from hearth.runtime.owner import current_owner, is_dead_local
 from hearth.runtime.runner import Attempt
 from hearth.runtime.scope import Lease
-from hearth.store.base import LIST_LIMIT, WAITING, Fence, Submission
+from hearth.store.base import LIST_LIMIT, WAITING, Fence, Held, Submission
 from hearth.store.events import ABORT, APPENDED, SETTLED, Event
 
 log = logging.getLogger("hearth.coordinator")
@@ -54,6 +54,16 @@ class _Claim:
     work: asyncio.Task[None] | None = None
     reason: str | None = None  # why the work was cancelled: abort | deadline | lost | shutdown
     settled: bool = False  # its settlement committed: a renewal that skips it lost nothing
+
+    @property
+    def working(self) -> bool:
+        """Its attempt runs: not interrupted, not settled, its work not ended."""
+        return (
+            self.reason is None
+            and not self.settled
+            and self.work is not None
+            and not self.work.done()
+        )
 
     def interrupt(self, reason: str) -> None:
         if self.reason is None:
@@ -263,10 +273,7 @@ class Coordinator:
             except Exception:
                 log.exception("renewing the leases of %s failed", self.owner)
                 continue
-            held = {h.fence for h in renewed}
-            for claim in claims:
-                if claim.sub.fence in held:
-                    claim.lease.renewed(sent, self.settings.lease_s)
+            held = self._mark_renewed(claims, renewed, sent)
             # An abort whose notice this process missed (its listener was down, say): without
             # this, the work ran on to its deadline, and the messages queued behind it waited.
             aborting = {h.fence for h in renewed if h.abort_requested}
@@ -298,19 +305,13 @@ class Coordinator:
             lapsing = [
                 c
                 for c in self._claims.values()
-                if c.reason is None
-                and not c.settled
-                and c.work is not None
-                and not c.work.done()
-                and now >= c.lease.valid_until - margin
+                if c.working and now >= c.lease.valid_until - margin
             ]
             if not lapsing:
                 continue
             held = await self._renewed_within(margin / 2)
             for claim in lapsing:
-                if (held is not None and claim.sub.fence in held) or claim.reason is not None:
-                    continue
-                if claim.settled or claim.work is None or claim.work.done():
+                if (held is not None and claim.sub.fence in held) or not claim.working:
                     continue
                 log.warning(
                     "no renewal of the lease of %s reached the database for %.0f s; stopping"
@@ -333,8 +334,13 @@ class Coordinator:
             return None
         if renewing.exception() is not None:
             return None
-        held = {h.fence for h in renewing.result()}
-        for claim in self._claims.values():
+        return self._mark_renewed(list(self._claims.values()), renewing.result(), sent)
+
+    def _mark_renewed(self, claims: list[_Claim], renewed: list[Held], sent: float) -> set[Fence]:
+        """The fences a renewal sent at ``sent`` (monotonic) kept; each of ``claims`` among
+        them knows its lease held for a lease's length from then."""
+        held = {h.fence for h in renewed}
+        for claim in claims:
             if claim.sub.fence in held:
                 claim.lease.renewed(sent, self.settings.lease_s)
         return held

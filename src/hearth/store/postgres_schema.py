@@ -274,29 +274,30 @@ async def _check_usage(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Refuse a role that may not use an existing schema (a DBA's, say), saying so: its names
     were looked up past the schema, as if it were not there (no schema to create in, or a table
     "meta" that does not exist)."""
-    cursor = await conn.execute("SELECT has_schema_privilege(%s, 'USAGE')", (schema,))
-    row = await cursor.fetchone()
-    if row is not None and row[0]:
-        return
-    raise StoreError(
-        f"the role {await _role(conn)!r} may not use the schema {schema!r}: grant it USAGE ON"
-        f" SCHEMA {schema}, then SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema}"
-        f" and USAGE ON ALL SEQUENCES IN SCHEMA {schema}"
-    )
+    if not await _may(conn, schema, "USAGE"):
+        raise StoreError(
+            f"the role {await _role(conn)!r} may not use the schema {schema!r}: grant it USAGE"
+            f" ON SCHEMA {schema}, then SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA"
+            f" {schema} and USAGE ON ALL SEQUENCES IN SCHEMA {schema}"
+        )
 
 
 async def _check_create(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Refuse, saying so, a role that would create hearth's tables in a schema it may not
     create in (one a DBA made for it, empty)."""
-    cursor = await conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (schema,))
+    if not await _may(conn, schema, "CREATE"):
+        raise StoreError(
+            f"the schema {schema!r} has no hearth tables yet, and the role {await _role(conn)!r}"
+            f" may not create them: grant it CREATE ON SCHEMA {schema} (or make it the schema's"
+            " owner), or run hearth migrate once as a role that may"
+        )
+
+
+async def _may(conn: psycopg.AsyncConnection[Any], schema: str, privilege: str) -> bool:
+    """Whether the role connected may ``privilege`` (USAGE, CREATE) on ``schema``."""
+    cursor = await conn.execute("SELECT has_schema_privilege(%s, %s)", (schema, privilege))
     row = await cursor.fetchone()
-    if row is not None and row[0]:
-        return
-    raise StoreError(
-        f"the schema {schema!r} has no hearth tables yet, and the role {await _role(conn)!r} may"
-        f" not create them: grant it CREATE ON SCHEMA {schema} (or make it the schema's owner),"
-        " or run hearth migrate once as a role that may"
-    )
+    return bool(row is not None and row[0])
 
 
 async def _check_grants(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
