@@ -198,3 +198,63 @@ async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_atte
         assert row.lease_expires_at is not None and stopped["at"] < row.lease_expires_at
         assert "stopping its attempt before the lease runs out" in caplog.text
         cut.set()
+
+
+async def test_a_lease_the_database_says_is_gone_is_reported_lost_not_unrenewed(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When the lease watch's last renewal is answered without this owner's claim (a peer took
+    it over while this process stood still), the attempt stops as one whose lease was lost: it
+    was reported as a renewal that never reached the database, which sent readers of the log
+    looking for a network fault."""
+    import asyncio
+    import logging
+
+    from hearth.testing import call, calls
+
+    stopped = asyncio.Event()
+
+    @hearth.tool(durable=True)
+    async def slow(ctx: hearth.ToolContext) -> str:
+        """A long step."""
+
+        async def work() -> str:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                stopped.set()
+                raise
+            return "done"
+
+        return str(await ctx.step.do("work", work))
+
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/s")
+        ctx.use_tool(slow)
+        return ""
+
+    model = ScriptedModel("s", [calls(call("slow")), reply("ok")])
+    # The watch judges a fifth of the lease (1 s) before it ends; the heartbeat comes later.
+    app = hearth.App(
+        [hearth.Agent(render, name="s")],
+        db=pg_cluster.url(),
+        providers=[model],
+        lease_s=5,
+        heartbeat_s=4.9,
+        scan_s=60,
+    )
+    async with app.run() as rt:
+
+        async def taken_over(owner: str, lease_s: float) -> list[Any]:
+            return []  # answered at once: no lease of this owner is held any more
+
+        with caplog.at_level(logging.WARNING, logger="hearth.coordinator"):
+            await rt.dispatch("s", "c", "go")
+            for _ in range(500):
+                if model.requests:
+                    break
+                await asyncio.sleep(0.01)
+            rt.store.renew_all = taken_over  # type: ignore[method-assign]
+            await asyncio.wait_for(stopped.wait(), 20)
+        assert "lost the lease of" in caplog.text
+        assert "reached the database" not in caplog.text

@@ -313,6 +313,12 @@ class Coordinator:
             for claim in lapsing:
                 if (held is not None and claim.sub.fence in held) or not claim.working:
                     continue
+                if held is not None:  # the database answered: the row is not held by us now
+                    if await self._ended_by_this_attempt(claim):
+                        continue  # settled or paused, its event not here yet
+                    log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
+                    claim.interrupt("lost")
+                    continue
                 log.warning(
                     "no renewal of the lease of %s reached the database for %.0f s; stopping"
                     " its attempt before the lease runs out and another process may take it over",
