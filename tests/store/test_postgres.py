@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from pgcluster import Cluster, free_port, new_schema
+from pgproxy import PgProxy
 
 import hearth.store
 from hearth.errors import ConfigurationError, SchemaTooNew, StoreError, StoreUnavailable
@@ -238,69 +239,14 @@ async def test_connections_held_by_long_transactions_are_a_busy_pool_not_an_outa
             await asyncio.gather(*holders)
 
 
-class Proxy:
-    """A loopback TCP proxy to PostgreSQL; ``_serve`` says what it does with a connection."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.server: asyncio.Server | None = None
-        self.port = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for task in self._tasks:
-            task.cancel()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        raise NotImplementedError
-
-
-class Freezer(Proxy):
-    """A proxy that, once frozen, forwards nothing more in either direction and leaves new
-    connections unanswered: a server that stopped answering."""
-
-    def __init__(self, upstream_port: int) -> None:
-        super().__init__(upstream_port)
-        self.frozen = asyncio.Event()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.frozen.is_set():
-            await asyncio.sleep(3600)  # accepted, never answered
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            while data := await source.read(65536):
-                if self.frozen.is_set():
-                    await asyncio.sleep(3600)
-                sink.write(data)
-                await sink.drain()
-
-        tasks = [
-            asyncio.create_task(pipe(reader, up_writer)),
-            asyncio.create_task(pipe(up_reader, writer)),
-        ]
-        self._tasks.update(tasks)
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        for w in (writer, up_writer):
-            w.close()
-
-
 @contextlib.asynccontextmanager
 async def frozen_server(
     pg_cluster: Cluster,
 ) -> AsyncIterator[tuple[PostgresStore, Callable[[], Awaitable[None]]]]:
-    """A store (pool of 2) reaching the server through a ``Freezer``, and the call that
+    """A store (pool of 2) reaching the server through a proxy, and the call that
     freezes it with both connections of the pool in use: then nothing is finished for longer
     than an admission's budget, and the server seems to have stopped answering."""
-    proxy = Freezer(pg_cluster.port)
+    proxy = PgProxy(pg_cluster.port)
     await proxy.start()
     conninfo = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
     release = asyncio.Event()
@@ -317,7 +263,7 @@ async def frozen_server(
                 holders.extend(asyncio.create_task(stuck()) for _ in range(2))
                 while pool.get_stats().get("pool_available", 0) or len(holders) < 2:
                     await asyncio.sleep(0.05)
-                proxy.frozen.set()
+                proxy.freeze()
                 await asyncio.sleep(1.6)
 
             yield store, freeze
@@ -806,7 +752,7 @@ async def test_what_was_appended_while_the_listener_was_away_wakes_its_waiters_a
 # --- a lost COMMIT reply ---------------------------------------------------------------------
 
 
-class CommitCutter(Proxy):
+class CommitCutter(PgProxy):
     """A proxy that, once armed, forwards the next ``COMMIT`` and then cuts that connection
     before the server's reply can return."""
 
@@ -816,8 +762,13 @@ class CommitCutter(Proxy):
         self.armed = False
         self.cuts = 0
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+    async def _link(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> None:
         cut = asyncio.Event()
 
         async def upward() -> None:
@@ -840,12 +791,7 @@ class CommitCutter(Proxy):
                 writer.write(data)
                 await writer.drain()
 
-        tasks = [asyncio.create_task(upward()), asyncio.create_task(downward())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        for w in (writer, up_writer):
-            w.close()
+        await self._until_one_ends([upward(), downward()], writer, up_writer)
 
 
 async def test_an_append_whose_commit_reply_was_lost_is_read_back_not_written_twice(

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 from pgcluster import Cluster, new_schema
+from pgproxy import PgProxy
 
 from hearth.errors import StoreUnavailable
 from hearth.store import NewSubmission
@@ -28,81 +29,11 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class StrandingProxy:
-    """A loopback TCP proxy to PostgreSQL. ``strand()`` holds every connection open so far for
-    good, forwarding nothing more either way and closing nothing (the flow silently dropped);
-    connections made afterwards go through. ``strand(port)`` holds only the one whose
-    connection to the server has that local port (``client_port`` in ``pg_stat_activity``).
-    ``latency``: how long each chunk is held before it is passed on (half a round trip)."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.latency = 0.0
-        self.server: asyncio.Server | None = None
-        self.port = 0
-        # (the port upstream, an event set while the connection forwards) for each connection
-        self._links: list[tuple[int, asyncio.Event]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-
-    @property
-    def conninfo(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    def strand(self, port: int | None = None) -> int:
-        held = [flowing for at, flowing in self._links if port in (None, at)]
-        for flowing in held:
-            flowing.clear()
-        return len(held)
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for task in self._tasks:
-            task.cancel()
-        for writer in self._writers:
-            writer.transport.abort()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.CancelledError, OSError):  # (stopped with the test)
-            await self._forward(reader, writer)
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        self._writers += [writer, up_writer]
-        flowing = asyncio.Event()
-        flowing.set()
-        self._links.append((up_writer.get_extra_info("sockname")[1], flowing))
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            while data := await source.read(65536):
-                await flowing.wait()  # stranded: held here for good
-                if self.latency:
-                    await asyncio.sleep(self.latency)
-                sink.write(data)
-                await sink.drain()
-
-        tasks = [
-            asyncio.create_task(pipe(reader, up_writer)),
-            asyncio.create_task(pipe(up_reader, writer)),
-        ]
-        self._tasks.update(tasks)
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        for w in (writer, up_writer):
-            w.close()
-
-
 @contextlib.asynccontextmanager
 async def through_proxy(
     pg_cluster: Cluster, **options: object
-) -> AsyncIterator[tuple[PostgresStore, StrandingProxy]]:
-    proxy = StrandingProxy(pg_cluster.port)
+) -> AsyncIterator[tuple[PostgresStore, PgProxy]]:
+    proxy = PgProxy(pg_cluster.port)
     await proxy.start()
     store = PostgresStore(proxy.conninfo, schema=new_schema(), **options)  # type: ignore[arg-type]
     try:
