@@ -159,6 +159,24 @@ async def test_a_listener_whose_connection_stopped_answering_reconnects_and_hear
                 await asyncio.sleep(0.05)
 
 
+async def test_a_store_whose_listener_waits_on_a_silent_server_closes_at_once(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener asking its quiet connection whether it is alive when the server stops
+    answering: closing the store cancelled that question, and psycopg then asked the server to
+    cancel it on a new connection, which held the close 10 s. Its connection is cut instead."""
+    from hearth.store import postgres_listen
+
+    monkeypatch.setattr(postgres_listen, "_QUIET_S", 0.2)  # it asks soon ...
+    monkeypatch.setattr(postgres_listen, "_CHECK_S", 60.0)  # ... and waits for the answer
+    async with through_proxy(pg_cluster) as (store, proxy):
+        proxy.freeze()
+        await asyncio.sleep(1.0)  # the listener is asking, and no answer comes
+        began = time.monotonic()
+        await asyncio.wait_for(store.close(), 30)
+        assert time.monotonic() - began < 3
+
+
 async def test_on_a_slow_link_connections_held_by_transactions_are_a_busy_pool(
     pg_cluster: Cluster,
 ) -> None:

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hearth._tasks import cancel_and_wait
 from hearth.store.events import APPENDED, KINDS, Event, StoreEvents
-from hearth.store.postgres_deadline import within
+from hearth.store.postgres_deadline import CUT_WAIT_S, cut, within
 
 log = logging.getLogger("hearth.store.postgres")
 
@@ -112,6 +112,8 @@ class Listener:
         self._events = events
         self._on_reconnect = on_reconnect
         self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None  # the one listening now
+        self._stopping = False
         self.connected = asyncio.Event()
         self.backend_pid: int | None = None
 
@@ -121,6 +123,13 @@ class Listener:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        if task is not None and self._conn is not None:
+            # Its connection cut, the listener ends by itself. Cancelled while it waited on
+            # the connection, psycopg would ask the server to cancel the statement, on a new
+            # connection: a server that stopped answering held a store's close 10 s.
+            self._stopping = True
+            cut(self._conn)
+            await asyncio.wait({task}, timeout=CUT_WAIT_S)
         await cancel_and_wait(task)
 
     async def _run(self) -> None:
@@ -133,6 +142,7 @@ class Listener:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _BACKOFF_MAX_S)
                 continue
+            self._conn = conn
             try:
                 listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
                 await within(conn, conn.execute(listen), _CHECK_S)
@@ -143,9 +153,12 @@ class Listener:
                 first, delay = False, _BACKOFF_MIN_S
                 await self._listen(conn)
             except psycopg.Error as exc:
+                if self._stopping:
+                    return  # (its connection was cut by ``stop``)
                 log.warning("the notification listener lost its connection (%s); reconnecting", exc)
             finally:
                 self.connected.clear()
+                self._conn = None
                 with contextlib.suppress(Exception):
                     await conn.close()
             await asyncio.sleep(delay)

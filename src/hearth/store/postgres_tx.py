@@ -148,7 +148,8 @@ class Transactions:
         self.notes = notes
         self.last_answer = float("-inf")  # when the server last finished a piece of work
         self.last_failure = float("-inf")  # when a connection last failed to do one
-        self._probe: asyncio.Task[bool] | None = None  # a question asked outside the pool
+        self._probe: asyncio.Future[bool] | None = None  # a question asked outside the pool
+        self._probe_began = float("-inf")
         self._probe_failed = float("-inf")
         self._took: deque[float] = deque(maxlen=_TRIES_KEPT)  # the latest tries that succeeded
 
@@ -190,22 +191,32 @@ class Transactions:
         on a new connection of its own (outside the pool, whose connections may all be held
         by long transactions while the server is well). One question at a time, given
         ``PROBE_TIMEOUT_S`` whoever asked it (a slow link opens a connection slowly); this
-        caller waits ``timeout`` for it (by default, ``patience``), a later one may find its
-        answer. A failed one is not asked again for a moment."""
-        if timeout is None:
-            timeout = self.patience()
+        caller waits ``timeout`` for it (by default, what is left of ``patience`` since it was
+        asked: a caller queued for the pool started it as it began to wait), a later one may
+        find its answer. A failed one is not asked again for a moment."""
         now = time.monotonic()
         if self._answered_lately(now):
             return True
-        if now - self._probe_failed < ADMIT_WAIT_S / 3 or self.pool.closed:
+        probe = self._look(now)
+        if probe is None:
             return False
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.ensure_future(self._ask(PROBE_TIMEOUT_S))
+        if timeout is None:
+            timeout = self.patience() - (now - self._probe_began)
         try:
             async with asyncio.timeout(max(0.1, timeout)):
-                return await asyncio.shield(self._probe)
+                return await asyncio.shield(probe)
         except Exception:  # (a TimeoutError among them: the question goes on being asked)
             return False
+
+    def _look(self, now: float) -> asyncio.Future[bool] | None:
+        """The question whether the server answers, asked now unless it is being asked; None
+        if it failed a moment ago, or the pool is closed."""
+        if now - self._probe_failed < ADMIT_WAIT_S / 3 or self.pool.closed:
+            return None
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._ask(PROBE_TIMEOUT_S))
+            self._probe_began = now
+        return self._probe
 
     def patience(self) -> float:
         """How long the server may go without finishing anything before it is asked whether it
@@ -428,6 +439,11 @@ class Transactions:
         """A connection of the pool, as ``pool.connection`` gives it; with ``patient_until``,
         waiting in the pool's queue for as long as the pool stays busy."""
         if patient_until is None:
+            now = time.monotonic()
+            if self._exhausted() and not self._answered_lately(now):
+                # Asked while this caller queues, whether the server answers is known when
+                # the wait ends: an admission that then asked gave up after twice its budget.
+                self._look(now)
             conn = await self.pool.getconn(timeout=wait)
         else:
             conn = await self._wait_in_line(patient_until)
