@@ -3,7 +3,7 @@ during and after the commit of transactions that insert into the application's o
 has no unique key, so a duplicate would show). Afterwards each booked row is there exactly once,
 and the step records agree with the rows, one for one.
 
-The default run makes ``HEARTH_TX_KILLS`` kills (40, well under a minute on an idle machine);
+The default run makes ``HEARTH_TX_KILLS`` kills (25, well under half a minute on an idle machine);
 the full torture, ≥ 100 kills, is::
 
     HEARTH_TX_KILLS=120 .venv/bin/pytest -q -s tests/pg/test_step_transaction_kills.py
@@ -26,7 +26,7 @@ from hearth.testing.toollog import tool_runs
 pytestmark = pytest.mark.crash
 
 APPS = Path(__file__).resolve().parents[1] / "apps"
-KILLS = int(os.environ.get("HEARTH_TX_KILLS", "40"))
+KILLS = int(os.environ.get("HEARTH_TX_KILLS", "25"))
 # Before the transaction; inside it (the application's rows written, then the step record too,
 # not committed); after its COMMIT (nobody heard of it, then the journal did); between two.
 POINTS = [

@@ -250,11 +250,11 @@ async def test_a_pool_busy_with_long_statements_on_a_live_server_is_busy_not_dow
         tx = store._tx()
 
         async def slow(conn: psycopg.AsyncConnection[object], outbox: object) -> str:
-            await conn.execute("SELECT pg_sleep(12)")
+            await conn.execute("SELECT pg_sleep(7)")
             return "slow done"
 
         works = [asyncio.create_task(tx.write(slow, budget_s=30.0)) for _ in range(2)]
-        await asyncio.sleep(6.0)  # both statements past 5 s without an answer
+        await asyncio.sleep(5.5)  # both statements past 5 s without an answer
         await store.ping(1.5)  # the server answers: not down
         admission = await store.admit(new(1))  # waits for a connection, then admits
         assert admission.submission.conversation_id == CONV
