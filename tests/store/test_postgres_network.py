@@ -240,7 +240,7 @@ async def test_a_busy_pool_says_how_long_it_was_waited_for(
 
 
 async def test_a_pool_busy_with_long_statements_on_a_live_server_is_busy_not_down(
-    pg_cluster: Cluster,
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every pooled connection in one statement running longer than 5 s (a slow query in a
     step.transaction, a wait on a row lock) on a server that answers: a judgement that took
@@ -259,6 +259,7 @@ async def test_a_pool_busy_with_long_statements_on_a_live_server_is_busy_not_dow
         admission = await store.admit(new(1))  # waits for a connection, then admits
         assert admission.submission.conversation_id == CONV
         assert await asyncio.gather(*works) == ["slow done", "slow done"]
+    assert "the network lost it" not in caplog.text  # their sessions were active: not cut
 
 
 async def test_a_try_being_abandoned_when_its_caller_is_cancelled_is_cancelled_too() -> None:
@@ -290,3 +291,45 @@ async def test_a_try_being_abandoned_when_its_caller_is_cancelled_is_cancelled_t
         await caller
     await asyncio.sleep(0.05)
     assert ended == ["cancelled"]
+
+
+async def test_work_on_connections_the_network_stranded_goes_on_within_seconds(
+    pg_cluster: Cluster,
+) -> None:
+    """Every connection of the pool stranded at once (a firewall's table flushed) under writes
+    that may run 30 s: each waited its whole limit, and a renewal of leases among them let the
+    leases lapse. The server shows their sessions idle, so they are cut and the work retried."""
+    async with through_proxy(pg_cluster, pool_size=2) as (store, proxy):
+        tx = store._tx()
+
+        async def write(conn: psycopg.AsyncConnection[object], outbox: object) -> str:
+            await conn.execute("SELECT 1")
+            return "written"
+
+        await asyncio.gather(tx.write(write, budget_s=30.0), tx.write(write, budget_s=30.0))
+        assert proxy.strand() >= 2
+        began = time.monotonic()
+        done = await asyncio.gather(*(tx.write(write, budget_s=30.0) for _ in range(3)))
+        assert done == ["written"] * 3
+        assert time.monotonic() - began < 10  # (30 s: the tries' limit)
+
+
+async def test_a_transaction_whose_own_code_takes_its_time_is_not_taken_for_stranded(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step.transaction's function working seconds between its statements leaves its session
+    idle inside the transaction, not idle: it is left alone, and runs once."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, _):
+        tx = store._tx()
+        runs: list[int] = []
+
+        async def unhurried(conn: psycopg.AsyncConnection[object], outbox: object) -> str:
+            runs.append(1)
+            await conn.execute("SELECT 1")
+            await asyncio.sleep(3.5)  # past what a stranded connection is given
+            await conn.execute("SELECT 2")
+            return "done"
+
+        assert await tx.write(unhurried, budget_s=30.0) == "done"
+        assert runs == [1]
+    assert "the network lost it" not in caplog.text

@@ -234,7 +234,7 @@ class PostgresStore(Store):
             await notes.close(CONNECT_TIMEOUT_S)
         transactions, self._transactions = self._transactions, None
         if transactions is not None:
-            await transactions.pool.close()
+            await transactions.close()
 
     async def ping(self, timeout: float) -> None:
         await self._tx().ping(timeout)

@@ -24,12 +24,14 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hearth import _faults
+from hearth._tasks import cancel_and_wait
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_session as session
 from hearth.store.events import ABORT, StoreEvents
 from hearth.store.postgres_deadline import Stalled, within
 from hearth.store.postgres_listen import Notes, encode_all
+from hearth.store.postgres_stranded import Tries
 
 T = TypeVar("T")
 log = logging.getLogger("hearth.store.postgres")
@@ -64,6 +66,8 @@ WORK_TRY_S = 30.0
 # Past its budget, how long an admission's try may still run: a budget of 1.5 s is an answer
 # within 2 s.
 TRY_GRACE_S = 0.3
+# How often tries waiting longer than ``patience`` are looked at (``_sweep``).
+_SWEEP_S = 0.5
 
 
 def stale_plan(exc: BaseException) -> bool:
@@ -152,6 +156,12 @@ class Transactions:
         self._probe_began = float("-inf")
         self._probe_failed = float("-inf")
         self._took: deque[float] = deque(maxlen=_TRIES_KEPT)  # the latest tries that succeeded
+        self._tries = Tries()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._sweeper)
+        await self.pool.close()
 
     async def ping(self, timeout: float) -> None:
         """``Store.ping``: a trivial question on a connection of the pool or, while every one is
@@ -197,11 +207,12 @@ class Transactions:
         now = time.monotonic()
         if self._answered_lately(now):
             return True
+        asked = self._probe_began if self._probe is not None and not self._probe.done() else now
         probe = self._look(now)
         if probe is None:
             return False
-        if timeout is None:
-            timeout = self.patience() - (now - self._probe_began)
+        if timeout is None:  # (from the question asked first: one given up on counts too)
+            timeout = self.patience() - (now - asked)
         try:
             async with asyncio.timeout(max(0.1, timeout)):
                 return await asyncio.shield(probe)
@@ -213,7 +224,9 @@ class Transactions:
         if it failed a moment ago, or the pool is closed."""
         if now - self._probe_failed < ADMIT_WAIT_S / 3 or self.pool.closed:
             return None
-        if self._probe is None or self._probe.done():
+        if self._probe is None or self._probe.done() or now - self._probe_began > self.patience():
+            # (one unanswered past patience is left to end by itself: its connection may be
+            # stranded, and a new one's answer is what the next caller needs)
             self._probe = asyncio.ensure_future(self._ask(PROBE_TIMEOUT_S))
             self._probe_began = now
         return self._probe
@@ -233,10 +246,15 @@ class Transactions:
     async def _ask(self, timeout: float) -> bool:
         if self.connect is None:
             return False
+        end = time.monotonic() + timeout
         try:
             async with asyncio.timeout(timeout):
-                async with await self.connect(timeout) as conn:
-                    await conn.execute("SELECT 1")
+                conn = await self.connect(timeout)
+            async with conn:
+                # (cut, not cancelled, at the end: a question stranded itself would wait
+                # seconds more for psycopg's cancel request)
+                question = self._tries.cut_stranded(conn, self.patience())
+                await within(conn, question, max(0.1, end - time.monotonic()))
         except (TimeoutError, psycopg.Error, OSError):
             self._probe_failed = time.monotonic()
             return False
@@ -328,11 +346,14 @@ class Transactions:
                         left = max(ADMIT_WAIT_S if queued else 0.05, end - time.monotonic())
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
                     began = time.monotonic()
-                    resolved, result = await within(
-                        conn,
-                        self._try(conn, work, outbox, transaction, resolve, uncertain),
-                        limit,
-                    )
+                    if self._sweeper is None and not self.pool.closed:
+                        self._sweeper = asyncio.create_task(self._sweep(), name="hearth-pg-sweep")
+                    with self._tries.waiting(conn):
+                        resolved, result = await within(
+                            conn,
+                            self._try(conn, work, outbox, transaction, resolve, uncertain),
+                            limit,
+                        )
                     self._took.append(time.monotonic() - began)
                 if resolved:
                     return result
@@ -400,6 +421,25 @@ class Transactions:
                     uncertain = uncertain or (not transaction and resolve is not None)
                     continue
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+
+    async def _sweep(self) -> None:
+        """While a try waits longer than ``patience``, ask the server whether its session has
+        anything to do (``Tries.cut_stranded``): on a connection of the pool if one is free,
+        else on one of its own, as ``answering`` asks (every connection stranded at once)."""
+        while not self.pool.closed:
+            await asyncio.sleep(_SWEEP_S)
+            if not self._tries.longer_than(self.patience()):
+                continue
+            try:
+                if self._exhausted():
+                    await self.answering()
+                    continue
+                async with self.pool.connection(timeout=_SWEEP_S) as conn:
+                    # (a connection the pool had idle may be stranded too: cut, it is replaced)
+                    quiet = self.patience()
+                    await within(conn, self._tries.cut_stranded(conn, quiet), quiet)
+            except (psycopg.Error, PoolTimeout) as exc:
+                log.debug("could not look for stranded connections: %s", exc)
 
     async def _try(
         self,
