@@ -46,6 +46,12 @@ def canonical_json(value: JSON) -> str:
     return _paired(_canonical(value))
 
 
+def holds_unpaired(value: JSON) -> bool:
+    """Whether ``compact_json`` would replace an unpaired surrogate somewhere in ``value``."""
+    text = _compact(value)
+    return not text.isascii() and _UNPAIRED.search(text) is not None
+
+
 def _paired(text: str) -> str:
     # JSON text never holds a raw NUL (it is escaped), so only the surrogates need replacing.
     return text if text.isascii() else _UNPAIRED.sub("\ufffd", text)

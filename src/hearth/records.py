@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
-from hearth.jsontext import JSON, canonical_json, compact_json
+from hearth.jsontext import JSON, canonical_json, compact_json, holds_unpaired
 
 _ENVELOPE = ("offset", "id", "type", "submission_id", "attempt", "at")
 # Fields that may differ when recovery writes the same fact again.
@@ -325,6 +325,16 @@ def record_from_json(data: dict[str, JSON]) -> Record:
 
 def dumps(record: Record) -> str:
     return compact_json(record.to_json())
+
+
+def as_stored(record: _R) -> _R:
+    """``record`` as a store gives it back: itself, or (when it holds an unpaired surrogate,
+    which no store can keep) a copy with U+FFFD in its place."""
+    if not holds_unpaired(record.to_json()):
+        return record
+    stored = loads(dumps(record))
+    assert isinstance(stored, type(record))
+    return stored
 
 
 def loads(raw: str | bytes) -> Record:

@@ -444,6 +444,37 @@ async def test_an_emoji_split_between_two_deltas_is_one_character(
     assert (await ask(rt, "hi")).text == "smile \U0001f600 done \ufffd"
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        ("text", "the text before a call ends in half a pair \ud83d"),
+        ("name", "get_t\ud800ime"),
+        ("args", '{"tz": "a\\ud800b"}'),
+    ],
+    ids=lambda case: case[0],
+)
+async def test_half_a_surrogate_pair_from_the_model_does_not_fail_the_next_request(
+    server: FakeServer, dialect: Dialect, runtime: Any, first: tuple[str, str]
+) -> None:
+    """The records keep U+FFFD for half a pair (no store can keep it), and the attempt went on
+    from its own copy of them, which kept it raw: the next request could not be encoded, was
+    retried as a provider's failure four times, and the submission failed."""
+    rt, _ = runtime
+    where, odd = first
+    call = (
+        "call_1",
+        odd if where == "name" else "get_time",
+        [odd if where == "args" else '{"tz": "UTC"}'],
+    )
+    server.sse(dialect.tool_calls([call], text=odd if where == "text" else "Checking."))
+    server.sse(dialect.reply("fine"))
+    reply = await ask(rt, "hi")
+    assert (reply.outcome, reply.text) == ("completed", "fine")
+    assert len(server.requests) == 2
+    sent = json.dumps(server.requests[1].json(), ensure_ascii=False)
+    assert "\ufffd" in sent and "\ud800" not in sent and "\ud83d" not in sent
+
+
 async def test_a_500_then_success_is_retried(
     server: FakeServer, dialect: Dialect, runtime: Any
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from hearth import _faults
 from hearth.jsontext import storable_text
-from hearth.records import Compaction, Record
+from hearth.records import Compaction, Record, as_stored
 from hearth.runtime.model_context import first_needed_offset
 from hearth.store.base import Fence, Store
 from hearth.store.rules import settlement
@@ -84,8 +84,12 @@ class Journal:
             _faults.reached(f"after:{r.type}")
         first = self.last_offset + 1
         if list(offsets) == list(range(first, first + len(offsets))):
-            # Nothing else was appended in between: keep the local copy current without a read.
-            self.records += [r.with_offset(o) for r, o in zip(stamped, offsets, strict=True)]
+            # Nothing else was appended in between: keep the local copy current without a read,
+            # as the store keeps it (a model's or a tool's half surrogate pair made the next
+            # request in the same attempt fail to encode, while a recovery read U+FFFD).
+            self.records += [
+                as_stored(r.with_offset(o)) for r, o in zip(stamped, offsets, strict=True)
+            ]
         else:
             await self.refresh()
         return offsets
