@@ -25,9 +25,10 @@ from hearth.errors import (
     ShuttingDown,
     SubmissionNotFound,
     UnknownAgent,
+    WaitNotFound,
 )
 from hearth.ids import RESERVED_KEY_PREFIXES
-from hearth.jsontext import unpaired_surrogate
+from hearth.jsontext import storable_text, unpaired_surrogate
 from hearth.receipts import (
     MAX_IDEMPOTENCY_KEY,
     AbortResult,
@@ -68,6 +69,13 @@ from hearth.store.base import (
 )
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
+
+
+def _names(value: object) -> bool:
+    """Whether ``value`` can name something stored: text that every store keeps as it is. One
+    with a NUL or half a surrogate pair names nothing (PostgreSQL refuses it outright, which
+    read as the database being down)."""
+    return isinstance(value, str) and storable_text(value) == value
 
 
 def _stopped_before(submission_id: str) -> ShuttingDown:
@@ -278,7 +286,7 @@ class Runtime:
 
     # --- outcomes -------------------------------------------------------------------------
     async def submission(self, submission_id: str) -> Submission:
-        sub = await self.store.get_submission(submission_id)
+        sub = await self.store.get_submission(submission_id) if _names(submission_id) else None
         if sub is None:
             raise SubmissionNotFound(f"no submission {submission_id!r}")
         return sub
@@ -291,6 +299,8 @@ class Runtime:
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
         ):
             raise ValueError(f"timeout must be 0 or more seconds, or None; not {timeout!r}")
+        if not _names(submission_id):
+            raise SubmissionNotFound(f"no submission {submission_id!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         inside = [a.conversation_id for a in inside_attempts.get() if a.running]
         if inside:  # a tool's (or a step's) read: of its own conversation, it would never end
@@ -388,6 +398,8 @@ class Runtime:
         ``value``: its submission runs again and ``step.wait`` returns the value. An identical
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
         conversation_id = await self.addressed(agent, id)
+        if not _names(wait_id):
+            raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
         value = resolution(value)
         _faults.reached("before:wait_resolved")
         _faults.reached("before:store.resolve_wait")
@@ -422,6 +434,8 @@ class Runtime:
     async def waits(self, conversation_id: str | None = None) -> list[Wait]:
         """The pending durable waits, oldest first (of one conversation, or of all)."""
         found: list[Wait] = []
+        if conversation_id is not None and not _names(conversation_id):
+            return found
         while True:
             after = found[-1].seq if found else 0
             page = await self.store.list_waits(conversation_id, after=after)
@@ -494,6 +508,8 @@ class Runtime:
         try:
             return self.conversation_id(agent, id)
         except UnknownAgent:
+            if not _names(agent):
+                raise
             conversation_id = f"{agent}/{check_id(id)}"
             info = await self.store.get_conversation(conversation_id)
             if info is None or info.parent is None or info.agent != agent:
@@ -505,7 +521,7 @@ class Runtime:
         or a subagent with conversations of its own (given only to ``use_subagent``)."""
         if agent in self.env.agents:
             return True
-        return bool(await self.store.list_conversations(agent, limit=1))
+        return _names(agent) and bool(await self.store.list_conversations(agent, limit=1))
 
     async def require_conversation(self, conversation_id: str) -> None:
         """``ConversationNotFound`` unless the conversation has been admitted some input."""
@@ -563,13 +579,15 @@ class Runtime:
         limit: int = 50,
     ) -> list[ConversationSummary]:
         """One page of conversations, newest activity first (``Store.list_conversations``)."""
+        if agent is not None and not _names(agent):
+            return []
         return await self.store.list_conversations(agent, status, before=before, limit=limit)
 
     async def conversation_submission(self, agent: str, id: str, submission_id: str) -> Submission:
         """One submission of ``agent``'s conversation ``id``; ``SubmissionNotFound`` when there is
         none by that id in that conversation."""
         conversation_id = await self.addressed(agent, id)
-        sub = await self.store.get_submission(submission_id)
+        sub = await self.store.get_submission(submission_id) if _names(submission_id) else None
         if sub is None or sub.conversation_id != conversation_id:
             raise SubmissionNotFound(
                 f"no submission {submission_id!r} in conversation {conversation_id}"
