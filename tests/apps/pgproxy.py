@@ -4,7 +4,9 @@ deployment meets between hearth and its database.
 Each connection made through it is a *link*: two pipes, one each way, that pass on what they
 read. ``strand()`` holds links open for good, forwarding nothing more and closing nothing (a flow
 a firewall dropped); ``freeze()`` strands them all and leaves new connections accepted but never
-answered (a server that stopped answering); ``latency`` holds each chunk before passing it on.
+answered (a server that stopped answering); ``latency`` holds each chunk before passing it on;
+``hold_on``: a link whose client sends these bytes holds from then on (a server that stops
+answering at that statement).
 A subclass may take a link over whole by overriding ``_link``.
 """
 
@@ -20,6 +22,7 @@ class PgProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.latency = 0.0  # seconds each chunk is held: half a round trip
+        self.hold_on: bytes | None = None
         self.server: asyncio.Server | None = None
         self.port = 0
         self._frozen = False
@@ -79,6 +82,8 @@ class PgProxy:
 
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             while data := await source.read(65536):
+                if source is reader and self.hold_on is not None and self.hold_on in data:
+                    flowing.clear()
                 await flowing.wait()  # stranded: held here for good
                 if self.latency:
                     await asyncio.sleep(self.latency)

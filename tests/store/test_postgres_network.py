@@ -333,3 +333,26 @@ async def test_a_transaction_whose_own_code_takes_its_time_is_not_taken_for_stra
         assert await tx.write(unhurried, budget_s=30.0) == "done"
         assert runs == [1]
     assert "the network lost it" not in caplog.text
+
+
+async def test_a_new_connection_whose_settings_get_no_answer_does_not_stop_the_pool_growing(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server accepts a connection and then answers nothing (hearth's session settings
+    hang): the pool waited on it for good, and grows one connection at a time, so it never grew
+    again. The settings get a time limit, and the pool's next try connects."""
+    from hearth.store import postgres
+
+    monkeypatch.setattr(postgres, "SETUP_TRY_S", 1.0)
+    async with through_proxy(pg_cluster, pool_size=2) as (store, proxy):
+        pool = store._tx().pool
+        held = await pool.getconn()
+        try:
+            proxy.hold_on = b"search_path"  # hearth's settings, the first thing it sends
+            getting = asyncio.create_task(pool.getconn(timeout=20))
+            await asyncio.sleep(0.5)
+            proxy.hold_on = None
+            other = await asyncio.wait_for(getting, 25)
+            await pool.putconn(other)
+        finally:
+            await pool.putconn(held)

@@ -95,6 +95,8 @@ T = TypeVar("T")
 # connect time is one), so "Tenant" would be created as one schema and searched as another.
 SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 CONNECT_TIMEOUT_S = 5
+# How long a new connection's session settings (one round trip) may go unanswered.
+SETUP_TRY_S = 5.0
 ABORT_LOCK_WAIT_MS = 200  # an abort's wait for a row lock before it tells the row's owner
 ABORT_LOCKED_WAIT_MS = 10_000  # and its wait after
 log = logging.getLogger("hearth.store")
@@ -266,15 +268,17 @@ class PostgresStore(Store):
             self.conninfo, autocommit=True, **{**self._kwargs, **extra}
         )
         try:
-            await session.apply(conn, self.schema)
+            await within(conn, session.apply(conn, self.schema), SETUP_TRY_S)
         except BaseException:
             await conn.close()
             raise
         return conn
 
     async def _configure(self, conn: ops.Conn) -> None:
-        """The pool's ``configure``: once per new connection, not per statement."""
-        await session.apply(conn, self.schema)
+        """The pool's ``configure``: once per new connection, not per statement. (Bounded: a
+        server that accepted the connection and then stopped answering held one of the pool's
+        few workers for good, and the pool could no longer grow.)"""
+        await within(conn, session.apply(conn, self.schema), SETUP_TRY_S)
 
     async def now(self) -> float:
         if self.clock is not None:
