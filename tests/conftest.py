@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder: a throwaway PostgreSQL cluster for the session.
+"""Fixtures shared by every test folder: a throwaway PostgreSQL cluster for the session, and
+``db_url``, a fresh database on each store in turn.
 
 In CI (``CI=true``) a missing PostgreSQL server fails the run; elsewhere the tests that need it
 skip, saying why.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pgcluster import Cluster, server_bindir
@@ -34,3 +36,12 @@ def pg_cluster() -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.destroy()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database: a SQLite file, or a schema of the session's PostgreSQL cluster."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'h.db'}"
+    url: str = request.getfixturevalue("pg_cluster").url()
+    return url

@@ -53,15 +53,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database: a SQLite file, or a schema of the session's PostgreSQL cluster."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'h.db'}"
-    url: str = request.getfixturevalue("pg_cluster").url()
-    return url
-
-
 def walker_app(
     db: Path | str, model: ScriptedModel, tool: hearth.Tool = walk, **durability: Any
 ) -> hearth.App:

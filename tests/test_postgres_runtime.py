@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -10,7 +13,7 @@ from pgcluster import Cluster
 import hearth
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
-from hearth.testing import ScriptedModel, reply
+from hearth.testing import ScriptedModel, call, calls, reply
 
 pytestmark = pytest.mark.anyio
 
@@ -138,18 +141,11 @@ async def test_a_database_clock_set_back_is_followed_at_the_next_claim(
     assert "moved -600" in caplog.text or "moved -599" in caplog.text, caplog.text
 
 
-async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_attempt_in_time(
-    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An owner cut off from the database (its renewals hanging) ran its attempt on past its
-    lease, while a peer took the work over and ran the same step again (14 s of both, in a
-    hunt with a blackholing proxy). It stops the attempt before the lease runs out."""
-    import asyncio
-    import logging
-
-    from hearth.testing import call, calls
-
-    stopped: dict[str, float] = {}
+def long_step_app(
+    url: str, on_stop: Callable[[], Awaitable[None]], **settings: float
+) -> tuple[hearth.App, ScriptedModel]:
+    """An agent whose one tool runs a step of a minute, calling ``on_stop`` when it is stopped,
+    and the model that asks for it."""
 
     @hearth.tool(durable=True)
     async def slow(ctx: hearth.ToolContext) -> str:
@@ -159,7 +155,7 @@ async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_atte
             try:
                 await asyncio.sleep(60)
             except asyncio.CancelledError:
-                stopped["at"] = await rt.store.now()
+                await on_stop()
                 raise
             return "done"
 
@@ -171,14 +167,23 @@ async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_atte
         return ""
 
     model = ScriptedModel("s", [calls(call("slow")), reply("ok")])
-    app = hearth.App(
-        [hearth.Agent(render, name="s")],
-        db=pg_cluster.url(),
-        providers=[model],
-        lease_s=10,
-        heartbeat_s=2,
-        scan_s=60,
-    )
+    agent = hearth.Agent(render, name="s")
+    app = hearth.App([agent], db=url, providers=[model], scan_s=60, **settings)  # type: ignore[arg-type]
+    return app, model
+
+
+async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_attempt_in_time(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An owner cut off from the database (its renewals hanging) ran its attempt on past its
+    lease, while a peer took the work over and ran the same step again (14 s of both, in a
+    hunt with a blackholing proxy). It stops the attempt before the lease runs out."""
+    stopped: dict[str, float] = {}
+
+    async def note_when() -> None:
+        stopped["at"] = await rt.store.now()
+
+    app, _ = long_step_app(pg_cluster.url(), note_when, lease_s=10, heartbeat_s=2)
     async with app.run() as rt:
         cut = asyncio.Event()
 
@@ -207,42 +212,13 @@ async def test_a_lease_the_database_says_is_gone_is_reported_lost_not_unrenewed(
     it over while this process stood still), the attempt stops as one whose lease was lost: it
     was reported as a renewal that never reached the database, which sent readers of the log
     looking for a network fault."""
-    import asyncio
-    import logging
-
-    from hearth.testing import call, calls
-
     stopped = asyncio.Event()
 
-    @hearth.tool(durable=True)
-    async def slow(ctx: hearth.ToolContext) -> str:
-        """A long step."""
+    async def note() -> None:
+        stopped.set()
 
-        async def work() -> str:
-            try:
-                await asyncio.sleep(60)
-            except asyncio.CancelledError:
-                stopped.set()
-                raise
-            return "done"
-
-        return str(await ctx.step.do("work", work))
-
-    def render(ctx: hearth.AgentContext) -> str:
-        ctx.use_model("scripted/s")
-        ctx.use_tool(slow)
-        return ""
-
-    model = ScriptedModel("s", [calls(call("slow")), reply("ok")])
     # The watch judges a fifth of the lease (1 s) before it ends; the heartbeat comes later.
-    app = hearth.App(
-        [hearth.Agent(render, name="s")],
-        db=pg_cluster.url(),
-        providers=[model],
-        lease_s=5,
-        heartbeat_s=4.9,
-        scan_s=60,
-    )
+    app, model = long_step_app(pg_cluster.url(), note, lease_s=5, heartbeat_s=4.9)
     async with app.run() as rt:
 
         async def taken_over(owner: str, lease_s: float) -> list[Any]:

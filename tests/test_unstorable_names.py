@@ -6,7 +6,6 @@ half a pair raised a bare ``UnicodeEncodeError`` from either."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -25,14 +24,6 @@ ODD = ["\x00", "\ud800"]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'h.db'}"
-    url: str = request.getfixturevalue("pg_cluster").url()
-    return url
 
 
 @pytest.fixture
