@@ -119,6 +119,7 @@ class Listener:
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self._run(), name="hearth-pg-listener")
 
     async def stop(self) -> None:

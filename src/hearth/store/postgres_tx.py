@@ -438,7 +438,7 @@ class Transactions:
                     # (a connection the pool had idle may be stranded too: cut, it is replaced)
                     quiet = self.patience()
                     await within(conn, self._tries.cut_stranded(conn, quiet), quiet)
-            except (psycopg.Error, PoolTimeout) as exc:
+            except Exception as exc:  # (the next round looks again)
                 log.debug("could not look for stranded connections: %s", exc)
 
     async def _try(
