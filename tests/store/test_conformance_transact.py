@@ -138,6 +138,49 @@ async def test_a_stale_attempt_is_fenced_out_before_its_work_runs(
     assert app.ran == 0 and await app.rows() == []
 
 
+@pytest.mark.parametrize("store_pair", ["postgres"], indirect=True)
+async def test_a_lost_try_does_not_take_the_next_attempts_records_for_its_own_commit(
+    store_pair: tuple[Store, Store],
+) -> None:
+    """A stale attempt's transaction is lost (the database restarted under it) while a peer
+    takes the work over and commits the same step (its id is the same in every attempt): the
+    stale attempt's retry read the peer's record back as its own commit, returned its value and
+    ran its next steps again. It is fenced out instead."""
+    first, second = store_pair
+    app = App(first)
+    await app.create()
+    sub = await running(first)
+    done = step(sub.id, sub.attempt + 1, value="the peer's")
+    tries = 0
+
+    async def lost_while_the_peer_takes_over(conn: Any) -> str:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            pid = conn.info.backend_pid  # (its transaction holds the row: ended first)
+            async with await psycopg.AsyncConnection.connect(
+                app.conninfo, autocommit=True
+            ) as admin:
+                await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+            await first.expire_owners(["owner-1"])
+            (again,) = await second.claim("owner-2", 30.0, 10)
+            await second.transact(CONV, again.fence, app.insert, lambda v: [done], ids=[done.id])
+            await conn.execute("SELECT 1")  # the connection is gone: the store tries again
+        return await app.insert(conn)
+
+    with pytest.raises(FencedOut):
+        await first.transact(
+            CONV,
+            sub.fence,
+            lost_while_the_peer_takes_over,
+            lambda v: [step(sub.id, sub.attempt, value=v)],
+            ids=[done.id],
+        )
+    assert app.ran == 1  # the peer's insert only
+    [stored] = [r for r in await first.read(CONV) if r.id == done.id]
+    assert stored.attempt == sub.attempt + 1
+
+
 @ON_POSTGRES
 async def test_a_record_that_exists_fails_the_transaction_instead_of_a_no_op(store: Store) -> None:
     app = App(store)

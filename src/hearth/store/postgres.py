@@ -445,7 +445,7 @@ class PostgresStore(Store):
             # doing: a StoreError names it, nothing is run again.)
             stored = await self._write(
                 run,
-                resolve=lambda conn: transact.read_back(conn, conversation_id, ids),
+                resolve=lambda conn: transact.read_back(conn, conversation_id, ids, fence),
                 idle_is_lost=False,
                 # the application's statements, for as long as the write may take at all
                 try_s=max(self.write_retry_s, WORK_TRY_S),

@@ -122,8 +122,13 @@ async def insert_new(
     return stored
 
 
-async def read_back(conn: Conn, conversation_id: str, ids: Sequence[str]) -> list[Record] | None:
-    """The records with ``ids`` when every one is stored (an earlier try committed), else None."""
+async def read_back(
+    conn: Conn, conversation_id: str, ids: Sequence[str], fence: Fence
+) -> list[Record] | None:
+    """The records with ``ids`` when every one is stored by ``fence``'s attempt (an earlier try
+    committed), else None. Another attempt's records under the same ids (a step's id is the same
+    in every attempt) are not this one's commit: a stale attempt took a peer's as its own and ran
+    its next steps again; with None its retry meets the fence instead."""
     rows = await fetchall(
         conn,
         "SELECT id, body FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
@@ -131,5 +136,8 @@ async def read_back(conn: Conn, conversation_id: str, ids: Sequence[str]) -> lis
     )
     found = {row["id"]: stored_record(row["body"], conversation_id) for row in rows}
     if not ids or any(i not in found for i in ids):
+        return None
+    mine = (fence.submission_id, fence.attempt)
+    if any((found[i].submission_id, found[i].attempt) != mine for i in ids):
         return None
     return [found[i] for i in ids]
