@@ -21,7 +21,13 @@ from pgcluster import Cluster, free_port, new_schema
 from pgproxy import PgProxy
 
 import hearth.store
-from hearth.errors import ConfigurationError, SchemaTooNew, StoreError, StoreUnavailable
+from hearth.errors import (
+    ConfigurationError,
+    FencedOut,
+    SchemaTooNew,
+    StoreError,
+    StoreUnavailable,
+)
 from hearth.records import ToolStepSettled, UserMessage
 from hearth.store import NewSubmission, open_store, rules
 from hearth.store import postgres_ops as ops
@@ -861,6 +867,57 @@ async def test_a_one_statement_append_whose_reply_was_lost_is_not_written_twice(
             assert ids == [f"{CONV}:created", "m1", "m2", "m3"]
     finally:
         await proxy.stop()
+
+
+async def test_a_lost_append_is_not_read_back_as_the_record_of_the_attempt_that_took_over(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append of a step record is lost before its COMMIT (the database restarted) while the
+    attempt that took over records the same step with the same value (the digest leaves the
+    attempt out): the retry read the other attempt's record back as its own commit, and the
+    stale attempt went on to run its next step. It is fenced out."""
+    from hearth import _faults
+    from hearth.store import postgres_readback
+
+    schema = new_schema()
+    async with (
+        opened(pg_cluster.conninfo, schema) as store,
+        opened(pg_cluster.conninfo, schema) as peer,
+    ):
+        sub = (await store.admit(NewSubmission(CONV, "support", "message", {"t": 1}))).submission
+        [running] = await store.claim("owner-1", 30.0, 1)
+
+        def step(attempt: int) -> ToolStepSettled:
+            record = ToolStepSettled(id="m1:step:t1:s", tool_call_id="t1", step="s", value=1)
+            return record.stamped(sub.id, attempt)
+
+        lost: list[int] = []
+        reached, read_back = _faults.reached, postgres_readback.appended_offsets
+
+        def restart_before_the_commit(point: str) -> None:
+            reached(point)
+            if point == "store:commit-begin" and not lost:
+                lost.append(1)
+                with psycopg.connect(pg_cluster.conninfo, autocommit=True) as admin:
+                    admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE state = 'idle in transaction' AND pid <> pg_backend_pid()"
+                    )
+
+        async def the_peer_takes_over_first(*args: Any) -> list[int] | None:
+            if len(lost) == 1:
+                lost.append(2)
+                await peer.expire_owners(["owner-1"])
+                [again] = await peer.claim("owner-2", 30.0, 1)
+                await peer.append(CONV, [step(again.attempt)], fence=again.fence)
+            return await read_back(*args)
+
+        monkeypatch.setattr(_faults, "reached", restart_before_the_commit)
+        monkeypatch.setattr(postgres_readback, "appended_offsets", the_peer_takes_over_first)
+        store._tails.clear()  # (the general append, in a transaction of its own)
+        with pytest.raises(FencedOut):
+            await store.append(CONV, [step(running.attempt)], fence=running.fence)
+        assert lost == [1, 2]
 
 
 async def test_an_admission_whose_commit_reply_was_lost_is_read_back(pg_cluster: Cluster) -> None:

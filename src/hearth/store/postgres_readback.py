@@ -62,8 +62,11 @@ async def appended_offsets(
     records: list[Record],
     submission_id: str | None = None,
 ) -> list[int] | None:
-    """The offsets of ``records`` when every one of them is stored with the same content (an
-    earlier try committed), else None. Without ``conversation_id``, the submission's is used."""
+    """The offsets of ``records`` when every one of them is stored with the same content by
+    the same attempt (an earlier try committed), else None. Without ``conversation_id``, the
+    submission's is used. (The digest leaves the attempt out, and a step's id is the same in
+    every attempt: a stale attempt took the record of the attempt that took over, of a step
+    that gave the same value, for its own, and ran its next step again.)"""
     if conversation_id is None:
         row = await fetchone(
             conn, "SELECT conversation_id FROM submissions WHERE id = %(id)s", {"id": submission_id}
@@ -73,17 +76,19 @@ async def appended_offsets(
         conversation_id = row["conversation_id"]
     rows = await fetchall(
         conn,
-        'SELECT id, "offset", digest FROM records'
+        'SELECT id, "offset", digest, body FROM records'
         " WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
         {"c": conversation_id, "ids": [r.id for r in records]},
     )
-    stored = {row["id"]: (int(row["offset"]), row["digest"]) for row in rows}
+    stored = {row["id"]: row for row in rows}
     offsets = []
     for record in records:
         found = stored.get(record.id)
-        if found is None or found[1] != record.content_digest():
+        if found is None or found["digest"] != record.content_digest():
             return None
-        offsets.append(found[0])
+        if stored_record(found["body"], conversation_id).attempt != record.attempt:
+            return None
+        offsets.append(int(found["offset"]))
     return offsets
 
 
