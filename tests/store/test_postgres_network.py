@@ -356,3 +356,22 @@ async def test_a_new_connection_whose_settings_get_no_answer_does_not_stop_the_p
             await pool.putconn(other)
         finally:
             await pool.putconn(held)
+
+
+async def test_on_a_slow_link_a_resolve_and_an_abort_get_the_round_trips_they_need(
+    pg_cluster: Cluster,
+) -> None:
+    """A round trip of 140 ms: a wait's resolve (a dozen round trips, one after another) took
+    longer than its 1.5 s budget, was cut and answered 503 "unreachable" every time, while the
+    same server served reads and admissions. A try gets the round trips it needs."""
+    from test_conformance import CONV as WAITING_CONV
+    from test_conformance_waits import waiting
+
+    async with through_proxy(pg_cluster) as (store, proxy):
+        await waiting(store)
+        proxy.latency = 0.07
+        for _ in range(5):  # the recent tries show the link as it is now
+            await store.get_submission("s_none")
+        wait = await store.resolve_wait(WAITING_CONV, "w_approval", {"ok": True})
+        assert wait.state == "resolved"
+        await store.request_abort(WAITING_CONV)
