@@ -6,7 +6,7 @@ read. ``strand()`` holds links open for good, forwarding nothing more and closin
 a firewall dropped); ``freeze()`` strands them all and leaves new connections accepted but never
 answered (a server that stopped answering); ``latency`` holds each chunk before passing it on;
 ``hold_on``: a link whose client sends these bytes holds from then on (a server that stops
-answering at that statement).
+answering at that statement); ``down_rate`` limits what the server sends (a slow link).
 A subclass may take a link over whole by overriding ``_link``.
 """
 
@@ -23,6 +23,7 @@ class PgProxy:
         self.upstream_port = upstream_port
         self.latency = 0.0  # seconds each chunk is held: half a round trip
         self.hold_on: bytes | None = None
+        self.down_rate: float | None = None  # bytes a second from the server, if limited
         self.server: asyncio.Server | None = None
         self.port = 0
         self._frozen = False
@@ -87,6 +88,8 @@ class PgProxy:
                 await flowing.wait()  # stranded: held here for good
                 if self.latency:
                     await asyncio.sleep(self.latency)
+                if self.down_rate and source is up_reader:
+                    await asyncio.sleep(len(data) / self.down_rate)
                 sink.write(data)
                 await sink.drain()
 

@@ -370,8 +370,43 @@ async def test_on_a_slow_link_a_resolve_and_an_abort_get_the_round_trips_they_ne
     async with through_proxy(pg_cluster) as (store, proxy):
         await waiting(store)
         proxy.latency = 0.07
-        for _ in range(5):  # the recent tries show the link as it is now
+        store._tx()._took.clear()  # (as for a store whose link was always this slow)
+        for _ in range(3):
             await store.get_submission("s_none")
         wait = await store.resolve_wait(WAITING_CONV, "w_approval", {"ok": True})
         assert wait.state == "resolved"
         await store.request_abort(WAITING_CONV)
+
+
+async def test_a_large_answer_still_arriving_on_a_slow_link_is_not_taken_for_stranded(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read of 6 MB at 2 MB/s: the server has put its whole answer in the kernel's buffers and
+    shows its session idle while the answer still arrives for seconds. It was cut as stranded,
+    again at every retry, until the read failed; what arrives shows it is not."""
+    from hearth.records import UserMessage
+
+    async with through_proxy(pg_cluster) as (store, proxy):
+        await store.admit(new(1))
+        big = UserMessage(id="big", message_id="big", content="x" * 6_000_000)
+        await store.append(CONV, [big])
+        proxy.down_rate = 2_000_000
+        records = await store.read(CONV)
+        assert [r.id for r in records][-1] == "big"
+    assert "the network lost it" not in caplog.text
+
+
+async def test_slow_tries_of_their_own_do_not_make_an_admission_wait_out_a_silent_server(
+    pg_cluster: Cluster,
+) -> None:
+    """Tries slow for reasons of their own (step.transactions whose code took 2 s) were taken
+    for a slow link: an admission's try on a connection the server no longer answered got 20
+    such "round trips", up to 30 s. The allowance for a slow link is at most a probe's time."""
+    async with through_proxy(pg_cluster, pool_size=1) as (store, proxy):
+        await store.admit(new(1))
+        store._tx()._took.extend([2.0] * 20)
+        proxy.freeze()
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.admit(new(2))
+        assert time.monotonic() - began < 8  # (30 s without the bound)

@@ -52,11 +52,11 @@ PROBE_TIMEOUT_S = 5.0
 # may take to show it answers: a new connection's handshake, authentication, settings and
 # question, with room to spare. On a fast link, an admission's budget is the bound instead.
 LINK_ROUND_TRIPS = 8
-# How many round trips a try of a short budget may take on a slow link before it is cut: a
-# wait's resolve or an abort makes a dozen, one after another (on a link of 150 ms they took
-# longer than their 1.5 s budget, and were cut and answered 503 every time).
+# How many round trips a try of a short budget may take on a slow link before it is cut, up to
+# PROBE_TIMEOUT_S: a wait's resolve or an abort makes a dozen, one after another (on a link of
+# 150 ms they took longer than their 1.5 s budget, and were cut and answered 503 every time).
 TRY_ROUND_TRIPS = 20
-_TRIES_KEPT = 5  # (few: a link that turned slow is seen as slow soon)
+_TRIES_KEPT = 20
 _STALE_PLAN = "cached plan must not change result type"
 
 # How long one try of a piece of work may go without an answer before its connection is cut
@@ -351,7 +351,9 @@ class Transactions:
                         # (one that queued for a busy pool has spent its budget there: its try
                         # gets a budget's time again, which a slow link's round trips need)
                         left = max(ADMIT_WAIT_S if queued else 0.05, end - time.monotonic())
-                        left = max(left, TRY_ROUND_TRIPS * self._round_trip())
+                        # (at most a probe's time: the fastest of 20 tries may have been slow
+                        # for reasons of its own, and an outage must still be answered soon)
+                        left = max(left, min(PROBE_TIMEOUT_S, TRY_ROUND_TRIPS * self._round_trip()))
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
                     began = time.monotonic()
                     if self._sweeper is None and not self.pool.closed:
