@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import time
@@ -70,6 +71,7 @@ WORK_TRY_S = 30.0
 # Past its budget, how long an admission's try may still run: a budget of 1.5 s is an answer
 # within 2 s.
 TRY_GRACE_S = 0.3
+POOL_CLOSE_S = 1.0
 # How often tries waiting longer than ``patience`` are looked at (``_sweep``).
 _SWEEP_S = 0.5
 
@@ -165,7 +167,9 @@ class Transactions:
 
     async def close(self) -> None:
         await cancel_and_wait(self._sweeper)
-        await self.pool.close()
+        # (a worker stuck opening a connection to a silent server is not waited for: the pool's
+        # default held every close 5 s there; its connection attempt ends by its own timeout)
+        await self.pool.close(timeout=POOL_CLOSE_S)
 
     async def ping(self, timeout: float) -> None:
         """``Store.ping``: a trivial question on a connection of the pool or, while every one is
@@ -357,7 +361,10 @@ class Transactions:
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
                     began = time.monotonic()
                     if self._sweeper is None and not self.pool.closed:
-                        self._sweeper = asyncio.create_task(self._sweep(), name="hearth-pg-sweep")
+                        # (in a context of its own: not the first caller's, for the store's life)
+                        self._sweeper = asyncio.create_task(
+                            self._sweep(), name="hearth-pg-sweep", context=contextvars.Context()
+                        )
                     with self._tries.waiting(conn):
                         resolved, result = await within(
                             conn,
