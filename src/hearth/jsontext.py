@@ -36,6 +36,13 @@ def storable_text(text: str) -> str:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
+def names_something(value: object) -> bool:
+    """Whether ``value`` can name something stored: text every store keeps as it is. One with
+    a NUL or half a surrogate pair names nothing (PostgreSQL refuses it outright, which reads as
+    the database being down)."""
+    return isinstance(value, str) and storable_text(value) == value
+
+
 def compact_json(value: JSON) -> str:
     """The stored JSON form of ``value``: compact, UTF-8 as is (unpaired surrogates replaced)."""
     return _paired(_compact(value))

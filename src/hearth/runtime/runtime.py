@@ -28,7 +28,8 @@ from hearth.errors import (
     WaitNotFound,
 )
 from hearth.ids import RESERVED_KEY_PREFIXES
-from hearth.jsontext import storable_text, unpaired_surrogate
+from hearth.jsontext import names_something as _names
+from hearth.jsontext import unpaired_surrogate
 from hearth.receipts import (
     MAX_IDEMPOTENCY_KEY,
     AbortResult,
@@ -69,13 +70,6 @@ from hearth.store.base import (
 )
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
-
-
-def _names(value: object) -> bool:
-    """Whether ``value`` can name something stored: text that every store keeps as it is. One
-    with a NUL or half a surrogate pair names nothing (PostgreSQL refuses it outright, which
-    read as the database being down)."""
-    return isinstance(value, str) and storable_text(value) == value
 
 
 def _stopped_before(submission_id: str) -> ShuttingDown:

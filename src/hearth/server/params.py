@@ -6,7 +6,7 @@ import re
 
 from starlette.requests import Request
 
-from hearth.jsontext import storable_text
+from hearth.jsontext import names_something
 from hearth.server.errors import ApiError
 
 _INTEGER = re.compile("-?[0-9]{1,20}")
@@ -23,9 +23,8 @@ def query(request: Request, name: str) -> str | None:
 
 
 def storable(value: str) -> bool:
-    """Whether every store keeps ``value`` as it is: one with a NUL or half a surrogate pair
-    names nothing stored (PostgreSQL refuses it outright, as if the database were down)."""
-    return storable_text(value) == value
+    """Whether ``value`` can name something stored (``jsontext.names_something``)."""
+    return names_something(value)
 
 
 def int_param(raw: str | None, name: str, *, default: int, low: int, high: int) -> int:

@@ -22,6 +22,14 @@ from hearth.store.rows import (
 )
 
 
+def same_attempt(stored: Record, submission_id: str | None, attempt: int | None) -> bool:
+    """Whether ``stored`` was written by that submission's attempt. A read-back takes
+    only its own attempt's records: a step's id is the same in every attempt (and a digest
+    leaves the attempt out), so a stale attempt took the record of the attempt that took over
+    for its own commit, and ran its next step again."""
+    return (stored.submission_id, stored.attempt) == (submission_id, attempt)
+
+
 async def admission(conn: Conn, submission_id: str) -> Admission | None:
     """The submission row an admission wrote under the id it chose beforehand."""
     row = await fetchone(conn, "SELECT * FROM submissions WHERE id = %(id)s", {"id": submission_id})
@@ -63,10 +71,8 @@ async def appended_offsets(
     submission_id: str | None = None,
 ) -> list[int] | None:
     """The offsets of ``records`` when every one of them is stored with the same content by
-    the same attempt (an earlier try committed), else None. Without ``conversation_id``, the
-    submission's is used. (The digest leaves the attempt out, and a step's id is the same in
-    every attempt: a stale attempt took the record of the attempt that took over, of a step
-    that gave the same value, for its own, and ran its next step again.)"""
+    the same attempt (``same_attempt``; an earlier try committed), else None. Without
+    ``conversation_id``, the submission's is used."""
     if conversation_id is None:
         row = await fetchone(
             conn, "SELECT conversation_id FROM submissions WHERE id = %(id)s", {"id": submission_id}
@@ -86,7 +92,8 @@ async def appended_offsets(
         found = stored.get(record.id)
         if found is None or found["digest"] != record.content_digest():
             return None
-        if stored_record(found["body"], conversation_id).attempt != record.attempt:
+        stored_by = stored_record(found["body"], conversation_id)
+        if not same_attempt(stored_by, record.submission_id, record.attempt):
             return None
         offsets.append(int(found["offset"]))
     return offsets

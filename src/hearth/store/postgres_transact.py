@@ -21,6 +21,7 @@ from hearth.store import postgres_session as session
 from hearth.store import rules
 from hearth.store.events import APPENDED, Event
 from hearth.store.postgres_ops import NOW, Conn, Outbox, check_fence, fetchall, fetchone
+from hearth.store.postgres_readback import same_attempt
 from hearth.store.rows import Fence, stored_record
 
 
@@ -126,9 +127,7 @@ async def read_back(
     conn: Conn, conversation_id: str, ids: Sequence[str], fence: Fence
 ) -> list[Record] | None:
     """The records with ``ids`` when every one is stored by ``fence``'s attempt (an earlier try
-    committed), else None. Another attempt's records under the same ids (a step's id is the same
-    in every attempt) are not this one's commit: a stale attempt took a peer's as its own and ran
-    its next steps again; with None its retry meets the fence instead."""
+    committed; ``readback.same_attempt``), else None: then the retry meets the fence."""
     rows = await fetchall(
         conn,
         "SELECT id, body FROM records WHERE conversation_id = %(c)s AND id = ANY(%(ids)b::text[])",
@@ -137,7 +136,6 @@ async def read_back(
     found = {row["id"]: stored_record(row["body"], conversation_id) for row in rows}
     if not ids or any(i not in found for i in ids):
         return None
-    mine = (fence.submission_id, fence.attempt)
-    if any((found[i].submission_id, found[i].attempt) != mine for i in ids):
+    if not all(same_attempt(found[i], fence.submission_id, fence.attempt) for i in ids):
         return None
     return [found[i] for i in ids]
