@@ -552,9 +552,20 @@ def _nan_default(x: float = float("nan")) -> float:
     return x
 
 
+def _odd_description(x: int) -> int:
+    """Half \ud83d of a pair."""
+    return x
+
+
+def _odd_field(x: Annotated[int, pydantic.Field(description="half \udc00")]) -> int:
+    return x
+
+
 @pytest.mark.parametrize(
     ("fn", "says"),
     [
+        (_odd_description, "unpaired surrogate U+D83D"),
+        (_odd_field, "unpaired surrogate U+DC00"),
         (_positional_only, "positional-only"),
         (_two_contexts, "one parameter may take hearth.ToolContext"),
         (_underscore, "start with _ or model_"),

@@ -38,7 +38,7 @@ from hearth._tasks import in_thread
 from hearth.attachments import ConversationAttachments
 from hearth.effects import RECONCILE_TIMEOUT_S
 from hearth.errors import ConfigurationError, WorkspaceError
-from hearth.jsontext import json_round_trip
+from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.providers.base import ToolSpec
 from hearth.steps import Steps
 
@@ -207,6 +207,12 @@ class Tool:
                 raise ConfigurationError(
                     f"tool {self.name!r}: no JSON schema can describe its parameters: {exc}"
                 ) from None
+            odd = unpaired_surrogate([self.name, self.description, schema])
+            if odd is not None:
+                raise ConfigurationError(
+                    f"tool {self.name!r}: its name, description or schema holds {odd}, which no"
+                    " request to a model can carry"
+                )
             self._spec = ToolSpec(self.name, self.description, schema)
         return self._spec
 

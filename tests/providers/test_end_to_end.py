@@ -535,6 +535,29 @@ async def test_401_fails_at_once_with_the_providers_message(
     assert settled.outcome == "failed"
 
 
+async def test_a_request_that_cannot_be_sent_as_json_fails_at_once_saying_why(
+    server: FakeServer, dialect: Dialect
+) -> None:
+    """Half a surrogate pair in the instructions can never be sent: it was taken for the
+    provider's passing failure and tried four times (with pauses) before the submission failed
+    with an encoder's message."""
+
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model(dialect.model)
+        return "You are \ud800 helpful."
+
+    provider = dialect.provider(server.url)
+    app = hearth.App([hearth.Agent(render, name="helper")], db="memory", providers=[provider])
+    async with app.run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as failed:
+            await ask(rt, "hi")
+        assert failed.value.type == "provider_error"
+        message = failed.value.error["message"]
+        assert "cannot be sent as JSON" in message and "instructions" in message
+        assert server.requests == []
+    await provider.aclose()
+
+
 # --- overflow and compaction ------------------------------------------------------------------
 
 

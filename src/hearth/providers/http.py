@@ -9,6 +9,7 @@ adds only its API's request shape and a ``StreamedAnswer`` that decodes its even
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -49,9 +50,14 @@ async def post_sse(
     A status >= 400 (or a JSON answer where a stream was expected) is handed, with its body, to
     ``on_error``, whose ``ProviderError`` is raised. Transport failures are classified here. The
     response is closed when the generator is closed, so closing it early drops the connection.
+    A body that cannot be sent as JSON fails at once: sending it again would fail the same way.
     """
+    content = _encoded(provider, url, body)
+    sent = dict(headers)
+    if not any(name.lower() == "content-type" for name in sent):
+        sent["content-type"] = "application/json"
     try:
-        async with client.stream("POST", url, json=body, headers=dict(headers)) as response:
+        async with client.stream("POST", url, content=content, headers=sent) as response:
             content_type = response.headers.get("content-type", "")
             if response.status_code == 204 or 300 <= response.status_code < 400:
                 raise ProviderError(
@@ -72,6 +78,20 @@ async def post_sse(
         raise ProviderError(
             f"{provider}: the connection to {url} failed: {exc}", kind="transient"
         ) from exc
+
+
+def _encoded(provider: str, url: str, body: dict[str, Any]) -> bytes:
+    """``body`` as the bytes of its JSON (as httpx2 would send it), or a terminal
+    ``ProviderError`` saying why it has none."""
+    try:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ProviderError(
+            f"{provider}: the request to {url} cannot be sent as JSON ({exc}); look for half a"
+            " surrogate pair or a NaN or infinite number in the agent's instructions and its"
+            " tools' descriptions and schemas"
+        ) from None
 
 
 def _no_answer(provider: str, url: str, response: httpx2.Response) -> str:
