@@ -293,12 +293,14 @@ async def test_a_try_being_abandoned_when_its_caller_is_cancelled_is_cancelled_t
     assert ended == ["cancelled"]
 
 
+@pytest.mark.parametrize("sweeper", ["running", "ended by a stray cancellation"])
 async def test_work_on_connections_the_network_stranded_goes_on_within_seconds(
-    pg_cluster: Cluster,
+    pg_cluster: Cluster, sweeper: str
 ) -> None:
     """Every connection of the pool stranded at once (a firewall's table flushed) under writes
     that may run 30 s: each waited its whole limit, and a renewal of leases among them let the
-    leases lapse. The server shows their sessions idle, so they are cut and the work retried."""
+    leases lapse. The server shows their sessions idle, so they are cut and the work retried.
+    A sweeper that ended is started again (it was not: the tries waited their limit again)."""
     async with through_proxy(pg_cluster, pool_size=2) as (store, proxy):
         tx = store._tx()
 
@@ -307,10 +309,17 @@ async def test_work_on_connections_the_network_stranded_goes_on_within_seconds(
             return "written"
 
         await asyncio.gather(tx.write(write, budget_s=30.0), tx.write(write, budget_s=30.0))
+        writes = 3  # (one more than the pool holds: it asks whether the server answers too)
+        if sweeper != "running":
+            assert tx._sweeper is not None
+            tx._sweeper.cancel()
+            await asyncio.gather(tx._sweeper, return_exceptions=True)
+            await tx.write(write, budget_s=30.0)
+            writes = 2  # (only the sweeper looks)
         assert proxy.strand() >= 2
         began = time.monotonic()
-        done = await asyncio.gather(*(tx.write(write, budget_s=30.0) for _ in range(3)))
-        assert done == ["written"] * 3
+        done = await asyncio.gather(*(tx.write(write, budget_s=30.0) for _ in range(writes)))
+        assert done == ["written"] * writes
         assert time.monotonic() - began < 10  # (30 s: the tries' limit)
 
 

@@ -360,8 +360,10 @@ class Transactions:
                         left = max(left, min(PROBE_TIMEOUT_S, TRY_ROUND_TRIPS * self._round_trip()))
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
                     began = time.monotonic()
-                    if self._sweeper is None and not self.pool.closed:
-                        # (in a context of its own: not the first caller's, for the store's life)
+                    sweeper = self._sweeper
+                    if (sweeper is None or sweeper.done()) and not self.pool.closed:
+                        # (in a context of its own: not the first caller's, for the store's life;
+                        # again if one ended, as a stray cancellation would end it)
                         self._sweeper = asyncio.create_task(
                             self._sweep(), name="hearth-pg-sweep", context=contextvars.Context()
                         )
