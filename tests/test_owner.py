@@ -6,11 +6,27 @@ import subprocess
 import sys
 import time
 
-from hearth.runtime.owner import current_owner, is_dead_local, this_host
+from hearth.runtime.owner import OwnerIds, current_owner, is_dead_local, this_host
 
 
 def test_the_current_process_is_alive() -> None:
     assert not is_dead_local(current_owner())
+
+
+def test_runtimes_running_side_by_side_own_apart_and_die_with_their_process() -> None:
+    class Runtime:
+        pass
+
+    ids = OwnerIds()
+    first, second, third = Runtime(), Runtime(), Runtime()
+    assert ids.take(first) == current_owner()
+    assert ids.take(second) == f"{current_owner()}:2"
+    ids.give_back(current_owner(), first)
+    assert ids.take(third) == current_owner()  # (free again once its runtime stopped)
+    assert not is_dead_local(f"{current_owner()}:2")
+    host, boot, namespace, _, _ = current_owner().split(":")
+    assert is_dead_local(f"{host}:{boot}:{namespace}:999999999:1:2")
+    assert not is_dead_local(f"{host}:{boot}:{namespace}:999999999:1:x")
 
 
 def test_a_finished_process_is_dead() -> None:

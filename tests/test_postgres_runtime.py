@@ -234,3 +234,54 @@ async def test_a_lease_the_database_says_is_gone_is_reported_lost_not_unrenewed(
             await asyncio.wait_for(stopped.wait(), 20)
         assert "lost the lease of" in caplog.text
         assert "reached the database" not in caplog.text
+
+
+async def test_two_runtimes_of_one_process_keep_apart_the_leases_they_hold(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two runtimes running in one process on one database took one owner id: each renewed the
+    other's leases, then gave them back as strays, and the other stopped its attempts as lost
+    (every tool call interrupted, run again by a later attempt). Each owns apart now."""
+    ran: list[str] = []
+
+    @hearth.tool(durable=True)
+    async def work(tag: str, ctx: hearth.ToolContext) -> str:
+        """Work a while."""
+        ran.append(tag)
+        await ctx.step.do("wait", lambda: asyncio.sleep(2.5))
+        return f"done {tag}"
+
+    def render(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/w")
+        ctx.use_tool(work)
+        return ""
+
+    def script(request: Any) -> Any:
+        turns = sum(type(m).__name__ == "AssistantTurn" for m in request.messages)
+        return calls(call("work", tag="x")) if turns == 0 else reply("ok")
+
+    url = pg_cluster.url()
+
+    def app() -> hearth.App:
+        model = ScriptedModel("w", script)
+        agent = hearth.Agent(render, name="w")
+        return hearth.App(
+            [agent],
+            db=url,
+            providers=[model],
+            heartbeat_s=0.3,
+            lease_s=1.5,
+            scan_s=0.3,
+        )  # type: ignore[arg-type]
+
+    with caplog.at_level(logging.WARNING, logger="hearth"):
+        async with app().run() as one, app().run() as two:
+            assert one.owner != two.owner and two.owner.startswith(one.owner)
+            receipts = [
+                await (one if i % 2 else two).dispatch("w", f"c{i}", "go") for i in range(4)
+            ]
+            for receipt in receipts:
+                assert (await one.read(receipt, timeout=30)).outcome == "completed"
+                assert (await one.submission(receipt.submission_id)).attempt == 1
+    assert len(ran) == 4
+    assert "lost the lease" not in caplog.text

@@ -20,7 +20,7 @@ from hearth import _faults, logs, telemetry
 from hearth.config import Settings
 from hearth.errors import FencedOut, StoreUnavailable, app_failure
 from hearth.runtime.env import Env
-from hearth.runtime.owner import current_owner, is_dead_local
+from hearth.runtime.owner import is_dead_local, owner_ids
 from hearth.runtime.runner import Attempt
 from hearth.runtime.scope import Lease
 from hearth.store.base import LIST_LIMIT, WAITING, Fence, Held, Submission
@@ -77,7 +77,7 @@ class Coordinator:
         self.env = env
         self.store = env.store
         self.settings = settings
-        self.owner = owner or current_owner()
+        self.owner = owner or owner_ids.take(self)
         self._claims: dict[str, _Claim] = {}
         self._strays: set[Fence] = set()  # leases renewed at the last beat with no claim here
         self._supervisors: set[asyncio.Task[None]] = set()
@@ -105,7 +105,13 @@ class Coordinator:
     async def stop(self) -> None:
         """Interrupt running work without settling it, release its leases, stop claiming: work
         that has not wound down by ``STOP_SHARE`` of ``shutdown_s`` is given back anyway, well
-        before ``shutdown_s``."""
+        before ``shutdown_s``. Its owner id is then free for a runtime started later."""
+        try:
+            await self._stop()
+        finally:
+            owner_ids.give_back(self.owner, self)
+
+    async def _stop(self) -> None:
         self._stopping = True
         if self._unlisten is not None:
             self._unlisten()

@@ -6,12 +6,17 @@ dead: its work can be taken over at once instead of waiting for its lease to exp
 less is not proof: two containers with one host name and boot (host networking) have PID
 namespaces of their own, two machines may share a host name, and a rebooted host's old owners
 are as well waited for as a live peer's; their leases decide.
+
+A second runtime running in the same process at the same time owns apart from the first (each
+renews and gives back only its own leases): its id ends ``:2`` (``:3``…), see ``OwnerIds``.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import weakref
 from functools import cache
 
 UNKNOWN = "x"  # a part that could not be read: nothing is proven with it
@@ -70,10 +75,39 @@ def current_owner() -> str:
     return f"{this_host()}:{_boot_id()}:{_pid_namespace()}:{pid}:{_start_ticks(pid) or UNKNOWN}"
 
 
+class OwnerIds:
+    """The owner ids of the runtimes running in this process: the first takes the process's
+    own id, each other one running beside it that id and ``:n``. An id is free again once its
+    holder (a coordinator) stopped or is gone."""
+
+    def __init__(self) -> None:
+        self._held: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def take(self, holder: object) -> str:
+        base = current_owner()
+        with self._lock:
+            n = 1
+            while (owner := base if n == 1 else f"{base}:{n}") in self._held:
+                n += 1
+            self._held[owner] = holder
+        return owner
+
+    def give_back(self, owner: str, holder: object) -> None:
+        with self._lock:
+            if self._held.get(owner) is holder:
+                del self._held[owner]
+
+
+owner_ids = OwnerIds()
+
+
 def is_dead_local(owner: str) -> bool:
     """True only when the owner is provably a dead process of this host, boot and PID
     namespace. (An owner id of an earlier release, without its namespace, proves nothing.)"""
     parts = owner.split(":")
+    if len(parts) == 6 and parts[5].isascii() and parts[5].isdigit():
+        parts = parts[:5]  # one of several runtimes of its process: the process decides
     if len(parts) != 5:
         return False
     host, boot, namespace, pid_text, start = parts
