@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -285,3 +286,30 @@ async def test_two_runtimes_of_one_process_keep_apart_the_leases_they_hold(
                 assert (await one.submission(receipt.submission_id)).attempt == 1
     assert len(ran) == 4
     assert "lost the lease" not in caplog.text
+
+
+async def test_starts_given_up_on_leave_no_connection_open(pg_cluster: Cluster) -> None:
+    """``app.run()`` given up on while its store opened (a task cancelled during start-up, a
+    Ctrl-C) left the pool's and the listener's connections open for the process's life."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    )
+    before = int(pg_cluster.sql(query))
+    url = pg_cluster.url()
+
+    async def serve() -> None:
+        async with app_on(url).run():
+            await asyncio.sleep(3600)
+
+    pauses = random.Random(2)
+    for _ in range(40):
+        running = asyncio.create_task(serve())
+        await asyncio.sleep(pauses.random() * 0.2)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    for _ in range(100):
+        if int(pg_cluster.sql(query)) <= before:
+            break
+        await asyncio.sleep(0.1)
+    assert int(pg_cluster.sql(query)) <= before

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -186,9 +187,13 @@ async def open_database(db: str | None, *, pg_pool: int = 10, existing: bool = F
     store = open_store(db, pg_pool=pg_pool)
     try:
         await store.open(create=not existing)
-    except (HearthError, OSError):
-        raise
-    except Exception as exc:
+    except BaseException as exc:
+        # What it opened before it failed or was given up on (a pool, a listener, the file's
+        # lock) is closed, not left to serve nobody.
+        with contextlib.suppress(Exception):
+            await run_to_end(store.close())
+        if isinstance(exc, HearthError | OSError) or not isinstance(exc, Exception):
+            raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise StoreError(f"cannot open the database {shown_db(db)}: {first}") from exc
     return store

@@ -138,6 +138,43 @@ async def test_committed_work_survives_a_sigkill_and_the_file_reopens_at_once(
         await store.close()
 
 
+_GIVE_UP_STARTS = """
+import asyncio, sys
+import hearth.store
+
+async def main(path):
+    for n in range(60):
+        store = hearth.store.open_store(f"sqlite:///{path}")
+        try:
+            async with asyncio.timeout(n * 0.0005):
+                await store.open()
+        except TimeoutError:
+            pass
+        await store.close()
+    store = hearth.store.open_store(f"sqlite:///{path}")
+    await store.open()  # the file is free: nothing of the starts given up on holds it
+    await store.close()
+    print("free")
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_start_given_up_on_frees_the_file_without_blocking_the_loop(tmp_path: Path) -> None:
+    """A start cancelled while its thread opened the file (a timeout around ``app.run()``, a
+    Ctrl-C during start-up) joined that thread on the event loop; the thread, having opened
+    the file, served on for good: the loop blocked for ever."""
+    done = subprocess.run(
+        [sys.executable, "-c", _GIVE_UP_STARTS, str(tmp_path / "h.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "free"), done.stderr[-2000:]
+
+
 async def test_data_persists_after_close_and_reopen(tmp_path: Path) -> None:
     store = await opened(tmp_path / "hearth.db")
     admission = await store.admit(new("support/c-1"))

@@ -173,11 +173,27 @@ class GroupCommitWriter:
         )
         self._thread.start()
         try:
-            await ready
+            await asyncio.shield(ready)
+        except asyncio.CancelledError:
+            # The caller gave up while the file was being opened: the thread still opens it,
+            # then would serve nobody, the file locked, and a join here would block the loop.
+            await self._abandon(ready)
+            raise
         except BaseException:
-            self._thread.join()
+            self._thread.join()  # (it failed to open and ends now)
             self._thread = None
             raise
+
+    async def _abandon(self, ready: asyncio.Future[None]) -> None:
+        """Close what a start given up on opened, once it has (the file is free again)."""
+        try:
+            await ready
+        except BaseException:
+            if self._thread is not None:
+                self._thread.join()
+                self._thread = None
+            return
+        await self.stop()
 
     async def stop(self) -> None:
         """Finish the queued work, stop the thread and close the connection. Idempotent."""
