@@ -755,7 +755,12 @@ async def test_a_whole_stream_is_read_on_the_writer_thread_never_on_the_loop(
         await store.admit(new("support/c-1"))
         await store.append("support/c-1", [msg(n) for n in range(1, 50)])
         inline = store._writer.inline
-        admitted = asyncio.ensure_future(store.admit(new("support/c-2")))  # asked for first
+        admitted = asyncio.ensure_future(store.admit(new("support/c-2")))
+        for _ in range(100):  # asked for first: collected to run at the iteration's end
+            if store._writer._collected:
+                break
+            await asyncio.sleep(0)
+        assert store._writer._collected
         whole = await store.read("support/c-1")
         assert [r.offset for r in whole] == list(range(50))
         assert store._writer.inline == inline  # neither ran on the loop
