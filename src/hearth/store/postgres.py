@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -26,7 +27,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -158,6 +159,10 @@ class PostgresStore(Store):
         # The claims whose step.transaction is open here: each holds its submission's row
         # locked (no peer can claim it meanwhile), so renewals leave those rows alone.
         self._transacting: Counter[Fence] = Counter()
+        # One step.transaction of a submission at a time (parallel calls' lock the same row:
+        # the second waited for it inside its try, and the wait counted against its time)
+        self._one_transaction: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._lease_s: float | None = None  # the latest claim's or renewal's lease
         self._conversations: dict[str, None] = {}  # conversations this process admitted to
         self._group = GroupAppends(self._write_group)
         self._admits: Grouped[_Admit, Admission | None] = Grouped(self._admit_group)
@@ -372,10 +377,16 @@ class PostgresStore(Store):
         budget_s: float | None = None,
         idle_is_lost: bool = True,
         try_s: float | None = None,
+        overrun_is_final: bool = False,
     ) -> T:
         budget = self.write_retry_s if budget_s is None else budget_s
         return await self._tx().write(
-            work, budget_s=budget, resolve=resolve, idle_is_lost=idle_is_lost, try_s=try_s
+            work,
+            budget_s=budget,
+            resolve=resolve,
+            idle_is_lost=idle_is_lost,
+            try_s=try_s,
+            overrun_is_final=overrun_is_final,
         )
 
     # --- the stream -----------------------------------------------------------------------------
@@ -433,6 +444,7 @@ class PostgresStore(Store):
                     outbox=outbox,
                     now=self._now(),
                     locked=locked,
+                    lease_s=self._lease_s,
                 )
             finally:
                 if held:
@@ -442,14 +454,16 @@ class PostgresStore(Store):
 
         try:
             # (An application's function idle in its transaction past the timeout is its own
-            # doing: a StoreError names it, nothing is run again.)
-            stored = await self._write(
-                run,
-                resolve=lambda conn: transact.read_back(conn, conversation_id, ids, fence),
-                idle_is_lost=False,
-                # the application's statements, for as long as the write may take at all
-                try_s=max(self.write_retry_s, WORK_TRY_S),
-            )
+            # doing: a StoreError names it, nothing is run again; so is one past its time.)
+            async with self._transaction_of(fence.submission_id):
+                stored = await self._write(
+                    run,
+                    resolve=lambda conn: transact.read_back(conn, conversation_id, ids, fence),
+                    idle_is_lost=False,
+                    # the application's statements, for as long as the write may take at all
+                    try_s=max(self.write_retry_s, WORK_TRY_S),
+                    overrun_is_final=True,
+                )
         except transact.AppFailure as failure:
             raise failure.error from None
         except psycopg.IntegrityError as exc:
@@ -459,6 +473,21 @@ class PostgresStore(Store):
         if stored:
             self._remember_tail(conversation_id, max(r.offset for r in stored))
         return stored
+
+    @contextlib.asynccontextmanager
+    async def _transaction_of(self, submission_id: str) -> AsyncIterator[None]:
+        """Held while a step.transaction of ``submission_id`` runs here."""
+        lock, users = self._one_transaction.get(submission_id, (asyncio.Lock(), 0))
+        self._one_transaction[submission_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._one_transaction[submission_id]
+            if users <= 1:
+                del self._one_transaction[submission_id]
+            else:
+                self._one_transaction[submission_id] = (lock, users - 1)
 
     async def _append_fast(
         self, conversation_id: str, batch: list[Record], fence: Fence
@@ -801,6 +830,7 @@ class PostgresStore(Store):
         others_after: float = 0.0,
     ) -> list[Submission]:
         token = uuid.uuid4().hex  # names this claim's rows, so an unknown outcome is read back
+        self._lease_s = lease_s
         params = {
             "owner": owner,
             "lease_s": lease_s,
@@ -822,6 +852,7 @@ class PostgresStore(Store):
         return await self._write(work, resolve=lambda conn: readback.claimed(conn, token))
 
     async def renew_all(self, owner: str, lease_s: float) -> list[Held]:
+        self._lease_s = lease_s
         # A row that a step.transaction of this process holds locked is left out: the renewal
         # waited for its lock (as long as the application's transaction ran), and meanwhile
         # every other lease of the process ran out and peers took healthy work over. No peer

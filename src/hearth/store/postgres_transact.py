@@ -46,9 +46,13 @@ async def run(
     outbox: Outbox,
     now: float | None,
     locked: Callable[[], None] = lambda: None,
+    lease_s: float | None = None,
 ) -> list[Record]:
     """The body of the transaction (the caller opens and commits it). ``locked`` is called
-    once the fence is checked: the submission's row is locked from then on."""
+    once the fence is checked: the submission's row is locked from then on. ``lease_s``: the
+    claim's lease, renewed from the commit on (renewals leave a locked row alone; without
+    this, a transaction longer than the lease committed a row whose lease had run out, and a
+    peer could claim healthy work before the next heartbeat)."""
     await check_fence(conn, fence, lock="UPDATE")
     locked()
     await conn.execute("SELECT set_config('search_path', %(p)s, true)", {"p": app_search_path})
@@ -72,6 +76,12 @@ async def run(
         "RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; "
         + session.settings(schema, conn.info.server_version)
     )
+    if lease_s is not None:
+        await conn.execute(
+            "UPDATE submissions SET lease_expires_at ="
+            f" GREATEST(lease_expires_at, {NOW} + %(lease_s)s) WHERE id = %(id)s",
+            {"now": now, "lease_s": lease_s, "id": fence.submission_id},
+        )
     return await insert_new(conn, conversation_id, batch, outbox, now)
 
 

@@ -74,6 +74,8 @@ TRY_GRACE_S = 0.3
 POOL_CLOSE_S = 1.0
 # How often tries waiting longer than ``patience`` are looked at (``_sweep``).
 _SWEEP_S = 0.5
+# How long ending a session whose try was cut may take (``_end_backend``).
+END_BACKEND_S = 2.0
 
 
 def stale_plan(exc: BaseException) -> bool:
@@ -287,12 +289,16 @@ class Transactions:
         uncertain: bool = False,
         idle_is_lost: bool = True,
         try_s: float | None = None,
+        overrun_is_final: bool = False,
     ) -> T:
         """Run ``work`` in a transaction. ``uncertain``: an earlier try of the same write (a
         one-statement form of it) may have committed, so ``resolve`` looks first.
         ``idle_is_lost``: the server ending the transaction for idling (this process stopped
         inside it) is a lost connection, tried again; else a ``StoreError``. ``try_s``: how long
-        one try may run (by default, what is left of the budget, up to ``WORK_TRY_S``)."""
+        one try may run (by default, what is left of the budget, up to ``WORK_TRY_S``).
+        ``overrun_is_final``: a try that ran its whole time on a server that answers (the
+        work's own doing: an application's long statement) is a ``StoreError``, not tried
+        again."""
         return await self._run(
             work,
             budget_s=budget_s,
@@ -300,6 +306,7 @@ class Transactions:
             uncertain=uncertain,
             idle_is_lost=idle_is_lost,
             try_s=try_s,
+            overrun_is_final=overrun_is_final,
         )
 
     async def write_once(
@@ -338,20 +345,23 @@ class Transactions:
         uncertain: bool = False,
         idle_is_lost: bool = True,
         try_s: float | None = None,
+        overrun_is_final: bool = False,
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
         delay, queued, stale, conflicts = 0.05, False, 0, 0
         while True:
             outbox: ops.Outbox = []
+            backend, limit = 0, 0.0  # the try's session on the server, and its time
             try:
                 wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
                 async with self._connection(wait, busy_end if queued else None) as conn:
                     # A connection nobody answers on any more (a dropped flow, a silent peer)
                     # is cut when the try's time is up, and the work goes on as after any lost
                     # connection: retried, a write read back first.
-                    limit = try_s
-                    if limit is None:
+                    if try_s is not None:
+                        limit = try_s
+                    else:
                         # (one that queued for a busy pool has spent its budget there: its try
                         # gets a budget's time again, which a slow link's round trips need)
                         left = max(ADMIT_WAIT_S if queued else 0.05, end - time.monotonic())
@@ -360,6 +370,7 @@ class Transactions:
                         left = max(left, min(PROBE_TIMEOUT_S, TRY_ROUND_TRIPS * self._round_trip()))
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
                     began = time.monotonic()
+                    backend = conn.info.backend_pid
                     sweeper = self._sweeper
                     if (sweeper is None or sweeper.done()) and not self.pool.closed:
                         # (in a context of its own: not the first caller's, for the store's life;
@@ -415,6 +426,19 @@ class Transactions:
             except psycopg.OperationalError as exc:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
+                if transaction and isinstance(exc, Stalled):
+                    # Cut at its limit, the server's side of it may still run, holding its
+                    # locks (the lease renewals of every claim here wait for a submission's
+                    # row): it is ended there first.
+                    answered = await self._end_backend(backend)
+                    if answered and overrun_is_final:
+                        found = await self._resolve_late(resolve)
+                        if found is not None:
+                            return found
+                        raise StoreError(
+                            f"{self.where}: the transaction ran past its {limit:g} s and was"
+                            " ended on the server; nothing of it committed"
+                        ) from None
                 self.failed()
                 uncertain = uncertain or transaction or resolve is not None
                 if time.monotonic() + delay >= end or self.pool.closed:
@@ -440,6 +464,26 @@ class Transactions:
                     uncertain = uncertain or (not transaction and resolve is not None)
                     continue
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
+
+    async def _end_backend(self, pid: int) -> bool:
+        """End the server's session ``pid`` unless it is idle (a try cut at its limit may
+        still be running there); whether the server answered."""
+        if pid <= 0 or self.pool.closed:
+            return False
+        query = (
+            "SELECT pg_terminate_backend(pid{}) FROM pg_stat_activity"
+            " WHERE pid = %(pid)s AND state <> 'idle'"
+        )
+        try:
+            async with self.pool.connection(timeout=END_BACKEND_S) as conn:
+                # (from version 13 on, it waits for the session to be gone, its locks freed)
+                wait = ", %(ms)s" if conn.info.server_version >= 130000 else ""
+                params = {"pid": pid, "ms": int(END_BACKEND_S * 1000)}
+                await within(conn, conn.execute(query.format(wait), params), 2 * END_BACKEND_S)
+        except Exception as exc:
+            log.debug("could not end the session %d: %s", pid, exc)
+            return False
+        return True
 
     async def _sweep(self) -> None:
         """While a try waits longer than ``patience``, ask the server whether its session has
