@@ -97,6 +97,32 @@ async def test_dispatch_returns_a_receipt_and_read_returns_the_reply() -> None:
     assert reply_ == hearth.Reply("hello there", receipt.submission_id, "completed")
 
 
+async def test_a_runtime_used_from_another_event_loop_says_how_to_hand_it_the_call() -> None:
+    """From another thread's event loop a dispatch was admitted but its wake-ups were set on
+    the wrong loop's thread: the read never returned, though the submission had settled."""
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("hi")], repeat_last=True)])
+    async with app.run() as rt:
+        home = asyncio.get_running_loop()
+
+        def elsewhere() -> str:
+            try:
+                asyncio.run(rt.dispatch("a", "c-1", "hi"))
+            except RuntimeError as exc:
+                return str(exc)
+            return "accepted"
+
+        said = await asyncio.to_thread(elsewhere)
+        assert "run_coroutine_threadsafe" in said
+
+        def handed() -> hearth.Reply:  # the way it says: the call runs on the runtime's loop
+            async def ask() -> hearth.Reply:
+                return await rt.read(await rt.dispatch("a", "c-2", "hi"), timeout=10)
+
+            return asyncio.run_coroutine_threadsafe(ask(), home).result(20)
+
+        assert (await asyncio.to_thread(handed)).text == "hi"
+
+
 async def test_the_same_idempotency_key_and_payload_return_the_first_receipt() -> None:
     app = app_with(simple_agent("a"), models=[ScriptedModel("a", [reply("one")], repeat_last=True)])
     async with app.run() as rt:
@@ -1110,9 +1136,10 @@ async def test_a_read_still_waiting_when_the_runtime_stops_raises_shutting_down(
     for waiting in (reader, timed):
         with pytest.raises(hearth.ShuttingDown, match="stopped before submission"):
             await asyncio.wait_for(waiting, 10)
-    # And one asked afterwards, of the closed store ("the SQLite store is not open" before).
+    # And one asked afterwards, of the closed store ("the SQLite store is not open" before),
+    # not told the submission did not settle: the stopped runtime cannot tell.
     for timeout in (None, 0, 5):
-        with pytest.raises(hearth.ShuttingDown, match="stopped before submission"):
+        with pytest.raises(hearth.ShuttingDown, match="cannot tell whether submission"):
             await rt.read(receipt, timeout=timeout)
 
 

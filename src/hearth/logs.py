@@ -149,6 +149,17 @@ def redact(*secrets: str | None) -> None:
 TRACE = 5  # uvicorn's level below DEBUG
 
 
+class _UnlessRootPrints(logging.StreamHandler):  # type: ignore[type-arg]
+    """hearth's text lines on stderr, unless the root logger has handlers of its own (an
+    application that called ``logging.basicConfig``): hearth's lines reach those too, and
+    were printed twice."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers and logging.getLogger("hearth").propagate:
+            return
+        super().emit(record)
+
+
 def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
     """Send hearth's log lines (and every other library's) to stderr in ``log_format``.
 
@@ -165,7 +176,7 @@ def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
         hearth_log = logging.getLogger("hearth")
         for old in [h for h in hearth_log.handlers if getattr(h, "_hearth_text", False)]:
             hearth_log.removeHandler(old)
-        text = logging.StreamHandler(sys.stderr)
+        text = _UnlessRootPrints(sys.stderr)
         text.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
         text._hearth_text = True  # type: ignore[attr-defined]
         hearth_log.addHandler(text)

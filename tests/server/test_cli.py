@@ -361,6 +361,38 @@ def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() 
         root.handlers[:] = saved[3]
 
 
+def test_hearths_text_lines_are_printed_once_when_the_application_configured_logging(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An app module that called ``logging.basicConfig`` got each of hearth's lines twice
+    under ``hearth serve``: from hearth's own handler and from the root's."""
+    import logging
+
+    from hearth import logs
+
+    hearth_log, root = logging.getLogger("hearth"), logging.getLogger()
+    saved = (hearth_log.level, list(hearth_log.handlers), root.level, list(root.handlers))
+    heard: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            heard.append(record.getMessage())
+
+    try:
+        root.handlers[:] = []
+        logs.configure("text", "warning")
+        logging.getLogger("hearth.test").warning("alone")
+        assert "hearth.test: alone" in capsys.readouterr().err  # nobody else prints it
+        root.addHandler(Heard())  # what logging.basicConfig does
+        logging.getLogger("hearth.test").warning("configured")
+        assert "configured" not in capsys.readouterr().err and heard == ["configured"]
+    finally:
+        hearth_log.setLevel(saved[0])
+        hearth_log.handlers[:] = saved[1]
+        root.setLevel(saved[2])
+        root.handlers[:] = saved[3]
+
+
 @pytest.mark.parametrize("option", ["--token", "--host"])
 def test_serve_refuses_an_empty_token_or_host_in_one_line(
     tmp_path: Path, option: str, monkeypatch: pytest.MonkeyPatch

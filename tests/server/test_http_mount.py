@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import signal
 import subprocess
 import sys
@@ -19,6 +20,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
+
+import hearth
+from hearth.testing import ScriptedModel, call, calls, reply
 
 
 async def hello(request: Request) -> PlainTextResponse:
@@ -97,7 +101,71 @@ def test_mounted_with_the_outer_lifespan_starts_and_stops_with_it(tmp_path: Path
             assert signed.headers["location"] == "/hearth/console/echo/c-1"
             assert "Path=/hearth/" in signed.headers["set-cookie"]
             assert http.get("/hearth/metrics").status_code == 200  # with the cookie
-    assert api._runtime.shutting_down
+    assert api._runtime is None  # stopped, and ready to start again
+
+
+def test_an_app_served_again_after_it_stopped_starts_a_new_runtime(tmp_path: Path) -> None:
+    """A second lifespan (a test client per test, a server restarted in one process) found the
+    first runtime stopped, and every request answered 503 shutting_down for good."""
+    api = make_app(tmp_path / "h.db").asgi()
+    outer = Starlette(routes=[Mount("/hearth", app=api)], lifespan=api.lifespan)
+    for n in range(2):
+        with Served(outer) as url, httpx2.Client(base_url=url, timeout=10) as http:
+            r = http.post(f"/hearth/agents/echo/c-{n}", json={"message": "hi"})
+            assert r.status_code == 202, r.text
+            sid = r.json()["submission_id"]
+            done = http.get(f"/hearth/agents/echo/c-{n}/submissions/{sid}", params={"wait": 10})
+            assert done.json()["reply"] == "echo: hi"
+
+
+tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+
+@hearth.tool
+async def whose() -> str:
+    """Whose request this is."""
+    return tenant.get()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_runtime_a_request_starts_does_not_take_on_that_requests_context(
+    anyio_backend: str,
+) -> None:
+    """Mounted without a lifespan, the runtime started in the first request's context: every
+    tool of every later request saw that request's contextvars (a tenant, a user)."""
+
+    @hearth.agent
+    def desk(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/desk")
+        ctx.use_tool(whose)
+        return ""
+
+    model = ScriptedModel("desk", [calls(call("whose")), reply("ok")] * 2)
+    api = hearth.App([desk], db="memory", providers=[model]).asgi()
+
+    async def per_tenant(scope: Any, receive: Any, send: Any) -> None:
+        token = tenant.set(dict(scope.get("headers", [])).get(b"x-tenant", b"?").decode())
+        try:
+            await api(scope, receive, send)
+        finally:
+            tenant.reset(token)
+
+    transport = httpx2.ASGITransport(app=per_tenant)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://t") as http:
+        for who in ("alice", "bob"):
+            r = await http.post(
+                f"/agents/desk/{who}", json={"message": "hi"}, headers={"x-tenant": who}
+            )
+            sid = r.json()["submission_id"]
+            await http.get(f"/agents/desk/{who}/submissions/{sid}", params={"wait": 10})
+        seen = {}
+        for who in ("alice", "bob"):
+            page = (await http.get(f"/agents/desk/{who}/stream")).json()
+            (outcome,) = [r for r in page["records"] if r["type"] == "tool_outcome"]
+            seen[who] = outcome["content"]
+    await api.stop()
+    assert seen == {"alice": "none", "bob": "none"}
 
 
 @pytest.mark.parametrize(("target", "prefix"), [("asgiapp:api", ""), ("asgiapp:outer", "/hearth")])

@@ -96,6 +96,19 @@ async def test_a_second_process_cannot_open_a_file_another_process_owns(tmp_path
     assert "PostgreSQL" in message
 
 
+async def test_a_second_store_of_a_file_this_process_holds_is_told_so(tmp_path: Path) -> None:
+    """A second runtime on one file in one process (a notebook's earlier runtime never closed)
+    was told another process owned the file."""
+    store = await opened(tmp_path / "hearth.db")
+    try:
+        with pytest.raises(StoreError, match="is open in this process already"):
+            await opened(tmp_path / "." / "hearth.db")
+    finally:
+        await store.close()
+    again = await opened(tmp_path / "hearth.db")  # closed, it is free again
+    await again.close()
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
 

@@ -108,12 +108,25 @@ class Runtime:
         self.settled_looks = SettledLooks(env.store)
         self.channels = Deliveries(env, {c.name: c for c in channels})
         self.scheduler = Scheduler(env, schedules, schedule_clock)
+        self._home: asyncio.AbstractEventLoop | None = None  # the loop it was started on
 
     @property
     def agents(self) -> dict[str, Agent]:
         return self.env.agents
 
+    def _at_home(self) -> None:
+        """``RuntimeError`` when called from another event loop than the one the runtime was
+        started on: its wake-ups would be set from the wrong thread, and a read never end."""
+        home = self._home
+        if home is not None and asyncio.get_running_loop() is not home:
+            raise RuntimeError(
+                "this hearth runtime runs on the event loop it was started on; from another"
+                " thread, hand it the call: asyncio.run_coroutine_threadsafe(rt.dispatch(...),"
+                " loop).result()"
+            )
+
     async def start(self) -> None:
+        self._home = asyncio.get_running_loop()
         await self.coordinator.start()
         self.scheduler.start()
 
@@ -154,6 +167,7 @@ class Runtime:
         ``traceparent`` (W3C Trace Context) makes the submission's trace a child of the caller's;
         without it the admission's span continues the current span, if any. Every attempt at the
         submission continues that trace."""
+        self._at_home()
         try:
             self.agent(agent)
         except UnknownAgent:
@@ -232,6 +246,7 @@ class Runtime:
     ) -> DeliveryReceipt:
         """Verify a request to ``channel`` and admit every dispatch it routes to, once per
         delivery id (``POST /channels/{name}``)."""
+        self._at_home()
         self.channels.channel(channel)
         if self.shutting_down:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
@@ -239,6 +254,7 @@ class Runtime:
 
     async def replay_delivery(self, channel: str, delivery_id: str) -> DeliveryReceipt:
         """Route a failed delivery of ``channel`` again (after a fix)."""
+        self._at_home()
         self.channels.channel(channel)
         if self.shutting_down:
             raise ShuttingDown("the runtime is shutting down and admits no new work")
@@ -280,6 +296,7 @@ class Runtime:
 
     # --- outcomes -------------------------------------------------------------------------
     async def submission(self, submission_id: str) -> Submission:
+        self._at_home()
         sub = await self.store.get_submission(submission_id) if _names(submission_id) else None
         if sub is None:
             raise SubmissionNotFound(f"no submission {submission_id!r}")
@@ -289,6 +306,7 @@ class Runtime:
         """Wait until the submission has its outcome (or ``TimeoutError``). ``timeout``: 0 or
         more seconds, or None for no limit (``ValueError`` for anything else: a NaN waited for
         good)."""
+        self._at_home()
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
         ):
@@ -313,7 +331,10 @@ class Runtime:
             if self.stopped:
                 # Nothing settles here any more (and its store may be closed: a read of it said
                 # "not open", not why). A stop after this point cancels the watch armed below.
-                raise _stopped_before(submission_id)
+                raise ShuttingDown(
+                    f"the runtime has stopped: it cannot tell whether submission {submission_id}"
+                    " settled; read it where a runtime runs on this database"
+                )
             # Armed before the read: a settlement committed meanwhile still wakes us.
             woken = events.watch_settled(submission_id)
             try:
@@ -357,6 +378,7 @@ class Runtime:
         """Stamp an abort intent on every unsettled submission of the conversation.
         ``DelegatedConversation`` for a delegated task's conversation: it has no submission of
         its own (its parent's attempt runs it), so its parent is what to abort."""
+        self._at_home()
         conversation_id = await self.addressed(agent, id)
         info = await self.store.get_conversation(conversation_id)
         if info is None:
@@ -391,6 +413,7 @@ class Runtime:
         """Resolve the durable wait ``wait_id`` of conversation ``agent``/``id`` with a JSON
         ``value``: its submission runs again and ``step.wait`` returns the value. An identical
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
+        self._at_home()
         conversation_id = await self.addressed(agent, id)
         if not _names(wait_id):
             raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
@@ -411,6 +434,7 @@ class Runtime:
 
         ``ConversationNotFound``, ``InvalidInput`` (an offset outside the stream),
         ``NotARestPoint`` (naming the nearest rest points), ``ConversationExists``."""
+        self._at_home()
         source = self.conversation_id(agent, id)
         try:
             check_id(new_id)
@@ -439,6 +463,7 @@ class Runtime:
 
     async def history(self, agent: str, id: str, after: int = -1) -> list[Record]:
         """The conversation's canonical stream (records after ``after``)."""
+        self._at_home()
         if not isinstance(after, int) or isinstance(after, bool) or not -1 <= after < 2**62:
             raise InvalidInput("after must be an offset: an integer from -1", "after")
         conversation_id = await self.addressed(agent, id)
@@ -466,6 +491,7 @@ class Runtime:
     async def settle_all(self, timeout: float = 30.0) -> None:
         """Wait until no submission is queued or running, and none waits for a wait that will
         time out (handy in scripts and tests; a wait without a timeout is at rest)."""
+        self._at_home()
         end = time.monotonic() + timeout
         while True:
             left = end - time.monotonic()

@@ -13,6 +13,7 @@ lately, so that a ``read`` right after a ``dispatch`` need not read a row it kno
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import Counter
 
@@ -65,7 +66,10 @@ class SettledLooks:
     def watch(self, submission_id: str) -> None:
         self._waited[submission_id] += 1
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="hearth-settled-looks")
+            # (in a context of its own: not the first reader's, for the runtime's life)
+            self._task = asyncio.create_task(
+                self._run(), name="hearth-settled-looks", context=contextvars.Context()
+            )
 
     def unwatch(self, submission_id: str) -> None:
         self._waited[submission_id] -= 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hmac
 import logging
 import re
@@ -109,7 +110,11 @@ class HearthASGI:
         starting = self._starting
         if starting is None or (starting.done() and (starting.cancelled() or starting.exception())):
             # One start for all the requests that wait for it; a failed one is tried again.
-            starting = self._starting = asyncio.ensure_future(self._start())
+            # In a context of its own: the runtime's tasks (attempts, tools) must not see the
+            # contextvars of the request that happened to start it (a tenant, a user).
+            starting = self._starting = asyncio.create_task(
+                self._start(), context=contextvars.Context()
+            )
         # Shielded: a request that goes away must not cancel the start the others wait for.
         return await asyncio.shield(starting)
 
@@ -164,6 +169,10 @@ class HearthASGI:
             await owner
         finally:
             self._owner = None
+            # Stopped for good: a later lifespan (a test client per test) or request starts a
+            # new runtime, instead of finding this one shutting down for ever.
+            self._runtime = self._starting = self._release = self._stopper = None
+            self.closing = Closing()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Any = None) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ much (the records of one read, and their encoding), not for what it has yet to r
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import weakref
@@ -156,7 +157,8 @@ class Channel:
         self.reads = 0  # batches read: what a test counts
         self.idle = False  # waiting for the next append (what a test waits for)
         self._empty: asyncio.Future[None] | None = None
-        self.task = asyncio.ensure_future(self._run())
+        # (in a context of its own: not the first follower's request's, for every follower)
+        self.task = asyncio.create_task(self._run(), context=contextvars.Context())
 
     def leave(self, follower: Follower) -> None:
         self.followers.discard(follower)

@@ -66,6 +66,9 @@ T = TypeVar("T")
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # well under SQLite's limit of bound parameters
+# The files this process's stores hold open (real path → how many): a second store of the same
+# file would be told another process owns it, when this one does.
+_OPEN_HERE: dict[str, int] = {}
 
 
 # A stream's records, of a conversation that exists: a fork stopped half-way leaves copies under
@@ -137,6 +140,7 @@ class SQLiteStore(Store):
                 f"synchronous must be one of {', '.join(_SYNC_MODES)}, not {synchronous!r}"
             )
         self.path = path
+        self._opened_as: str | None = None  # its real path while open (``_OPEN_HERE``)
         self.synchronous = mode
         self.clock = clock or steady_clock()
         # Its clock is the wall clock read at start, then the monotonic one: leases and
@@ -176,11 +180,28 @@ class SQLiteStore(Store):
         ):
             raise StoreError(f"there is no database at {self.path}: check --db (or HEARTH_DB)")
         self._create = create
+        where = None
+        if self.path != ":memory:":
+            where = await asyncio.to_thread(os.path.realpath, self.path)
+        if where is not None and where in _OPEN_HERE and not self._writer.running:
+            raise StoreError(
+                f"the SQLite file {self.path} is open in this process already (another runtime"
+                " or store of it holds it): close that one first, or use it; a SQLite file"
+                " belongs to one store"
+            )
         await self._writer.start()
+        if where is not None and self._opened_as is None:
+            self._opened_as = where
+            _OPEN_HERE[where] = _OPEN_HERE.get(where, 0) + 1
 
     async def close(self) -> None:
         """Finish the queued work, stop the writer thread and close the file. Idempotent."""
         await self._writer.stop()
+        where, self._opened_as = self._opened_as, None
+        if where is not None:
+            _OPEN_HERE[where] -= 1
+            if _OPEN_HERE[where] <= 0:
+                del _OPEN_HERE[where]
 
     async def now(self) -> float:
         return self.clock()
