@@ -13,12 +13,20 @@ from hearth.records import (
     Record,
     StateWrite,
 )
-from hearth.store import NewSubmission, Store, Submission
+from hearth.store import NewSubmission, Store, Submission, postgres_ops, sqlite_ops
 from hearth.store.rules import rest_points
 
 pytestmark = pytest.mark.anyio
 
 FORK = "support/c-1-fork"
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forks copied a few records at a time, as long conversations are: the chunks' seams
+    are crossed by every case."""
+    monkeypatch.setattr(sqlite_ops, "FORK_CHUNK", 2)
+    monkeypatch.setattr(postgres_ops, "FORK_CHUNK", 2)
 
 
 async def turn(store: Store, text: str, *extra: Record) -> tuple[Submission, int]:

@@ -287,16 +287,29 @@ async def fork(
     )
     if created is None:
         raise ConversationExists(f"conversation {target!r} already exists; fork to a new id")
-    bodies = await fetchall(
-        conn,
-        'SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" <= %(o)s'
-        ' ORDER BY "offset"',
-        {"c": source, "o": offset},
-    )
-    copied = [stored_record(r["body"], source) for r in bodies]
-    records = rules.fork_records(source, offset, target, row["agent"], copied)
-    await append(conn, target, records, outbox, now)
+    # In chunks: each one's decoding and encoding is short, so the event loop runs between
+    # them and the transaction never idles long (all of a long stream at once held the loop for
+    # seconds, and the server ended the transaction as idle).
+    await append(conn, target, [rules.fork_created(source, offset, target, row["agent"])], [], now)
+    copied_to = 0
+    while copied_to < offset:
+        bodies = await fetchall(
+            conn,
+            'SELECT body FROM records WHERE conversation_id = %(c)s AND "offset" > %(after)s'
+            ' AND "offset" <= %(o)s ORDER BY "offset" LIMIT %(n)s',
+            {"c": source, "after": copied_to, "o": offset, "n": FORK_CHUNK},
+        )
+        if not bodies:
+            break
+        copies = [rules.fork_copy(stored_record(r["body"], source), target) for r in bodies]
+        await append(conn, target, copies, [], now)
+        copied_to = copies[-1].offset
+    outbox.append(Event(APPENDED, target, offset))
     return ConversationInfo(target, row["agent"], offset)
+
+
+# How many records a fork copies per statement (``fork``).
+FORK_CHUNK = 1000
 
 
 async def admit(
