@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -419,3 +420,57 @@ async def test_slow_tries_of_their_own_do_not_make_an_admission_wait_out_a_silen
         with pytest.raises(StoreUnavailable):
             await store.admit(new(2))
         assert time.monotonic() - began < 8  # (30 s without the bound)
+
+
+async def test_a_server_read_only_for_a_while_is_an_outage_and_work_resumes_after_it(
+    pg_cluster: Cluster,
+) -> None:
+    """A write on a read-only session (a standby after a failover, a database frozen for
+    maintenance) was a StoreError, which failed attempts as a bug of the runtime; and the
+    pool kept its read-only sessions, so writes failed for the hour of their lifetime after
+    the server was writable again."""
+    database = f"ro_{uuid.uuid4().hex[:8]}"
+    pg_cluster.sql(f"CREATE DATABASE {database}")
+    url = f"postgresql://postgres@127.0.0.1:{pg_cluster.port}/{database}"
+    store = PostgresStore(url, schema=new_schema(), write_retry_s=1.0)
+    await store.open()
+    try:
+        await store.admit(new(1))
+        pg_cluster.sql(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+        pg_cluster.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        )
+        with pytest.raises(StoreUnavailable, match="read-only"):
+            for _ in range(20):  # (a first try may meet a connection the terminate cut)
+                await store.admit(new(2))
+                await asyncio.sleep(0.2)
+        with pytest.raises(StoreUnavailable, match="read-only"):
+            await store.ping(1.5)
+        pg_cluster.sql(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        admitted = await asyncio.wait_for(store.admit(new(3)), 10)
+        assert admitted.submission.conversation_id == CONV
+        await store.ping(1.5)
+    finally:
+        await store.close()
+        pg_cluster.sql(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+async def test_healthz_after_an_administrator_ended_the_sessions_asks_a_new_connection(
+    pg_cluster: Cluster,
+) -> None:
+    """``pg_terminate_backend`` of the pool's sessions (an idle-session cleanup, a server
+    restart): the next ping met a dead pooled connection and answered 503 "unreachable"
+    while the server answered, and a balancer took the node out."""
+    store = PostgresStore(pg_cluster.conninfo, schema=new_schema())
+    await store.open()
+    try:
+        await store.ping(1.5)
+        pg_cluster.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            " AND query NOT LIKE 'LISTEN%'"
+        )
+        await store.ping(1.5)
+    finally:
+        await store.close()

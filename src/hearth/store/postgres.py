@@ -60,6 +60,7 @@ from hearth.store.postgres_tx import (
     describe,
     first_line,
     open_pool,
+    replaced_when_unfit,
     stale_plan,
 )
 from hearth.store.rows import (
@@ -1018,7 +1019,10 @@ class PostgresStore(Store):
         statement is a ``StoreError``; a lost connection, an existing row or a busy pool is
         raised as psycopg says it, for the caller's general path to settle."""
         try:
-            async with self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn:
+            async with (
+                self._tx().pool.connection(timeout=ADMIT_WAIT_S) as conn,
+                replaced_when_unfit(conn),
+            ):
                 _faults.reached("store:commit-begin")  # the query is its own transaction
                 # (a cut connection is an OperationalError: the general path reads back)
                 return await within(conn, run(conn), WORK_TRY_S)

@@ -88,11 +88,18 @@ def stale_plan(exc: BaseException) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _replaced_when_stale(conn: ops.Conn) -> AsyncIterator[None]:
-    """Close ``conn`` if the work on it met a stale plan (``stale_plan``): the pool then opens a
-    new connection in its place, which prepares its statements afresh."""
+async def replaced_when_unfit(conn: ops.Conn) -> AsyncIterator[None]:
+    """Close ``conn`` if the work on it met a stale plan (``stale_plan``) or a read-only
+    session: the pool then opens a new connection in its place, which prepares its statements
+    afresh, or reaches the writable server (a failover's new primary). A read-only session is
+    raised as ``ReadOnlyServer``, tried again as a lost connection is."""
     try:
         yield
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        await conn.close()
+        raise ReadOnlyServer(
+            f"{first_line(exc)} (the server is read-only: a standby, after a failover?)"
+        ) from exc
     except psycopg.Error as exc:
         if stale_plan(exc):
             log.warning(
@@ -101,6 +108,12 @@ async def _replaced_when_stale(conn: ops.Conn) -> AsyncIterator[None]:
             )
             await conn.close()
         raise
+
+
+class ReadOnlyServer(psycopg.OperationalError):
+    """A write met a read-only session (a standby after a failover, a database set read-only
+    for maintenance): nothing of it committed, and it is tried again on a new connection, as
+    after a lost one; a server that stays read-only is an outage (``StoreUnavailable``)."""
 
 
 async def open_pool(
@@ -189,18 +202,27 @@ class Transactions:
             cursor = await conn.execute(session.PING)
             return await cursor.fetchone()
 
+        read_only = False
         try:
             # (a connection that does not answer is cut, not cancelled: psycopg's cancel waits
             # up to 10 s more for a server that may not answer it either)
             row = await within(conn, ask(), max(0.05, end - time.monotonic()))
+            read_only = row is not None and row["read_only"] == "on"
         except Stalled:
             raise StoreUnavailable(f"{self.where} gave no answer within {timeout:g} s") from None
         except psycopg.Error as exc:
+            # That connection is gone (the server restarted, an administrator ended its
+            # session): the server itself may well answer a new one.
+            left = end - time.monotonic()
+            if left > 0.05 and await self._ask(left):
+                return
             raise StoreUnavailable(f"{self.where} is unreachable: {first_line(exc)}") from None
         finally:
+            if read_only:
+                await conn.close()  # (replaced: the next may reach the writable server)
             await self.pool.putconn(conn)
         self.progressed()
-        if row is not None and row["read_only"] == "on":
+        if read_only:
             raise StoreUnavailable(
                 f"{self.where} answers but is read-only now (a standby, after a failover?);"
                 " hearth cannot write there"
@@ -324,7 +346,7 @@ class Transactions:
         """A connection of the pool for ``timeout`` seconds at most, as ``pool.connection``
         gives it; closed (so the pool replaces it) when it turns out to hold a stale plan."""
         async with self.pool.connection(timeout=timeout) as conn:
-            async with _replaced_when_stale(conn):
+            async with replaced_when_unfit(conn):
                 yield conn
 
     def committed(self, outbox: ops.Outbox, unsent: ops.Outbox | None = None) -> None:
@@ -551,7 +573,7 @@ class Transactions:
         else:
             conn = await self._wait_in_line(patient_until)
         try:
-            async with _replaced_when_stale(conn), conn:
+            async with replaced_when_unfit(conn), conn:
                 yield conn
         finally:
             await self.pool.putconn(conn)
