@@ -66,6 +66,16 @@ async def opened(conninfo: str, schema: str, **options: object) -> AsyncIterator
 # --- URLs ------------------------------------------------------------------------------------
 
 
+def test_a_url_of_several_hosts_is_named_host_by_host() -> None:
+    """Each host with its port (it read ``127.0.0.1,127.0.0.1:54361,54362``)."""
+    two = open_store("postgresql://u@db1:5433,db2:5434/app?target_session_attrs=read-write")
+    assert isinstance(two, PostgresStore)
+    assert two.where == "PostgreSQL at db1:5433,db2:5434/app"
+    alike = open_store("postgresql://u@db1,db2/app")
+    assert isinstance(alike, PostgresStore)
+    assert alike.where == "PostgreSQL at db1:5432,db2:5432/app"
+
+
 def test_postgres_urls_open_a_postgres_store_with_its_schema() -> None:
     store = open_store("postgresql://u:secret@db.example:6543/app?schema=tenant_7&sslmode=disable")
     assert isinstance(store, PostgresStore)

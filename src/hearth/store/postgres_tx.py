@@ -145,8 +145,14 @@ def describe(conninfo: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
         return "PostgreSQL"
-    host = info.get("host") or "localhost"
-    return f"PostgreSQL at {host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
+    hosts = str(info.get("host") or "localhost").split(",")
+    ports = str(info.get("port") or "5432").split(",")
+    if len(ports) == 1:  # (one port for every host, as libpq reads it)
+        ports *= len(hosts)
+    servers = ",".join(
+        f"{h or 'localhost'}:{p or 5432}" for h, p in zip(hosts, ports, strict=False)
+    )
+    return f"PostgreSQL at {servers}/{info.get('dbname') or ''}"
 
 
 class Transactions:
