@@ -155,7 +155,7 @@ class _UnlessRootPrints(logging.StreamHandler):  # type: ignore[type-arg]
     were printed twice."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if logging.getLogger().handlers and logging.getLogger("hearth").propagate:
+        if logging.getLogger().handlers:
             return
         super().emit(record)
 
@@ -173,14 +173,16 @@ def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
     if log_format != "json":
         # hearth's own lines, at that level, with their level and logger (without a handler,
         # Python's last resort printed warnings alone, as bare messages, whatever the level).
-        hearth_log = logging.getLogger("hearth")
-        for old in [h for h in hearth_log.handlers if getattr(h, "_hearth_text", False)]:
-            hearth_log.removeHandler(old)
+        # So are those of psycopg's pool (a connection discarded, one that failed to open).
         text = _UnlessRootPrints(sys.stderr)
         text.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
         text._hearth_text = True  # type: ignore[attr-defined]
-        hearth_log.addHandler(text)
-        hearth_log.setLevel(number)
+        for name in ("hearth", "psycopg"):
+            logger = logging.getLogger(name)
+            for old in [h for h in logger.handlers if getattr(h, "_hearth_text", False)]:
+                logger.removeHandler(old)
+            logger.addHandler(text)
+        logging.getLogger("hearth").setLevel(number)
         return None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())

@@ -348,6 +348,8 @@ def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() 
     assert code == 2 and "Invalid value for '--log-level'" in out
     hearth_log, root = logging.getLogger("hearth"), logging.getLogger()
     saved = (hearth_log.level, list(hearth_log.handlers), root.level, list(root.handlers))
+    psycopg_log = logging.getLogger("psycopg")
+    psycopg_handlers = list(psycopg_log.handlers)
     try:
         config = logs.configure("json", "trace")
         assert config is not None and config["loggers"]["uvicorn"]["level"] == logs.TRACE
@@ -359,6 +361,7 @@ def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() 
         hearth_log.handlers[:] = saved[1]
         root.setLevel(saved[2])
         root.handlers[:] = saved[3]
+        psycopg_log.handlers[:] = psycopg_handlers
 
 
 def test_hearths_text_lines_are_printed_once_when_the_application_configured_logging(
@@ -372,6 +375,8 @@ def test_hearths_text_lines_are_printed_once_when_the_application_configured_log
 
     hearth_log, root = logging.getLogger("hearth"), logging.getLogger()
     saved = (hearth_log.level, list(hearth_log.handlers), root.level, list(root.handlers))
+    psycopg_log = logging.getLogger("psycopg")
+    psycopg_handlers = list(psycopg_log.handlers)
     heard: list[str] = []
 
     class Heard(logging.Handler):
@@ -382,7 +387,10 @@ def test_hearths_text_lines_are_printed_once_when_the_application_configured_log
         root.handlers[:] = []
         logs.configure("text", "warning")
         logging.getLogger("hearth.test").warning("alone")
-        assert "hearth.test: alone" in capsys.readouterr().err  # nobody else prints it
+        logging.getLogger("psycopg.pool").warning("discarding closed connection")
+        err = capsys.readouterr().err  # nobody else prints them: hearth does, with their names
+        assert "hearth.test: alone" in err
+        assert "WARNING:     psycopg.pool: discarding closed connection" in err
         root.addHandler(Heard())  # what logging.basicConfig does
         logging.getLogger("hearth.test").warning("configured")
         assert "configured" not in capsys.readouterr().err and heard == ["configured"]
@@ -391,6 +399,7 @@ def test_hearths_text_lines_are_printed_once_when_the_application_configured_log
         hearth_log.handlers[:] = saved[1]
         root.setLevel(saved[2])
         root.handlers[:] = saved[3]
+        psycopg_log.handlers[:] = psycopg_handlers
 
 
 @pytest.mark.parametrize("option", ["--token", "--host"])
