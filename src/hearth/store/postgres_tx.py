@@ -636,6 +636,9 @@ class Transactions:
                 f"{self.where} is busy: every connection of the pool was in use for"
                 f" {waited:.1f} s (raise HEARTH_PG_POOL, or send less at once)"
             )
+        if isinstance(exc, ReadOnlyServer | psycopg.errors.DiskFull):
+            # (it answers, and says why it cannot do the work: a full disk, a standby)
+            return f"{self.where} cannot take writes now: {first_line(exc)}"
         return f"{self.where} is unreachable: {first_line(exc)}"
 
     async def _resolve_late(self, resolve: Resolve[T] | None) -> T | None:
