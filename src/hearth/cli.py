@@ -781,7 +781,7 @@ async def _gc_database(db: str | None, dry_run: bool) -> dict[str, Any]:
     try:
         store = await open_database(db, pg_pool=1, existing=True)
     except StoreError as exc:
-        if "another process owns" in str(exc):
+        if any(busy in str(exc) for busy in ("another process owns", "in this process already")):
             fail(
                 f"{shown_db(db)} is open in a running server (a SQLite file belongs to one"
                 " process): stop it first, or use --url to ask the server",

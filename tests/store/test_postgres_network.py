@@ -441,7 +441,7 @@ async def test_a_server_read_only_for_a_while_is_an_outage_and_work_resumes_afte
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             f" WHERE datname = '{database}' AND pid <> pg_backend_pid()"
         )
-        with pytest.raises(StoreUnavailable, match="cannot take writes now: .*read-only"):
+        with pytest.raises(StoreUnavailable, match=r"cannot take writes now: .*read-only"):
             for _ in range(20):  # (a first try may meet a connection the terminate cut)
                 await store.admit(new(2))
                 await asyncio.sleep(0.2)
