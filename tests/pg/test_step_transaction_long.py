@@ -27,6 +27,29 @@ def app_with(url: str, tool: hearth.Tool, *, parallel: int = 1, **settings: floa
     return hearth.App([clerk], db=url, providers=[model], **settings)  # type: ignore[arg-type]
 
 
+def booking(seconds: int, runs: list[int] | None = None) -> hearth.Tool:
+    """A durable tool whose step.transaction sleeps ``seconds`` on the server (noting each run
+    in ``runs``); it says "booked", or the ``StoreError`` it met."""
+
+    @hearth.tool(durable=True)
+    async def book(n: int, ctx: hearth.ToolContext) -> str:
+        """Book."""
+
+        async def slow(conn: Any) -> int:
+            if runs is not None:
+                runs.append(n)
+            await conn.execute(f"SELECT pg_sleep({seconds})")
+            return n
+
+        try:
+            await ctx.step.transaction("book", slow)
+        except hearth.StoreError as exc:
+            return f"StoreError: {exc}"
+        return "booked"
+
+    return book
+
+
 def outcomes(records: list[Record]) -> list[Any]:
     return [r.content for r in records if isinstance(r, ToolOutcome)]
 
@@ -78,20 +101,7 @@ def test_a_transaction_past_its_time_is_ended_on_the_server_and_not_run_again(
     url = pg_cluster.url()
     runs: list[int] = []
 
-    @hearth.tool(durable=True)
-    async def book(n: int, ctx: hearth.ToolContext) -> str:
-        """Book, too slowly."""
-
-        async def slow(conn: Any) -> int:
-            runs.append(n)
-            await conn.execute("SELECT pg_sleep(20)")
-            return n
-
-        try:
-            await ctx.step.transaction("book", slow)
-        except hearth.StoreError as exc:
-            return f"StoreError: {exc}"
-        return "booked"
+    book = booking(20, runs)
 
     async def main() -> list[Record]:
         app = app_with(url, book, lease_s=4, heartbeat_s=1)
@@ -119,19 +129,7 @@ def test_parallel_calls_transactions_each_get_their_time(
     monkeypatch.setattr(hearth.store.postgres, "WORK_TRY_S", 3.0)
     url = pg_cluster.url()
 
-    @hearth.tool(durable=True)
-    async def book(n: int, ctx: hearth.ToolContext) -> str:
-        """Book, in two seconds."""
-
-        async def slow(conn: Any) -> int:
-            await conn.execute("SELECT pg_sleep(2)")
-            return n
-
-        try:
-            await ctx.step.transaction("book", slow)
-        except hearth.StoreError as exc:
-            return f"StoreError: {exc}"
-        return "booked"
+    book = booking(2)
 
     async def main() -> list[Record]:
         app = app_with(url, book, parallel=2)

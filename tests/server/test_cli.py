@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -338,6 +338,21 @@ def test_what_users_wrote_is_printed_as_text_not_markup_or_terminal_codes() -> N
     assert "hi\\x1b[8m\\u202e" in console.export_text()
 
 
+@contextlib.contextmanager
+def logging_as_it_was() -> Iterator[None]:
+    """The levels and handlers of the loggers ``logs.configure`` sets, put back after."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("hearth", "psycopg", "")]
+    saved = [(logger.level, list(logger.handlers)) for logger in loggers]
+    try:
+        yield
+    finally:
+        for logger, (level, handlers) in zip(loggers, saved, strict=True):
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+
+
 def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() -> None:
     """A bad ``--log-level`` was a traceback (KeyError), ``trace`` one too in JSON format, and in
     text format hearth's info lines never showed whatever the level."""
@@ -347,22 +362,13 @@ def test_the_log_level_is_checked_and_sets_hearths_own_lines_in_either_format() 
 
     code, out = run("serve", "serverapp:app", "--log-level", "nope", "--port", "0")
     assert code == 2 and "Invalid value for '--log-level'" in out
-    hearth_log, root = logging.getLogger("hearth"), logging.getLogger()
-    saved = (hearth_log.level, list(hearth_log.handlers), root.level, list(root.handlers))
-    psycopg_log = logging.getLogger("psycopg")
-    psycopg_handlers = list(psycopg_log.handlers)
-    try:
+    with logging_as_it_was():
         config = logs.configure("json", "trace")
         assert config is not None and config["loggers"]["uvicorn"]["level"] == logs.TRACE
         assert logs.configure("text", "info") is None
+        hearth_log = logging.getLogger("hearth")
         assert hearth_log.getEffectiveLevel() == logging.INFO
         assert any(getattr(h, "_hearth_text", False) for h in hearth_log.handlers)
-    finally:
-        hearth_log.setLevel(saved[0])
-        hearth_log.handlers[:] = saved[1]
-        root.setLevel(saved[2])
-        root.handlers[:] = saved[3]
-        psycopg_log.handlers[:] = psycopg_handlers
 
 
 def test_hearths_text_lines_are_printed_once_when_the_application_configured_logging(
@@ -374,17 +380,14 @@ def test_hearths_text_lines_are_printed_once_when_the_application_configured_log
 
     from hearth import logs
 
-    hearth_log, root = logging.getLogger("hearth"), logging.getLogger()
-    saved = (hearth_log.level, list(hearth_log.handlers), root.level, list(root.handlers))
-    psycopg_log = logging.getLogger("psycopg")
-    psycopg_handlers = list(psycopg_log.handlers)
     heard: list[str] = []
 
     class Heard(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             heard.append(record.getMessage())
 
-    try:
+    with logging_as_it_was():
+        root = logging.getLogger()
         root.handlers[:] = []
         logs.configure("text", "warning")
         logging.getLogger("hearth.test").warning("alone")
@@ -395,12 +398,6 @@ def test_hearths_text_lines_are_printed_once_when_the_application_configured_log
         root.addHandler(Heard())  # what logging.basicConfig does
         logging.getLogger("hearth.test").warning("configured")
         assert "configured" not in capsys.readouterr().err and heard == ["configured"]
-    finally:
-        hearth_log.setLevel(saved[0])
-        hearth_log.handlers[:] = saved[1]
-        root.setLevel(saved[2])
-        root.handlers[:] = saved[3]
-        psycopg_log.handlers[:] = psycopg_handlers
 
 
 @pytest.mark.parametrize("option", ["--token", "--host"])
