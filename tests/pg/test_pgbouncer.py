@@ -5,6 +5,7 @@ refused at open, saying why."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from bouncer import PgBouncer
@@ -64,3 +65,24 @@ async def test_a_pooler_in_transaction_mode_is_refused_at_open(
     with pytest.raises(StoreError, match="transaction mode"):
         await store.open()
     await store.close()
+
+
+async def test_behind_a_pooler_a_try_cut_at_its_limit_is_ended_on_the_server(
+    pg_cluster: Cluster, pgbouncer: Callable[..., PgBouncer]
+) -> None:
+    """The session of a transaction cut at its limit was looked for by libpq's backend pid,
+    which behind pgbouncer is the pooler's own key: nothing was ended, the statement ran on
+    holding its locks, and the lease renewals of the process waited behind it."""
+    store = PostgresStore(pgbouncer("session").conninfo, schema=new_schema(), write_retry_s=3.0)
+    await store.open()
+    try:
+
+        async def slow(conn: Any, outbox: object) -> None:
+            await conn.execute("SELECT pg_sleep(30)")
+
+        with pytest.raises(StoreError, match="ran past its 2 s and was ended on the server"):
+            await store._write(slow, idle_is_lost=False, try_s=2.0, overrun_is_final=True)
+        running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"
+        assert pg_cluster.sql(running) == "0"
+    finally:
+        await store.close()

@@ -104,11 +104,18 @@ def test_mounted_with_the_outer_lifespan_starts_and_stops_with_it(tmp_path: Path
     assert api._runtime is None  # stopped, and ready to start again
 
 
-def test_an_app_served_again_after_it_stopped_starts_a_new_runtime(tmp_path: Path) -> None:
-    """A second lifespan (a test client per test, a server restarted in one process) found the
-    first runtime stopped, and every request answered 503 shutting_down for good."""
+@pytest.mark.parametrize("lifespan", ["outer lifespan", "started by a request"])
+def test_an_app_served_again_after_it_stopped_starts_a_new_runtime(
+    tmp_path: Path, lifespan: str
+) -> None:
+    """A second lifespan (a test client per test, a server restarted in one process), or a
+    request after the event loop the runtime ran on ended, found the first runtime stopped,
+    and every request answered 503 shutting_down for good."""
     api = make_app(tmp_path / "h.db").asgi()
-    outer = Starlette(routes=[Mount("/hearth", app=api)], lifespan=api.lifespan)
+    outer = Starlette(
+        routes=[Mount("/hearth", app=api)],
+        lifespan=api.lifespan if lifespan == "outer lifespan" else None,
+    )
     for n in range(2):
         with Served(outer) as url, httpx2.Client(base_url=url, timeout=10) as http:
             r = http.post(f"/hearth/agents/echo/c-{n}", json={"message": "hi"})

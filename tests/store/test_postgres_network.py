@@ -474,3 +474,28 @@ async def test_healthz_after_an_administrator_ended_the_sessions_asks_a_new_conn
         await store.ping(1.5)
     finally:
         await store.close()
+
+
+async def test_a_transaction_whose_link_was_lost_is_not_taken_for_one_past_its_time(
+    pg_cluster: Cluster,
+) -> None:
+    """A step.transaction's try cut at its limit because its link was lost (its function was
+    quick; its statement never reached the server) was reported as one that ran past its
+    time, and not run again: it is a lost connection, and runs again (nothing committed)."""
+    async with through_proxy(pg_cluster, write_retry_s=8.0) as (store, proxy):
+        runs = 0
+
+        async def work(conn: psycopg.AsyncConnection[object], outbox: object) -> str:
+            nonlocal runs
+            runs += 1
+            cursor = await conn.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            )
+            row = await cursor.fetchone()
+            if runs == 1:
+                assert row is not None and proxy.strand(row["client_port"]) == 1
+            await conn.execute("SELECT 1")
+            return f"ran {runs} times"
+
+        done = await store._write(work, idle_is_lost=False, try_s=3.0, overrun_is_final=True)
+        assert done == "ran 2 times"

@@ -98,11 +98,21 @@ class HearthASGI:
 
     @property
     def shutting_down(self) -> bool:
+        self._forget_ended()
         rt = self._runtime
         return self.closing.is_set() or (rt is not None and rt.shutting_down)
 
+    def _forget_ended(self) -> None:
+        """A runtime this app started that stopped without ``stop`` (the event loop it ran on
+        ended: a test client's, say) is forgotten: the next request starts a new one."""
+        rt = self._runtime
+        if self._app is not None and rt is not None and rt.stopped and not self.closing.is_set():
+            self._runtime = self._starting = self._release = self._stopper = self._owner = None
+            self.closing = Closing()  # (its event belonged to that loop)
+
     async def runtime(self) -> Runtime:
         """The running runtime, started now if nobody started it yet."""
+        self._forget_ended()
         if self._runtime is not None:
             return self._runtime
         if self.closing.is_set():

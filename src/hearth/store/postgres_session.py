@@ -72,8 +72,23 @@ PING = "SELECT current_setting('transaction_read_only') AS read_only"
 
 
 async def apply(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    """Set hearth's session settings on ``conn`` (in autocommit: they outlive the statement)."""
+    """Set hearth's session settings on ``conn`` (in autocommit: they outlive the statement),
+    and note its session's process id on the server (``server_pid``)."""
     await conn.execute(settings(schema, conn.info.server_version))
+    cursor = await conn.execute("SELECT pg_backend_pid()")
+    row = await cursor.fetchone()
+    pid = (row["pg_backend_pid"] if isinstance(row, dict) else row[0]) if row else 0
+    setattr(conn, _SERVER_PID, int(pid))
+
+
+_SERVER_PID = "_hearth_server_pid"
+
+
+def server_pid(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The process id of ``conn``'s session on the server, 0 when unknown. (Not libpq's
+    ``backend_pid``: behind a pooler such as pgbouncer that is the pooler's own key.)"""
+    pid: int = getattr(conn, _SERVER_PID, 0)
+    return pid
 
 
 async def check_server(conn: psycopg.AsyncConnection[Any], where: str) -> None:

@@ -185,9 +185,12 @@ class Transactions:
         self._took: deque[float] = deque(maxlen=_TRIES_KEPT)  # the latest tries that succeeded
         self._tries = Tries()
         self._sweeper: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Future[bool]] = set()  # sessions of cut tries being ended
 
     async def close(self) -> None:
         await cancel_and_wait(self._sweeper)
+        for ending in list(self._ending):
+            ending.cancel()
         # (a worker stuck opening a connection to a silent server is not waited for: the pool's
         # default held every close 5 s there; its connection attempt ends by its own timeout)
         await self.pool.close(timeout=POOL_CLOSE_S)
@@ -398,7 +401,7 @@ class Transactions:
                         left = max(left, min(PROBE_TIMEOUT_S, TRY_ROUND_TRIPS * self._round_trip()))
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
                     began = time.monotonic()
-                    backend = conn.info.backend_pid
+                    backend = session.server_pid(conn)
                     sweeper = self._sweeper
                     if (sweeper is None or sweeper.done()) and not self.pool.closed:
                         # (in a context of its own: not the first caller's, for the store's life;
@@ -454,12 +457,14 @@ class Transactions:
             except psycopg.OperationalError as exc:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
-                if transaction and isinstance(exc, Stalled):
+                if transaction and isinstance(exc, Stalled) and backend:
                     # Cut at its limit, the server's side of it may still run, holding its
                     # locks (the lease renewals of every claim here wait for a submission's
-                    # row): it is ended there first.
-                    answered = await self._end_backend(backend)
-                    if answered and overrun_is_final:
+                    # row): it is ended there. Found running a statement, it ran past its time
+                    # by its own doing (an application's long statement): that is final.
+                    # Otherwise (a lost link, a frozen server) it is a lost connection, and
+                    # the session, if it is still there, is ended meanwhile.
+                    if overrun_is_final and await self._end_backend(backend, running=True):
                         found = await self._resolve_late(resolve)
                         if found is not None:
                             return found
@@ -467,6 +472,9 @@ class Transactions:
                             f"{self.where}: the transaction ran past its {limit:g} s and was"
                             " ended on the server; nothing of it committed"
                         ) from None
+                    ending = asyncio.ensure_future(self._end_backend(backend, running=False))
+                    self._ending.add(ending)
+                    ending.add_done_callback(self._ending.discard)
                 self.failed()
                 uncertain = uncertain or transaction or resolve is not None
                 if time.monotonic() + delay >= end or self.pool.closed:
@@ -493,25 +501,31 @@ class Transactions:
                     continue
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
 
-    async def _end_backend(self, pid: int) -> bool:
-        """End the server's session ``pid`` unless it is idle (a try cut at its limit may
-        still be running there); whether the server answered."""
+    async def _end_backend(self, pid: int, *, running: bool) -> bool:
+        """End the server's session ``pid`` (a try cut at its limit may still run there) if it
+        is running a statement or, unless ``running``, in a transaction; whether it was."""
         if pid <= 0 or self.pool.closed:
             return False
+        state = "state = 'active'" if running else "state <> 'idle'"
         query = (
-            "SELECT pg_terminate_backend(pid{}) FROM pg_stat_activity"
-            " WHERE pid = %(pid)s AND state <> 'idle'"
+            "SELECT pg_terminate_backend(pid{}) AS ended FROM pg_stat_activity"
+            f" WHERE pid = %(pid)s AND {state}"
         )
         try:
             async with self.pool.connection(timeout=END_BACKEND_S) as conn:
-                # (from version 13 on, it waits for the session to be gone, its locks freed)
-                wait = ", %(ms)s" if conn.info.server_version >= 130000 else ""
+                # (from version 14 on, it waits for the session to be gone, its locks freed)
+                wait = ", %(ms)s" if conn.info.server_version >= 140000 else ""
                 params = {"pid": pid, "ms": int(END_BACKEND_S * 1000)}
-                await within(conn, conn.execute(query.format(wait), params), 2 * END_BACKEND_S)
+
+                async def end() -> bool:
+                    cursor = await conn.execute(query.format(wait), params)
+                    row = await cursor.fetchone()
+                    return bool(row and row["ended"])
+
+                return await within(conn, end(), 2 * END_BACKEND_S)
         except Exception as exc:
             log.debug("could not end the session %d: %s", pid, exc)
             return False
-        return True
 
     async def _sweep(self) -> None:
         """While a try waits longer than ``patience``, ask the server whether its session has

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from hearth import _faults
+from hearth._tasks import run_to_end
 from hearth.errors import StoreError, StoreUnavailable
 from hearth.store.events import Event, StoreEvents
 
@@ -177,7 +178,9 @@ class GroupCommitWriter:
         except asyncio.CancelledError:
             # The caller gave up while the file was being opened: the thread still opens it,
             # then would serve nobody, the file locked, and a join here would block the loop.
-            await self._abandon(ready)
+            # (To its end: an anyio scope cancels again at every await, a person presses
+            # Ctrl-C twice.)
+            await run_to_end(self._abandon(ready))
             raise
         except BaseException:
             self._thread.join()  # (it failed to open and ends now)
