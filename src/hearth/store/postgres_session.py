@@ -74,11 +74,18 @@ PING = "SELECT current_setting('transaction_read_only') AS read_only"
 async def apply(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     """Set hearth's session settings on ``conn`` (in autocommit: they outlive the statement),
     and note its session's process id on the server (``server_pid``)."""
-    await conn.execute(settings(schema, conn.info.server_version))
-    cursor = await conn.execute("SELECT pg_backend_pid()")
-    row = await cursor.fetchone()
-    pid = (row["pg_backend_pid"] if isinstance(row, dict) else row[0]) if row else 0
-    setattr(conn, _SERVER_PID, int(pid))
+    # (one round trip: the settings, then the pid, whose answer is the one with rows)
+    query = settings(schema, conn.info.server_version) + "; SELECT pg_backend_pid() AS pid"
+    cursor = await conn.execute(query)
+    pid = 0
+    while True:
+        if cursor.description is not None:
+            row = await cursor.fetchone()
+            if row is not None:
+                pid = int(row["pid"] if isinstance(row, dict) else row[0])
+        if not cursor.nextset():
+            break
+    setattr(conn, _SERVER_PID, pid)
 
 
 _SERVER_PID = "_hearth_server_pid"
