@@ -158,6 +158,9 @@ def test_a_long_conversation_opens_at_its_newest_records_and_pages_backwards(
     offsets = rendered(page)
     assert offsets[-1] == last_offset and offsets[0] > 0  # the newest page only
     assert "note 0" not in text_of(page, "li.rec-user_message")
+    # The submissions table above the button fills in after the timeline: clicked before it
+    # did, the button moved as it was clicked, and the click fell on a row of the table.
+    until(page, lambda d: d.execute_script("return window.hearthConsole.refreshes") >= 1)
     pages = 0
     while page.find_element(By.ID, "earlier").is_displayed():
         before = offsets[0]
