@@ -107,8 +107,13 @@ class HearthASGI:
         ended: a test client's, say) is forgotten: the next request starts a new one."""
         rt = self._runtime
         if self._app is not None and rt is not None and rt.stopped and not self.closing.is_set():
-            self._runtime = self._starting = self._release = self._stopper = self._owner = None
-            self.closing = Closing()  # (its event belonged to that loop)
+            self._forget()
+
+    def _forget(self) -> None:
+        """Forget the runtime this app started (stopped for good), and its closing event (of
+        the loop it ran on): a later lifespan or request starts a new one."""
+        self._runtime = self._starting = self._release = self._stopper = self._owner = None
+        self.closing = Closing()
 
     async def runtime(self) -> Runtime:
         """The running runtime, started now if nobody started it yet."""
@@ -178,11 +183,8 @@ class HearthASGI:
         try:
             await owner
         finally:
-            self._owner = None
-            # Stopped for good: a later lifespan (a test client per test) or request starts a
-            # new runtime, instead of finding this one shutting down for ever.
-            self._runtime = self._starting = self._release = self._stopper = None
-            self.closing = Closing()
+            # (a later lifespan, a test client per test, finds no runtime shutting down for ever)
+            self._forget()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Any = None) -> AsyncIterator[None]:
