@@ -302,10 +302,14 @@ async def test_starts_given_up_on_leave_no_connection_open(pg_cluster: Cluster) 
         async with app_on(url).run():
             await asyncio.sleep(3600)
 
+    began = asyncio.get_running_loop().time()
+    async with app_on(url).run():
+        start_s = asyncio.get_running_loop().time() - began
     pauses = random.Random(2)
     for _ in range(40):
         running = asyncio.create_task(serve())
-        await asyncio.sleep(pauses.random() * 0.2)
+        # Cancelled anywhere in its start (opening, migrating, claiming) and just after.
+        await asyncio.sleep(pauses.random() * start_s * 1.5)
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
     for _ in range(100):
@@ -313,3 +317,38 @@ async def test_starts_given_up_on_leave_no_connection_open(pg_cluster: Cluster) 
             break
         await asyncio.sleep(0.1)
     assert int(pg_cluster.sql(query)) <= before
+
+
+async def test_a_read_cancelled_as_the_pool_hands_it_a_connection_ends_cancelled(
+    pg_cluster: Cluster,
+) -> None:
+    """Python 3.11's ``asyncio.wait_for``, which psycopg's pool waits with, drops a cancellation
+    that arrives just as the connection is handed over: a start cancelled there went on, and
+    whoever cancelled it (a Ctrl-C, a timeout) waited for ever (a hang in CI)."""
+    store = open_store(pg_cluster.url(), pg_pool=1)
+    await store.open()
+    try:
+        assert isinstance(store, PostgresStore)
+        pool = store._tx().pool
+        held = await pool.getconn()
+        reading = asyncio.create_task(store.get_submission("s_missing"))
+        waiting: asyncio.Task[Any] | None = None
+        for _ in range(200):  # the reader queues in the pool: its wait is a task of its own
+            await asyncio.sleep(0.01)
+            waiting = next(
+                (t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Condition.wait"),
+                None,
+            )
+            if waiting is not None:
+                break
+        assert waiting is not None
+        # Cancelled once the wait has ended, before the reader has run again: the moment
+        # ``wait_for`` takes for "the connection came first".
+        waiting.add_done_callback(lambda _: reading.cancel())
+        await pool.putconn(held)
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        async with pool.connection(timeout=2):  # the connection it was handed went back
+            pass
+    finally:
+        await store.close()

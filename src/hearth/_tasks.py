@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
 import logging
 import queue
@@ -37,11 +36,31 @@ def held_the_loop(what: str, seconds: float) -> None:
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
-    """Cancel ``task`` (if any) and wait until it has ended, its cancellation swallowed."""
+    """Cancel ``task`` (if any) and wait until it has ended; an error it ended with is raised.
+    The caller's own cancellation goes on (``await task`` under ``suppress(CancelledError)``
+    swallowed it too: a stop that was itself cancelled went on as if it had not been)."""
     if task is not None:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.result()
+
+
+def cancellation_kept(count_before: int) -> None:
+    """Raise ``CancelledError`` if the running task was asked to stop since it counted
+    ``count_before`` (``task.cancelling()``) and nothing raised it. Python 3.11's
+    ``asyncio.wait_for`` drops a cancellation that arrives as what it waits for completes, and
+    libraries hearth calls wait with it (psycopg's pool): a start cancelled at that moment went
+    on, and whoever cancelled it waited for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > count_before:
+        raise asyncio.CancelledError
+
+
+def cancel_count() -> int:
+    """The running task's ``cancelling()``, for ``cancellation_kept``."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
 
 
 async def run_to_end(work: Coroutine[Any, Any, None]) -> None:

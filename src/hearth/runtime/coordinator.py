@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearth import _faults, logs, telemetry
+from hearth._tasks import cancel_and_wait
 from hearth.config import Settings
 from hearth.errors import FencedOut, StoreUnavailable, app_failure
 from hearth.runtime.env import Env
@@ -136,8 +137,7 @@ class Coordinator:
                     # is left of their work is fenced out), never left for a lease to expire.
                     await self._release_all(release_s)
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _release_all(self, timeout: float) -> None:
         """Give back every claim still held, together, for at most ``timeout`` seconds."""
@@ -203,7 +203,8 @@ class Coordinator:
                 log.exception("%s while claiming; retrying", UNEXPECTED)
                 await asyncio.sleep(0.5)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=await self._idle_s())
+                async with asyncio.timeout(await self._idle_s()):
+                    await self._wake.wait()
             if time.monotonic() - last_scan >= self.settings.scan_s:
                 last_scan = time.monotonic()
                 with contextlib.suppress(Exception):

@@ -233,10 +233,9 @@ class PostgresStore(Store):
             self._listening, self.channel, self._sender, self.events, self._missed
         )
         self._listener.start()
-        try:
-            await asyncio.wait_for(self._listener.connected.wait(), CONNECT_TIMEOUT_S)
-        except TimeoutError:
-            pass  # it keeps trying; polling covers the gap
+        with contextlib.suppress(TimeoutError):  # it keeps trying; polling covers the gap
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await self._listener.connected.wait()
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None

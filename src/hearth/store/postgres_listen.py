@@ -224,8 +224,7 @@ class Notes:
     async def close(self, timeout: float) -> None:
         """Send what is pending (within ``timeout``)."""
         if self._task is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            await asyncio.wait({self._task}, timeout=timeout)
 
     async def _send(self) -> None:
         while self._appended or self._others:

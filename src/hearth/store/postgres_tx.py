@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hearth import _faults
-from hearth._tasks import cancel_and_wait
+from hearth._tasks import cancel_and_wait, cancel_count, cancellation_kept
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
 from hearth.store import postgres_session as session
@@ -116,13 +116,27 @@ class ReadOnlyServer(psycopg.OperationalError):
     after a lost one; a server that stays read-only is an outage (``StoreUnavailable``)."""
 
 
+class _Pool(AsyncConnectionPool[ops.Conn]):
+    """psycopg's pool, whose waits do not lose a cancellation (``cancellation_kept``)."""
+
+    async def getconn(self, timeout: float | None = None) -> ops.Conn:
+        asked = cancel_count()
+        conn = await super().getconn(timeout)
+        try:
+            cancellation_kept(asked)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.putconn(conn))
+            raise
+        return conn
+
+
 async def open_pool(
     conninfo: str,
     connect_kwargs: dict[str, Any],
     size: int,
     configure: Callable[[ops.Conn], Awaitable[None]],
 ) -> AsyncConnectionPool[ops.Conn]:
-    pool: AsyncConnectionPool[ops.Conn] = AsyncConnectionPool(
+    pool: AsyncConnectionPool[ops.Conn] = _Pool(
         conninfo,
         min_size=1,
         max_size=size,

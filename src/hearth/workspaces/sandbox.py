@@ -220,7 +220,8 @@ async def run_command(
 
     timed_out = False
     try:
-        await asyncio.wait_for(finish(), timeout)
+        async with asyncio.timeout(timeout):
+            await finish()
     except TimeoutError:
         timed_out = True
     finally:
