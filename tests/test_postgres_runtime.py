@@ -12,6 +12,7 @@ import pytest
 from pgcluster import Cluster
 
 import hearth
+from hearth.providers.openai import OpenAIProvider
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
 from hearth.testing import ScriptedModel, call, calls, reply
@@ -352,3 +353,17 @@ async def test_a_read_cancelled_as_the_pool_hands_it_a_connection_ends_cancelled
             pass
     finally:
         await store.close()
+
+
+async def test_a_runtime_that_stops_leaves_the_app_s_providers_to_its_other_runtime(
+    pg_cluster: Cluster,
+) -> None:
+    """Two runtimes of one app (two tasks serving one database) share its providers: the first
+    to stop closed the HTTP client the other was streaming its model's answers on."""
+    provider = OpenAIProvider(base_url="http://127.0.0.1:9/v1", api_key="k")
+    app = hearth.App([echo_agent()], db=pg_cluster.url(), providers=[provider])
+    async with app.run():
+        async with app.run():
+            client = provider._client.get()
+        assert not client.is_closed
+    assert client.is_closed  # the last runtime to stop closes it

@@ -109,6 +109,7 @@ class App:
         self.settings = Settings.resolve(**self._given)
         self.providers = ProviderRegistry(providers, builtins=_builtin_providers)
         self.metrics = Metrics()
+        self._running = 0  # runtimes of this app not yet stopped: they share its providers
 
     def configure(self, **overrides: Any) -> None:
         """Apply ``hearth serve`` options: they win over the environment, but an explicit
@@ -121,15 +122,19 @@ class App:
     async def run(self) -> AsyncIterator[Runtime]:
         """Open the store and start the coordinator; stop gracefully on exit."""
         store = await open_database(self.settings.db, pg_pool=self.settings.pg_pool)
-        env = Env(store=store, agents=self.agents, providers=self.providers, metrics=self.metrics)
-        runtime = Runtime(
-            env,
-            self.settings,
-            channels=list(self.channels.values()),
-            schedules=list(self.schedules.values()),
-            schedule_clock=self.schedule_clock,
-        )
+        self._running += 1
+        runtime: Runtime | None = None
         try:
+            env = Env(
+                store=store, agents=self.agents, providers=self.providers, metrics=self.metrics
+            )
+            runtime = Runtime(
+                env,
+                self.settings,
+                channels=list(self.channels.values()),
+                schedules=list(self.schedules.values()),
+                schedule_clock=self.schedule_clock,
+            )
             await runtime.start()
             yield runtime
         finally:
@@ -137,12 +142,17 @@ class App:
             # the stop closed the store under the attempts it had yet to give back.
             await run_to_end(self._stop(runtime, store))
 
-    async def _stop(self, runtime: Runtime, store: Store) -> None:
+    async def _stop(self, runtime: Runtime | None, store: Store) -> None:
         try:
-            await runtime.stop()
+            if runtime is not None:
+                await runtime.stop()
         finally:
             await store.close()
-            await self.providers.aclose()  # their HTTP connections; remade on next use
+            self._running -= 1
+            if self._running == 0:
+                # Their HTTP connections, remade on next use; not while another runtime of
+                # this app (another database, another thread's loop) may be streaming on them.
+                await self.providers.aclose()
 
     def asgi(self, *, sse_heartbeat_s: float = 15.0) -> HearthASGI:
         """The HTTP API (docs/http.md) as an ASGI app: run it with any ASGI server, or mount it.
