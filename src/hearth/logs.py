@@ -160,6 +160,14 @@ class _UnlessRootPrints(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
+def _writes_to_console(handler: logging.Handler) -> bool:
+    return (
+        isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+        and handler.stream in (sys.stderr, sys.stdout)
+    )
+
+
 def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
     """Send hearth's log lines (and every other library's) to stderr in ``log_format``.
 
@@ -184,11 +192,19 @@ def configure(log_format: str, level: str = "warning") -> dict[str, Any] | None:
             logger.addHandler(text)
         logging.getLogger("hearth").setLevel(number)
         return None
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    for old in [h for h in root.handlers if isinstance(h.formatter, JsonFormatter)]:
+    for old in [h for h in root.handlers if getattr(h, "_hearth_json", False)]:
         root.removeHandler(old)
-    root.addHandler(handler)
+    # An application that called ``logging.basicConfig`` has a handler on stderr already:
+    # that one writes JSON now (with one of hearth's beside it, each line came out twice, once
+    # in the application's format). Its handlers to files keep their format.
+    consoles = [h for h in root.handlers if _writes_to_console(h)]
+    for console in consoles:
+        console.setFormatter(JsonFormatter())
+    if not consoles:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        handler._hearth_json = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
     root.setLevel(number)
     return {
         "version": 1,

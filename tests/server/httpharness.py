@@ -4,6 +4,7 @@ child process (for SIGKILL and SIGTERM)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import signal
@@ -167,6 +168,7 @@ class ServerProcess:
             )
         assert self.proc.stdout is not None
         lines: queue.Queue[str | None] = queue.Queue()
+        self._out = lines
         threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -181,6 +183,14 @@ class ServerProcess:
                 return self
         self.kill()
         raise RuntimeError(f"hearth serve did not start:\n{self.log.read_text()[-3000:]}")
+
+    def printed(self) -> str:
+        """What the server printed on stdout after its ready line (so far)."""
+        out = []
+        with contextlib.suppress(queue.Empty):
+            while (line := self._out.get_nowait()) is not None:
+                out.append(line)
+        return "".join(out)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -400,6 +400,35 @@ def test_hearths_text_lines_are_printed_once_when_the_application_configured_log
         assert "configured" not in capsys.readouterr().err and heard == ["configured"]
 
 
+def test_json_lines_are_written_once_when_the_application_configured_logging(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With ``--log-format json`` an app module that called ``logging.basicConfig`` got each
+    line twice: once in its own format (not JSON), once as JSON. Its console handler writes
+    JSON now; a handler of its own to a file keeps its format."""
+    import logging
+    import sys
+
+    from hearth import logs
+
+    with logging_as_it_was():
+        root = logging.getLogger()
+        root.handlers[:] = []
+        console = logging.StreamHandler(sys.stderr)  # what logging.basicConfig makes
+        console.setFormatter(logging.Formatter("APP %(name)s %(message)s"))
+        to_file = logging.FileHandler(tmp_path / "app.log")
+        to_file.setFormatter(logging.Formatter("APP %(name)s %(message)s"))
+        root.addHandler(console)
+        root.addHandler(to_file)
+        logs.configure("json", "warning")
+        logs.configure("json", "warning")  # (configured again, as --reload does)
+        logging.getLogger("hearth.test").warning("once")
+        to_file.close()
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert [json.loads(line)["message"] for line in lines] == ["once"]
+        assert (tmp_path / "app.log").read_text() == "APP hearth.test once\n"
+
+
 @pytest.mark.parametrize("option", ["--token", "--host"])
 def test_serve_refuses_an_empty_token_or_host_in_one_line(
     tmp_path: Path, option: str, monkeypatch: pytest.MonkeyPatch

@@ -260,3 +260,22 @@ def test_json_log_lines_carry_the_conversation_and_submission_ids(tmp_path: Path
     assert noted["submission_id"] == body["id"]
     assert noted["tool"] == "note" and noted["level"] == "warning"
     assert any(p["logger"] == "uvicorn.access" and "/healthz" in p["message"] for p in parsed)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_access_log_is_written_at_the_default_log_level(
+    tmp_path: Path, log_format: str
+) -> None:
+    """``--access-log`` alone wrote nothing: uvicorn set its access logger to the log level,
+    warning by default, and the lines it asks for are logged at info."""
+    env = {"HEARTH_LOG_FORMAT": log_format}
+    server = ServerProcess(tmp_path / "h.db", env=env, args=("--access-log",)).start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            assert http.get("/healthz").status_code == 200
+    finally:
+        server.terminate()
+        server.wait(30)
+    # (uvicorn prints its access lines on stdout in text; in JSON, hearth's handler on stderr)
+    logged = server.printed() + server.log.read_text()
+    assert 'GET /healthz HTTP/1.1\\" 200' in logged or '"GET /healthz HTTP/1.1" 200' in logged

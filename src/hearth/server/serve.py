@@ -134,6 +134,10 @@ def make_server(
         **extra,
     )
     logs.redact(settings.token)  # uvicorn's handlers exist now (made by Config)
+    if access_log:
+        # uvicorn set its access logger to ``log_level`` too: at the default (warning) the
+        # lines ``--access-log`` asks for, logged at info, were all dropped.
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     return HearthServer(config, asgi, settings.shutdown_s, hard_exit=hard_exit)
 
 
