@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import httpx2
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -746,25 +747,25 @@ def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
 
 # --- gc --------------------------------------------------------------------------------------
 @main.command()
-@click.option("--db", default=None, help="Database URL: collect in it directly.")
-@click.option("--url", default=None, help="Ask the running server at this URL instead.")
+@url_option
 @token_option
+@db_option("Collect in")
 @click.option("--dry-run", is_flag=True, help="Only list what would be freed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @friendly
-def gc(db: str | None, url: str | None, token: str | None, dry_run: bool, as_json: bool) -> None:
+def gc(url: str, token: str | None, db: str | None, dry_run: bool, as_json: bool) -> None:
     """Delete the attachments that no record and no submission references.
 
-    With --db it works on the database itself (a SQLite file only while no server has it
-    open); with --url it asks a running server (POST /admin/gc, behind its token).
+    It asks the running server (POST /admin/gc, behind its token; --url, HEARTH_URL), or with
+    --db works on the database itself (a SQLite file only while no server has it open).
     """
-    if (db is None) == (url is None):
-        fail("give one of --db URL (the database) or --url URL (a running server)", 2)
-    if url is not None:
+    if db is not None:
+        if click.get_current_context().get_parameter_source("url") is ParameterSource.COMMANDLINE:
+            fail("give one of --db URL (the database) or --url URL (a running server)", 2)
+        found = asyncio.run(_gc_database(db, dry_run))
+    else:
         with Client(url, token) as client:
             found = client.gc(dry_run=dry_run)
-    else:
-        found = asyncio.run(_gc_database(db, dry_run))
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return

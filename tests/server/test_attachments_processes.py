@@ -164,12 +164,12 @@ def test_the_sdk_sends_attachments_sync_and_async(
         )
 
 
-def hearth_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def hearth_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hearth", *args],
         capture_output=True,
         text=True,
-        env=child_env(),
+        env={**child_env(), **(env or {})},
         timeout=60,
         check=False,
     )
@@ -224,6 +224,10 @@ def test_hearth_gc_frees_only_unreferenced_attachments(
     dry = hearth_cli("gc", "--url", server.url, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert sha(orphan) in dry.stdout and "would free 1 attachment(s)" in dry.stdout
+    # The server's URL from HEARTH_URL, as the other commands take it (it was refused).
+    dry = hearth_cli("gc", "--dry-run", env={"HEARTH_URL": server.url})
+    assert dry.returncode == 0, dry.stderr
+    assert "would free 1 attachment(s)" in dry.stdout
     freed = hearth_cli("gc", "--url", server.url)
     assert freed.returncode == 0, freed.stderr
     assert f"freed 1 attachment(s), {len(orphan)} bytes" in freed.stdout
@@ -236,5 +240,5 @@ def test_hearth_gc_frees_only_unreferenced_attachments(
     assert direct.returncode == 0, direct.stderr
     assert sha(again) in direct.stdout and "freed 1 attachment(s)" in direct.stdout
     assert read_store(db, lambda store: store.get_attachment(sha(PDF))) is not None
-    both = hearth_cli("gc")
-    assert both.returncode == 2
+    both = hearth_cli("gc", "--db", db, "--url", server.url)
+    assert both.returncode == 2 and "give one of --db" in both.stderr
