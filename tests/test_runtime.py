@@ -1160,6 +1160,28 @@ async def test_transient_provider_errors_are_retried_then_succeed(
     assert attempts == 3
 
 
+async def test_the_reply_after_a_cut_stream_is_the_whole_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cut stream is continued from its saved part: the reply (``read``, the settled record)
+    was the continuation alone, " is Paris.", not the answer the reader saw stream in."""
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+    script = [
+        reply("Hello."),
+        error("transient", "connection reset", after_chunks=["The capital ", "of France"]),
+        reply(" is Paris."),
+    ]
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", script)])
+    async with app.run() as rt:
+        assert (await rt.read(await rt.dispatch("a", "c", "hi"), timeout=10)).text == "Hello."
+        receipt = await rt.dispatch("a", "c", "capital?")
+        answer = await rt.read(receipt, timeout=10)
+        history = await rt.history("a", "c")
+    assert answer.text == "The capital of France is Paris."
+    assert [s.signal_type for s in of(history, Signal)] == ["stream_interrupted"]
+    assert of(history, SubmissionSettled)[-1].reply == "The capital of France is Paris."
+
+
 async def test_a_terminal_provider_error_fails_with_its_message() -> None:
     app = app_with(
         simple_agent("a"), models=[ScriptedModel("a", [error("terminal", "401 bad key")])]
@@ -1223,7 +1245,9 @@ async def test_what_a_providers_own_code_raises_is_a_transient_provider_error(
 
     flaky, broken = BuggyProvider(raises, bad=2), BuggyProvider(raises, bad=100)
     async with app_with(asks, models=[flaky]).run() as rt:  # type: ignore[list-item]
-        assert (await rt.read(await rt.dispatch("asks", "c", "go"), timeout=10)).text == "whole"
+        # (each cut try's "par" is kept, and the reply goes on from it)
+        answer = await rt.read(await rt.dispatch("asks", "c", "go"), timeout=10)
+        assert answer.text == "parparwhole"
         errors = [
             r.error
             for r in await rt.history("asks", "c")
@@ -1378,7 +1402,8 @@ async def test_graceful_shutdown_releases_running_work_and_the_next_run_finishes
     async with app.run() as rt:
         sub = await rt.submission(receipt.submission_id)
         assert sub.status == "running" and sub.outcome is None and sub.lease_expires_at == 0
-        assert (await rt.read(receipt, timeout=10)).text == "the rest"
+        # (the saved part, then what the model went on with)
+        assert (await rt.read(receipt, timeout=10)).text == "part one, the rest"
         history = await rt.history("a", "c")
     assert len(of(history, SubmissionSettled)) == 1
     assert [s.signal_type for s in of(history, Signal)] == ["stream_interrupted"]
@@ -1400,7 +1425,8 @@ async def test_rolling_restarts_do_not_use_up_the_attempts(tmp_path: Path) -> No
                 while len(of(await rt.history("a", "c"), AssistantTextDelta)) <= restarts:
                     await asyncio.sleep(0.01)
     async with app.run() as rt:
-        assert (await rt.read(receipt, timeout=10)).text == "the rest"
+        # (what each stopped stream had saved, then the rest)
+        assert (await rt.read(receipt, timeout=10)).text == "part one, " * 3 + "the rest"
         sub = await rt.submission(receipt.submission_id)
     assert (sub.attempt, sub.releases, sub.interruptions) == (4, 3, 1)
 

@@ -63,7 +63,7 @@ def test_killed_mid_stream_keeps_the_partial_closes_it_and_continues(lab: Lab) -
     assert len(signals) == 1 and signals[0].offset > completed[0].offset
     (done,) = settled(records)
     assert done.outcome == "completed"
-    assert done.reply == " (continued after the cut)."
+    assert done.reply == partial + " (continued after the cut)."  # the whole answer
 
 
 def test_killed_inside_an_ordinary_tool_does_not_run_it_again(lab: Lab) -> None:

@@ -494,7 +494,7 @@ async def test_a_stream_dropped_after_partial_text_keeps_it_and_continues_from_i
     server.sse(dialect.partial("The answer ", "is"), end="drop")
     server.sse(dialect.reply(" forty-two."))
     reply = await ask(rt, "what is the answer?")
-    assert reply.text == " forty-two."
+    assert reply.text == "The answer is forty-two."  # the saved part and its continuation
     records = await history(rt)
     cut, done = of(records, AssistantMessageCompleted)
     assert (cut.stop_reason, cut.text, cut.error["kind"]) == ("error", "The answer is", "transient")
@@ -763,7 +763,7 @@ def test_a_sigkill_mid_stream_is_recovered_from_the_durable_partial(
     (note,) = [s for s in of(records, Signal) if s.signal_type == "stream_interrupted"]
     assert cut.offset < note.offset < done.offset
     (settled,) = of(records, SubmissionSettled)
-    assert (settled.outcome, settled.reply) == ("completed", " forty-two.")
+    assert (settled.outcome, settled.reply) == ("completed", partial + " forty-two.")
     assert len(of(records, UserMessage)) == 1
     assert len(server.requests) == 2
     turns = dialect.turns(bodies(server)[1])

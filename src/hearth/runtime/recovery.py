@@ -291,6 +291,26 @@ def _completed_response(
     return last
 
 
+def _reply(views: Sequence[MessageView], records: Sequence[Record], final: MessageView) -> str:
+    """The final response's text, after the text of each cut-off response it continues (the
+    model was told to go on from where the saved part stops, without repeating it): the answer
+    the reader saw stream in, not its last piece alone."""
+    parts = [final.completed.text if final.completed is not None else ""]
+    at = views.index(final)
+    while at > 0:
+        cut = views[at - 1]
+        if (
+            cut.completed is None  # (closed "aborted" after a crash, "error" after a cut)
+            or not cut.interrupted_signal
+            or cut.calls
+            or any(_model_visible(r) for r in records[cut.index : views[at].index])
+        ):
+            break
+        parts.insert(0, cut.completed.text)
+        at -= 1
+    return "".join(parts)
+
+
 def _model_visible(rec: Record) -> bool:
     return isinstance(rec, UserMessage) or (
         isinstance(rec, Signal) and rec.signal_type == CONTINUATION
@@ -359,7 +379,7 @@ def _classify(ev: Evidence) -> Decision:
         ):
             return Decision(Action.RUN_FINISH_HOOKS, message_id=final.message_id)
         # Finished work is never discarded: past the budget, the deadline, or an abort intent.
-        reply = final.completed.text if final.completed is not None else ""
+        reply = _reply(views, ev.records, final)
         return Decision(Action.SETTLE_COMPLETED, message_id=final.message_id, reply=reply)
 
     interrupted = unresolved_tools(views)
