@@ -269,6 +269,23 @@ async def test_a_pipe_is_refused_instead_of_blocking_for_ever(
     assert await ws.list_files() == ["pipe"]
 
 
+async def test_reading_a_directory_names_it_and_a_file_with_a_slash_is_no_file(
+    ws: hearth.OpenWorkspace,
+) -> None:
+    """``read_file("notes")`` of a directory said "'.' is a directory" (its parent), and
+    ``read_file("big.txt/")`` read the file, where a path ending in "/" names a directory."""
+    await ws.write_file("notes/monday.md", "hi")
+    await ws.write_file("big.txt", "data")
+    for path in ("notes", "notes/"):
+        with pytest.raises(hearth.WorkspaceError, match=f"^{path!r} is a directory"):
+            await ws.read_file(path)
+        with pytest.raises(hearth.WorkspaceError, match=f"^{path!r} is a directory"):
+            await ws.read_file_head(path, 10)
+    with pytest.raises(hearth.WorkspaceError, match=r"'big.txt/' is a directory"):
+        await ws.read_file("big.txt/")
+    assert await ws.read_file("big.txt") == "data"
+
+
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
     """The file was truncated, then written: a write that failed half way (here a file size
     limit; a full disk alike) lost the old content and left half of the new."""

@@ -71,7 +71,7 @@ def read_head(top: str, path: str, limit: int | None) -> tuple[str, int]:
     """The text (UTF-8) of the file at ``path``: all of it, or its first ``limit`` characters
     read without the rest (at most four bytes each), with how many bytes are left unread."""
     parts = parts_inside(top, path)
-    if not parts:
+    if not parts or _names_a_directory(path):
         raise WorkspaceError(f"{path!r} is a directory")
     with open_dir(top, parts[:-1]) as dir_fd:
         try:
@@ -80,6 +80,10 @@ def read_head(top: str, path: str, limit: int | None) -> tuple[str, int]:
             fd = os.open(parts[-1], flags, dir_fd=dir_fd)
         except OSError as exc:
             raise _explain(exc, path) from None
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            # (reading it would fail inside ``open_dir``, which names the parent instead)
+            os.close(fd)
+            raise WorkspaceError(f"{path!r} is a directory")
         with os.fdopen(fd, "rb") as f:
             _regular(f.fileno(), path)
             data = f.read() if limit is None else f.read(4 * limit)
