@@ -367,3 +367,62 @@ async def test_a_runtime_that_stops_leaves_the_app_s_providers_to_its_other_runt
             client = provider._client.get()
         assert not client.is_closed
     assert client.is_closed  # the last runtime to stop closes it
+
+
+async def test_a_write_whose_caller_was_cancelled_is_still_announced(pg_cluster: Cluster) -> None:
+    """A dispatch (an abort, a resolve) cancelled as its statement committed was stored, but
+    nobody heard of it: the work waited for the next scan, 15 s. What the try wrote is now
+    announced as hints, each read back (a settled row too: its waiters read it)."""
+    from hearth.store.events import ADMITTED, SETTLED, Event
+
+    store = open_store(pg_cluster.url())
+    await store.open()
+    heard: list[Event] = []
+    stop = store.events.listen(heard.append)
+    try:
+        assert isinstance(store, PostgresStore)
+        started = asyncio.Event()
+
+        async def work(conn: Any, outbox: list[Event]) -> None:
+            outbox.append(Event(ADMITTED, "echo/c-1", submission_id="s_1"))
+            outbox.append(Event(SETTLED, "echo/c-0", submission_id="s_0", attempt=3))
+            started.set()
+            await asyncio.sleep(3600)  # the statement, whose answer the cancel overtakes
+
+        writing = asyncio.create_task(store._tx().write_once(work, budget_s=5, resolve=work))
+        await started.wait()
+        writing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+    finally:
+        stop()
+        await store.close()
+    assert [(e.kind, e.submission_id, e.attempt, e.row) for e in heard] == [
+        (ADMITTED, "s_1", 0, None),
+        (SETTLED, "s_0", 0, None),
+    ]
+
+
+async def test_a_dispatch_cancelled_as_it_was_admitted_starts_at_once(pg_cluster: Cluster) -> None:
+    """Cancelled while its statement ran (an ``asyncio.timeout``, a client gone), a dispatch
+    was admitted all the same, but nothing claimed it until the next scan (60 s here)."""
+    async with app_on(pg_cluster.url(), scan_s=60).run() as rt:
+        await rt.read(await rt.dispatch("echo", "warm", "hi"), timeout=10)
+        for i in range(50):
+            await rt.settle_all()
+            await asyncio.sleep(0.2)  # the claim loop is idle: only an event wakes it
+            key = f"k{i}"
+            sending = asyncio.create_task(rt.dispatch("echo", f"c{i}", "hi", idempotency_key=key))
+            await asyncio.sleep(0)  # it waits for its INSERT now
+            sending.cancel()
+            try:
+                await sending
+                continue
+            except asyncio.CancelledError:
+                pass
+            again = await rt.dispatch("echo", f"c{i}", "hi", idempotency_key=key)
+            if again.deduplicated:  # the cancelled one was admitted
+                done = await rt.wait_settled(again.submission_id, timeout=10)
+                assert done.outcome == "completed"
+                return
+        pytest.fail("no cancelled dispatch was admitted in 50 tries")

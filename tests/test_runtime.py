@@ -1894,3 +1894,32 @@ async def test_a_signal_with_a_field_it_does_not_have_is_refused_as_over_http() 
         with pytest.raises(hearth.InvalidInput, match=r"unknown signal field.*atributes"):
             await rt.dispatch("s", "c", signal={"type": "t", "atributes": {"k": 1}})
         assert await rt.submissions() == []
+
+
+async def test_an_abort_as_a_tool_batch_begins_leaves_no_warning() -> None:
+    """The batch made its calls' coroutines before their tasks ran: an abort landing in
+    between left "coroutine 'ToolBatch._run_call' was never awaited" on the user's stderr."""
+    import gc
+    import warnings
+
+    @hearth.tool
+    async def slow(x: int) -> dict[str, int]:
+        """Slow."""
+        await asyncio.sleep(0.02)
+        return {"x": x}
+
+    def script(request: ModelRequest) -> Step:
+        return reply("done") if results(request) else calls(call("slow", x=1), call("slow", x=2))
+
+    app = app_with(simple_agent("w", slow, name="worker"), models=[ScriptedModel("w", script)])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        async with app.run() as rt:
+            for i in range(150):  # (about one try in 35 landed in between)
+                receipt = await rt.dispatch("worker", f"c{i}", "go")
+                await asyncio.sleep(0.00005 * (i % 100))
+                await rt.abort("worker", f"c{i}")
+                with contextlib.suppress(hearth.SubmissionAborted):
+                    await rt.read(receipt, timeout=20)
+                gc.collect()
+                assert not [str(w.message) for w in seen if "never awaited" in str(w.message)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -111,7 +112,9 @@ class ToolBatch:
         row = self.scope.sub.carried or {}
         carried = row.get(self.scope.conversation_id)
         buffer.writes.update(carried_state(self.journal.records, view.message_id, carried))
-        jobs = []
+        # Made when their task first runs: a coroutine made first and cancelled before its task
+        # started (an abort as the batch begins) was never awaited, and Python said so on stderr.
+        jobs: list[Callable[[], Awaitable[None]]] = []
         for call in view.calls:
             verdict = plan[call.tool_call_id]
             if verdict is CallPlan.KEEP:
@@ -126,9 +129,9 @@ class ToolBatch:
                     )
                 )
             elif verdict is CallPlan.RECONCILE:
-                jobs.append(self._reconcile(call, buffer))
+                jobs.append(functools.partial(self._reconcile, call, buffer))
             else:
-                jobs.append(self._run_call(call, verdict, buffer))
+                jobs.append(functools.partial(self._run_call, call, verdict, buffer))
         if jobs:
             _faults.reached("batch:start")
             self._unfinished = len(jobs)
@@ -158,9 +161,9 @@ class ToolBatch:
         held = [] if self._held is None else [self._held]
         await self.journal.append(*held, *writes, batch_committed(view))
 
-    async def _job(self, job: Awaitable[None]) -> None:
+    async def _job(self, job: Callable[[], Awaitable[None]]) -> None:
         try:
-            await job
+            await job()
         except BaseException:
             self._troubled = True
             raise

@@ -45,7 +45,7 @@ from hearth.store import postgres_session as session
 from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
-from hearth.store.events import ABORT, APPENDED, RELEASED, Event, StoreEvents
+from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, Event, StoreEvents
 from hearth.store.postgres_deadline import within
 from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
@@ -639,6 +639,15 @@ class PostgresStore(Store):
     # --- submissions ----------------------------------------------------------------------------
     async def admit(self, new: NewSubmission) -> Admission:
         sid = rules.new_submission_id()  # chosen here, so an unknown outcome can be read back
+        try:
+            return await self._admit(new, sid)
+        except asyncio.CancelledError:
+            # Cancelled as its statement ran (a caller's timeout, a client gone), it may have
+            # committed before its events were gathered: claimers look (a wasted look if not).
+            self._tx().perhaps_committed([Event(ADMITTED, new.conversation_id, -1, sid)])
+            raise
+
+    async def _admit(self, new: NewSubmission, sid: str) -> Admission:
         # One time limit for the whole admission, whichever ways it goes (a group, alone after
         # a lost group, the general path): each with a limit of its own added up to 4.6 s.
         until = time.monotonic() + ADMIT_WAIT_S

@@ -18,6 +18,7 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -380,6 +381,17 @@ class Transactions:
         self.events.publish_all(outbox)
         self.notes.add(outbox if unsent is None else unsent)
 
+    def perhaps_committed(self, outbox: ops.Outbox, *, notified_aborts: bool = False) -> None:
+        """The caller was cancelled while its try ran: the try may have committed all the same
+        (a one-statement write answers as the server hears the cancel), and then nobody would
+        hear of it until the next scan (an admission, an abort, a resolve waited 15 s). What it
+        wrote is announced as hints, each read back by whoever hears it (a settled row too):
+        a wake-up for a write that did not commit costs a read."""
+        hints = [replace(e, attempt=0, row=None) for e in outbox]
+        if hints:
+            self.events.publish_all(hints)
+            self.notes.add([e for e in hints if e.kind != ABORT] if notified_aborts else hints)
+
     async def _run(
         self,
         work: Work[T],
@@ -424,11 +436,15 @@ class Transactions:
                             self._sweep(), name="hearth-pg-sweep", context=contextvars.Context()
                         )
                     with self._tries.waiting(conn):
-                        resolved, result = await within(
-                            conn,
-                            self._try(conn, work, outbox, transaction, resolve, uncertain),
-                            limit,
-                        )
+                        try:
+                            resolved, result = await within(
+                                conn,
+                                self._try(conn, work, outbox, transaction, resolve, uncertain),
+                                limit,
+                            )
+                        except asyncio.CancelledError:
+                            self.perhaps_committed(outbox, notified_aborts=transaction)
+                            raise
                     self._took.append(time.monotonic() - began)
                 if resolved:
                     return result
