@@ -43,7 +43,7 @@ from hearth.runtime.compaction import (
     turn_boundaries,
 )
 from hearth.runtime.recovery import Action, Evidence, classify_recovery
-from hearth.testing import ScriptedModel
+from hearth.testing import ScriptedModel, overflow
 
 pytestmark = pytest.mark.anyio
 
@@ -163,6 +163,21 @@ async def test_a_message_alone_larger_than_the_window_fails_with_context_overflo
     assert failed.value.type == "context_overflow"
     assert "1000-token window" in failed.value.error["message"]
     assert model.requests == []  # nothing was sent
+
+
+async def test_a_short_request_the_provider_refuses_as_too_long_says_so(tmp_path: Path) -> None:
+    """A server whose window is smaller than hearth's table (a local one) refused a short first
+    message: the failure said the context "takes about 40 tokens, more than this model's
+    128000-token window allows", and the provider's own words were lost."""
+    said = "the request exceeds the available context size, try increasing it"
+    model = ScriptedModel("walker", lambda request: overflow(said))
+    async with walker_app(tmp_path / "h.db", model).run() as rt:
+        with pytest.raises(hearth.SubmissionFailed) as failed:
+            await rt.read(await rt.dispatch("walker", "c1", "summarise this"), timeout=20)
+    message = failed.value.error["message"]
+    assert failed.value.type == "context_overflow"
+    assert said in message and "context_windows=" in message
+    assert "window allows" not in message
 
 
 async def test_compaction_summaries_count_toward_the_token_budget(tmp_path: Path) -> None:

@@ -157,7 +157,12 @@ def _tail_sizes(records: Sequence[Record], cuts: Sequence[int]) -> list[int]:
 
 
 async def compact(
-    scope: AttemptScope, provider: ModelProvider, model: str, request: ModelRequest
+    scope: AttemptScope,
+    provider: ModelProvider,
+    model: str,
+    request: ModelRequest,
+    *,
+    refused: str | None = None,
 ) -> Compaction:
     """Append a ``compaction`` record so that ``request`` (the turn about to be asked, built
     from the records) fits the model's window, and return it. Raises ``ContextTooLong`` when
@@ -166,15 +171,29 @@ async def compact(
     The summary call runs without tools. Its transient errors are retried here, up to
     ``TRANSIENT_BUDGET`` times with the same backoff as a turn (a crash starts the count again;
     the attempt budget bounds that). History too long for one summary call keeps its most recent
-    part, so a conversation can always be compacted and go on.
+    part, so a conversation can always be compacted and go on. ``refused``: what the provider
+    said when it refused ``request`` as too long (None: hearth's estimate found it too long).
     """
     window = provider.context_window(model)
+
+    def too_long(estimated: str) -> ContextTooLong:
+        if refused is None:
+            return ContextTooLong(estimated)
+        # The provider refused what hearth's estimate let through: its window is smaller than
+        # hearth takes it to be (a local server's, say); the estimate's figures would mislead.
+        return ContextTooLong(
+            f"the model provider refused the request as too long for its context window"
+            f" ({refused}), and nothing older can be summarised to shorten it; if the model's"
+            f" window is smaller than the {window} tokens hearth assumes, give its size to the"
+            " provider (context_windows=)"
+        )
+
     budget = input_budget(window)
     mine = scope.submission_records()
     overhead = estimate_tokens(dataclasses.replace(request, messages=(), summary=None))
     fixed = overhead + messages_tokens(messages_of(verbatim_records(mine)))
     if fixed > budget:
-        raise ContextTooLong(
+        raise too_long(
             f"the submission's input takes about {fixed} tokens with the system prompt and "
             f"tools, more than the {budget} tokens a request may take in this model's "
             f"{window}-token window; send a shorter message or use a model with a larger window"
@@ -185,7 +204,7 @@ async def compact(
     room = (min(budget, before) - fixed) // 2
     plan = plan_compaction(scope.journal.records, mine, room)
     if plan is None:
-        raise ContextTooLong(
+        raise too_long(
             f"the context takes about {before} tokens, more than this model's {window}-token "
             "window allows, and nothing older can be summarised"
         )

@@ -112,7 +112,8 @@ class Decision:
     action: Action
     message_id: str | None = None  # the assistant message concerned
     reply: str | None = None  # for SETTLE_COMPLETED
-    error: dict[str, Any] | None = None  # for SETTLE_FAILED / SETTLE_ABORTED
+    # for SETTLE_FAILED / SETTLE_ABORTED; for COMPACT, the provider's refusal (if it refused)
+    error: dict[str, Any] | None = None
     interrupted: tuple[InterruptedTool, ...] = ()  # calls to mark when bringing to rest
     delay: float = 0.0  # for RETRY_TRANSIENT
     partial: bool = False  # RETRY_TRANSIENT after a cut stream that kept output
@@ -453,7 +454,9 @@ def _after_error(
     if kind == "overflow":
         if any(isinstance(r, Compaction) for r in records[last.index :]):
             return Decision(Action.CONTINUE)  # compacted: retry the turn
-        return _compact_or_fail(records, Decision(Action.COMPACT, message_id=last.message_id))
+        return _compact_or_fail(
+            records, Decision(Action.COMPACT, message_id=last.message_id, error=error)
+        )
     return _fail("provider_error", str(error.get("message", "the model provider failed")), ())
 
 
@@ -461,12 +464,13 @@ def _compact_or_fail(records: Sequence[Record], turn: Decision) -> Decision:
     """The context is too long for ``turn``: compact, unless a compaction already happened
     since the conversation last moved on (then the turn was its retry: retry only once)."""
     if compacted_since_progress(records):
+        refused = f" (the provider: {turn.error.get('message', '')})" if turn.error else ""
         return _fail(
             "context_overflow",
-            "the context is still too long for the model's window after compaction",
+            f"the context is still too long for the model's window after compaction{refused}",
             (),
         )
-    return Decision(Action.COMPACT, message_id=turn.message_id)
+    return Decision(Action.COMPACT, message_id=turn.message_id, error=turn.error)
 
 
 def compacted_since_progress(records: Sequence[Record]) -> bool:

@@ -346,7 +346,7 @@ class Attempt:
                     await self._tool_batch(d.message_id, rendered)
             case Action.COMPACT:
                 try:
-                    await self._compact(rendered)
+                    await self._compact(rendered, refused=d.error)
                 except ContextTooLong as exc:
                     await self._settle_failed({"type": "context_overflow", "message": str(exc)})
                     return True
@@ -420,9 +420,11 @@ class Attempt:
         request = build_request(self, rendered, model)
         return estimate_tokens(request) > input_budget(provider.context_window(model))
 
-    async def _compact(self, rendered: Rendered) -> None:
+    async def _compact(self, rendered: Rendered, refused: dict[str, Any] | None = None) -> None:
         provider, model = self.env.providers.resolve(rendered.model)
-        await compact(self, provider, model, build_request(self, rendered, model))
+        request = build_request(self, rendered, model)
+        said = None if refused is None else str(refused.get("message", ""))
+        await compact(self, provider, model, request, refused=said)
 
 
 class _AgentFailure(Exception):
