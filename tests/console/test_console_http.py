@@ -273,6 +273,8 @@ def test_a_state_change_with_the_cookie_must_come_from_the_same_origin(
         make_session(TOKEN).split(".")[0] + ".forged",
         "garbage",
     ],
+    # (named: the values hold the time, and the test workers collect at different moments)
+    ids=["expired", "another-key", "forged", "garbage"],
 )
 def test_an_expired_or_forged_cookie_is_refused(guarded: ThreadServer, value: str) -> None:
     with httpx2.Client(base_url=guarded.url, cookies={COOKIE: value}) as http:
