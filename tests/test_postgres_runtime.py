@@ -370,10 +370,10 @@ async def test_a_runtime_that_stops_leaves_the_app_s_providers_to_its_other_runt
 
 
 async def test_a_write_whose_caller_was_cancelled_is_still_announced(pg_cluster: Cluster) -> None:
-    """A dispatch (an abort, a resolve) cancelled as its statement committed was stored, but
+    """A dispatch (a resolve) cancelled as its statement committed was stored, but
     nobody heard of it: the work waited for the next scan, 15 s. What the try wrote is now
     announced as hints, each read back (a settled row too: its waiters read it)."""
-    from hearth.store.events import ADMITTED, SETTLED, Event
+    from hearth.store.events import ABORT, ADMITTED, SETTLED, Event
 
     store = open_store(pg_cluster.url())
     await store.open()
@@ -386,6 +386,9 @@ async def test_a_write_whose_caller_was_cancelled_is_still_announced(pg_cluster:
         async def work(conn: Any, outbox: list[Event]) -> None:
             outbox.append(Event(ADMITTED, "echo/c-1", submission_id="s_1"))
             outbox.append(Event(SETTLED, "echo/c-0", submission_id="s_0", attempt=3))
+            # Not an abort: heard, it would interrupt running work at once, which (the stamp
+            # rolled back) then went on with its interrupted calls run again.
+            outbox.append(Event(ABORT, "echo/c-2"))
             started.set()
             await asyncio.sleep(3600)  # the statement, whose answer the cancel overtakes
 

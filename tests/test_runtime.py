@@ -1182,6 +1182,21 @@ async def test_the_reply_after_a_cut_stream_is_the_whole_answer(
     assert of(history, SubmissionSettled)[-1].reply == "The capital of France is Paris."
 
 
+async def test_the_reply_goes_on_from_a_cut_past_a_try_that_failed_before_saying_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+    steps = [
+        error("transient", "connection reset", after_chunks=["The capital ", "of France"]),
+        error("transient", "overloaded"),  # the continuation's first try: no text at all
+        reply(" is Paris."),
+    ]
+    app = app_with(simple_agent("a"), models=[ScriptedModel("a", lambda _: steps.pop(0))])
+    async with app.run() as rt:
+        answer = await rt.read(await rt.dispatch("a", "c", "capital?"), timeout=10)
+    assert answer.text == "The capital of France is Paris."
+
+
 async def test_a_terminal_provider_error_fails_with_its_message() -> None:
     app = app_with(
         simple_agent("a"), models=[ScriptedModel("a", [error("terminal", "401 bad key")])]

@@ -281,8 +281,10 @@ async def test_reading_a_directory_names_it_and_a_file_with_a_slash_is_no_file(
             await ws.read_file(path)
         with pytest.raises(hearth.WorkspaceError, match=f"^{path!r} is a directory"):
             await ws.read_file_head(path, 10)
-    with pytest.raises(hearth.WorkspaceError, match=r"'big.txt/' is a directory"):
+    with pytest.raises(hearth.WorkspaceError, match=r"'big.txt/' ends in '/', but 'big.txt'"):
         await ws.read_file("big.txt/")
+    with pytest.raises(hearth.WorkspaceError, match="nothere"):
+        await ws.read_file("nothere/")
     assert await ws.read_file("big.txt") == "data"
 
 

@@ -300,11 +300,21 @@ def _reply(views: Sequence[MessageView], records: Sequence[Record], final: Messa
     at = views.index(final)
     while at > 0:
         cut = views[at - 1]
+        between = records[cut.index : views[at].index]
+        if (
+            cut.completed is not None
+            and cut.completed.stop_reason in ("error", "aborted")
+            and not cut.completed.text
+            and not cut.calls
+            and not any(_model_visible(r) for r in between)
+        ):
+            at -= 1  # a try that failed before it said anything (an overload, a crash)
+            continue
         if (
             cut.completed is None  # (closed "aborted" after a crash, "error" after a cut)
             or not cut.interrupted_signal
             or cut.calls
-            or any(_model_visible(r) for r in records[cut.index : views[at].index])
+            or any(_model_visible(r) for r in between)
         ):
             break
         parts.insert(0, cut.completed.text)
@@ -463,14 +473,17 @@ def _after_error(
 def _compact_or_fail(records: Sequence[Record], turn: Decision) -> Decision:
     """The context is too long for ``turn``: compact, unless a compaction already happened
     since the conversation last moved on (then the turn was its retry: retry only once)."""
+    # (a turn's own error is the provider's refusal only when it was an overflow: a transient
+    # error's decision reaches here too, when hearth's estimate finds the retry too long)
+    overflowed = turn.error if turn.error and turn.error.get("kind") == "overflow" else None
     if compacted_since_progress(records):
-        refused = f" (the provider: {turn.error.get('message', '')})" if turn.error else ""
+        refused = f" (the provider: {overflowed.get('message', '')})" if overflowed else ""
         return _fail(
             "context_overflow",
             f"the context is still too long for the model's window after compaction{refused}",
             (),
         )
-    return Decision(Action.COMPACT, message_id=turn.message_id, error=turn.error)
+    return Decision(Action.COMPACT, message_id=turn.message_id, error=overflowed)
 
 
 def compacted_since_progress(records: Sequence[Record]) -> bool:

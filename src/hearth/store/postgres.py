@@ -644,7 +644,10 @@ class PostgresStore(Store):
         except asyncio.CancelledError:
             # Cancelled as its statement ran (a caller's timeout, a client gone), it may have
             # committed before its events were gathered: claimers look (a wasted look if not).
-            self._tx().perhaps_committed([Event(ADMITTED, new.conversation_id, -1, sid)])
+            if self._transactions is not None:  # (not while the store closes)
+                self._transactions.perhaps_committed(
+                    [Event(ADMITTED, new.conversation_id, -1, sid)]
+                )
             raise
 
     async def _admit(self, new: NewSubmission, sid: str) -> Admission:

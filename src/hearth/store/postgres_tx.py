@@ -381,16 +381,19 @@ class Transactions:
         self.events.publish_all(outbox)
         self.notes.add(outbox if unsent is None else unsent)
 
-    def perhaps_committed(self, outbox: ops.Outbox, *, notified_aborts: bool = False) -> None:
+    def perhaps_committed(self, outbox: ops.Outbox) -> None:
         """The caller was cancelled while its try ran: the try may have committed all the same
         (a one-statement write answers as the server hears the cancel), and then nobody would
-        hear of it until the next scan (an admission, an abort, a resolve waited 15 s). What it
+        hear of it until the next scan (an admission, a resolve waited 15 s). What it
         wrote is announced as hints, each read back by whoever hears it (a settled row too):
         a wake-up for a write that did not commit costs a read."""
-        hints = [replace(e, attempt=0, row=None) for e in outbox]
+        # Not an abort: heard, it interrupts the conversation's running work at once, and if the
+        # stamp did not commit, that work goes on afterwards with its interrupted calls run
+        # again. One that committed is found by the owner's next heartbeat.
+        hints = [replace(e, attempt=0, row=None) for e in outbox if e.kind != ABORT]
         if hints:
             self.events.publish_all(hints)
-            self.notes.add([e for e in hints if e.kind != ABORT] if notified_aborts else hints)
+            self.notes.add(hints)
 
     async def _run(
         self,
@@ -443,7 +446,7 @@ class Transactions:
                                 limit,
                             )
                         except asyncio.CancelledError:
-                            self.perhaps_committed(outbox, notified_aborts=transaction)
+                            self.perhaps_committed(outbox)
                             raise
                     self._took.append(time.monotonic() - began)
                 if resolved:

@@ -71,7 +71,7 @@ def read_head(top: str, path: str, limit: int | None) -> tuple[str, int]:
     """The text (UTF-8) of the file at ``path``: all of it, or its first ``limit`` characters
     read without the rest (at most four bytes each), with how many bytes are left unread."""
     parts = parts_inside(top, path)
-    if not parts or _names_a_directory(path):
+    if not parts or path in (".", ".."):
         raise WorkspaceError(f"{path!r} is a directory")
     with open_dir(top, parts[:-1]) as dir_fd:
         try:
@@ -84,6 +84,9 @@ def read_head(top: str, path: str, limit: int | None) -> tuple[str, int]:
             # (reading it would fail inside ``open_dir``, which names the parent instead)
             os.close(fd)
             raise WorkspaceError(f"{path!r} is a directory")
+        if _names_a_directory(path):  # "notes.md/": a file where the path says a directory
+            os.close(fd)
+            raise WorkspaceError(f"{path!r} ends in '/', but {parts[-1]!r} is a file")
         with os.fdopen(fd, "rb") as f:
             _regular(f.fileno(), path)
             data = f.read() if limit is None else f.read(4 * limit)
