@@ -43,7 +43,7 @@ from hearth.runtime.compaction import (
     turn_boundaries,
 )
 from hearth.runtime.recovery import Action, Evidence, classify_recovery
-from hearth.testing import ScriptedModel, overflow
+from hearth.testing import ScriptedModel, Step, error, overflow, reply
 
 pytestmark = pytest.mark.anyio
 
@@ -406,3 +406,30 @@ def test_a_joined_message_is_progress() -> None:
         UserMessage(id="j:input", message_id="j", content="and more").with_offset(end + 2),
     ]
     assert classify_recovery(_evidence(records, True)).action is Action.COMPACT
+
+
+async def test_a_transient_error_is_not_quoted_as_the_provider_refusing_a_long_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream cut after long output whose retry hearth's estimate found too long: the
+    failure quoted the cut ("connection reset") as the provider's refusal."""
+    monkeypatch.setattr("hearth.runtime.recovery.BACKOFF_BASE_S", 0.01)
+    turns = 0
+
+    def script(request: ModelRequest) -> Step:
+        nonlocal turns
+        if request.purpose != "turn":
+            return reply("summary")
+        turns += 1
+        if turns == 1:
+            return error("transient", "connection reset", after_chunks=["word " * 3000])
+        return reply("ok")
+
+    model = ScriptedModel("a", script, context_window=1000)
+    agent = hearth.Agent(lambda ctx: (ctx.use_model("scripted/a"), "system")[1], name="a")
+    async with hearth.App([agent], db="memory", providers=[model]).run() as rt:
+        receipt = await rt.dispatch("a", "c", "tell me " + "x " * 1490)
+        with pytest.raises(hearth.SubmissionFailed) as failed:
+            await rt.read(receipt, timeout=20)
+    assert failed.value.type == "context_overflow"
+    assert "connection reset" not in failed.value.error["message"]
