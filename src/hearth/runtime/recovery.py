@@ -300,25 +300,19 @@ def _reply(views: Sequence[MessageView], records: Sequence[Record], final: Messa
     at = views.index(final)
     while at > 0:
         cut = views[at - 1]
-        between = records[cut.index : views[at].index]
+        done = cut.completed  # (closed "aborted" after a crash, "error" after a cut)
         if (
-            cut.completed is not None
-            and cut.completed.stop_reason in ("error", "aborted")
-            and not cut.completed.text
-            and not cut.calls
-            and not any(_model_visible(r) for r in between)
-        ):
-            at -= 1  # a try that failed before it said anything (an overload, a crash)
-            continue
-        if (
-            cut.completed is None  # (closed "aborted" after a crash, "error" after a cut)
-            or not cut.interrupted_signal
+            done is None
             or cut.calls
-            or any(_model_visible(r) for r in between)
+            or any(_model_visible(r) for r in records[cut.index : views[at].index])
         ):
             break
-        parts.insert(0, cut.completed.text)
         at -= 1
+        if not done.text and done.stop_reason in ("error", "aborted"):
+            continue  # a try that failed before it said anything (an overload, a crash)
+        if not cut.interrupted_signal:
+            break
+        parts.insert(0, done.text)
     return "".join(parts)
 
 
