@@ -12,6 +12,7 @@ import pytest
 from pgcluster import Cluster
 
 import hearth
+from hearth.errors import StoreUnavailable
 from hearth.providers.openai import OpenAIProvider
 from hearth.store import NewSubmission, open_store
 from hearth.store.postgres import PostgresStore
@@ -367,6 +368,30 @@ async def test_a_runtime_that_stops_leaves_the_app_s_providers_to_its_other_runt
             client = provider._client.get()
         assert not client.is_closed
     assert client.is_closed  # the last runtime to stop closes it
+
+
+async def test_a_store_close_that_raises_still_ends_the_runtime_s_share_of_the_providers(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose store failed to close was still counted as running: the app's providers
+    were never closed after it, nor after any later runtime."""
+    provider = OpenAIProvider(base_url="http://127.0.0.1:9/v1", api_key="k")
+    app = hearth.App([echo_agent()], db=pg_cluster.url(), providers=[provider])
+    close = PostgresStore.close
+
+    async def failing_close(self: PostgresStore) -> None:
+        await close(self)
+        raise StoreUnavailable("the database went away during close")
+
+    monkeypatch.setattr(PostgresStore, "close", failing_close)
+    with pytest.raises(StoreUnavailable):
+        async with app.run():
+            client = provider._client.get()
+    assert client.is_closed
+    monkeypatch.setattr(PostgresStore, "close", close)
+    async with app.run():
+        client = provider._client.get()
+    assert client.is_closed
 
 
 async def test_a_write_whose_caller_was_cancelled_is_still_announced(pg_cluster: Cluster) -> None:

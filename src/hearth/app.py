@@ -147,12 +147,15 @@ class App:
             if runtime is not None:
                 await runtime.stop()
         finally:
-            await store.close()
-            self._running -= 1
-            if self._running == 0:
-                # Their HTTP connections, remade on next use; not while another runtime of
-                # this app (another database, another thread's loop) may be streaming on them.
-                await self.providers.aclose()
+            try:
+                await store.close()
+            finally:
+                self._running -= 1  # (a close that raised still ends this runtime's share)
+                if self._running == 0:
+                    # Their HTTP connections, remade on next use; not while another runtime of
+                    # this app (another database, another thread's loop) may be streaming on
+                    # them.
+                    await self.providers.aclose()
 
     def asgi(self, *, sse_heartbeat_s: float = 15.0) -> HearthASGI:
         """The HTTP API (docs/http.md) as an ASGI app: run it with any ASGI server, or mount it.

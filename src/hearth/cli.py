@@ -612,7 +612,8 @@ def db_option(verb: str) -> Callable[[F], F]:
     )
 
 
-@main.command()
+# A VALUE such as -1 or -0.5 is a value, not an option that does not exist.
+@main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("agent")
 @click.argument("id")
 @click.argument("wait_id")

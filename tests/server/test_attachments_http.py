@@ -62,7 +62,10 @@ def test_a_json_admission_with_base64_stores_the_bytes_and_references_them(
         assert answer.status_code == 202, answer.text
         got = http.get(f"/attachments/{sha(PNG)}")
         head = http.head(f"/attachments/{sha(PNG)}")
+        upper = http.get(f"/attachments/{sha(PNG).upper()}")  # was a 400
     assert got.status_code == 200 and got.content == PNG
+    assert upper.status_code == 200 and upper.content == PNG
+    assert upper.headers["etag"] == f'"{sha(PNG)}"'
     assert got.headers["content-type"] == "image/png"
     assert got.headers["x-content-type-options"] == "nosniff"
     assert got.headers["content-security-policy"] == "sandbox"
@@ -236,7 +239,7 @@ def test_an_empty_uploaded_file_is_a_400(server: ThreadServer) -> None:
     assert db_rows(server, "SELECT count(*) FROM submissions") == [(0,)]
 
 
-@pytest.mark.parametrize("bad", ["abc", "0" * 63, "g" * 64, "0" * 65])
+@pytest.mark.parametrize("bad", ["abc", "0" * 63, "g" * 64, "0" * 65, "\u212a" + "a" * 63])
 def test_a_sha256_that_is_not_64_hex_digits_is_a_400(server: ThreadServer, bad: str) -> None:
     with server.client() as http:
         answer = http.get(f"/attachments/{bad}")

@@ -161,11 +161,15 @@ def test_the_cli_lists_and_resolves_waits_through_the_server(wait_server: Thread
         assert inspected.returncode == 0 and "0/1 (+1 wait)" in inspected.stdout
         as_json = cli("waits", "--url", wait_server.url, "--json")
         assert [w["wait_id"] for w in json.loads(as_json.stdout)["waits"]] == [wait["wait_id"]]
-        done = cli("resolve", "cashier", "c-1", wait["wait_id"], '"ok"', "--url", wait_server.url)
+        # A negative number is the value, not an unknown option (it needed a "--" before it).
+        done = cli("resolve", "cashier", "c-1", wait["wait_id"], "-1.5", "--url", wait_server.url)
         assert done.returncode == 0, done.stderr
         missing = cli("resolve", "cashier", "c-1", "w_nope", "1", "--url", wait_server.url)
         assert missing.returncode == 1 and "no wait" in missing.stderr
-        assert settled(http, "cashier/c-1", sid)["outcome"] == "completed"
+        typo = cli("resolve", "cashier", "c-1", "w_nope", "1", "--urll", wait_server.url)
+        assert typo.returncode == 2 and "--urll" in typo.stderr
+        answer = settled(http, "cashier/c-1", sid)
+        assert answer["outcome"] == "completed" and answer["reply"].endswith("'approval': -1.5}")
 
 
 # --- real processes ----------------------------------------------------------------------------

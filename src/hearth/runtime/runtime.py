@@ -474,8 +474,9 @@ class Runtime:
     async def attachment(self, sha256: str, *, with_data: bool = True) -> Blob:
         """The stored attachment with that SHA-256 (64 hex digits, ``InvalidInput`` otherwise);
         ``AttachmentNotFound`` when none is stored."""
-        if not isinstance(sha256, str) or not is_sha256(sha256):
-            raise InvalidInput("sha256 must be 64 lower-case hex digits", "sha256")
+        if not isinstance(sha256, str) or not sha256.isascii() or not is_sha256(sha256.lower()):
+            raise InvalidInput("sha256 must be 64 hex digits", "sha256")
+        sha256 = sha256.lower()  # digits in upper case (as some tools print them) name the same
         blob = await self.store.get_attachment(sha256, with_data=with_data)
         if blob is None:
             raise AttachmentNotFound(f"no attachment with sha256 {sha256} is stored")
