@@ -14,7 +14,8 @@ from pgcluster import Cluster
 import hearth
 from hearth.errors import StoreUnavailable
 from hearth.providers.openai import OpenAIProvider
-from hearth.store import NewSubmission, open_store
+from hearth.store import NewSubmission, open_store, postgres_tx
+from hearth.store import postgres_ops as pg_ops
 from hearth.store.postgres import PostgresStore
 from hearth.testing import ScriptedModel, call, calls, reply
 
@@ -429,6 +430,93 @@ async def test_a_write_whose_caller_was_cancelled_is_still_announced(pg_cluster:
         (ADMITTED, "s_1", 0, None),
         (SETTLED, "s_0", 0, None),
     ]
+
+
+async def test_an_abort_cancelled_as_it_committed_stops_this_process_s_work_at_once(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``rt.abort`` whose caller gave up on it (an ``asyncio.timeout``) just as its stamp
+    committed: the peers heard the commit's notification, but this process, which ran the
+    conversation's work, heard of it only at its next heartbeat (3.5-9.7 s in a hunt; 30 s
+    here). The stamp is read back."""
+    running, stopped = asyncio.Event(), asyncio.Event()
+
+    async def on_stop() -> None:
+        stopped.set()
+
+    app, _ = long_step_app(pg_cluster.url(), on_stop, lease_s=90, heartbeat_s=30)
+    stamping: list[asyncio.Task[Any] | None] = []
+    stamp, reached = pg_ops.request_abort, hearth._faults.reached
+
+    async def noted_stamp(*args: Any, **kwargs: Any) -> list[str]:
+        ids = await stamp(*args, **kwargs)
+        stamping.append(asyncio.current_task())  # the try that commits it
+        return ids
+
+    def cancel_once_committed(point: str) -> None:
+        reached(point)
+        if point == "step:work":
+            running.set()
+        if point == "store:commit-done" and stamping and asyncio.current_task() is stamping[0]:
+            stamping.clear()
+            aborting.cancel()  # its commit is done; its caller has not heard of it
+
+    monkeypatch.setattr(pg_ops, "request_abort", noted_stamp)
+    monkeypatch.setattr(hearth._faults, "reached", cancel_once_committed)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("s", "c-1", "go")
+        await running.wait()
+        aborting = asyncio.create_task(rt.abort("s", "c-1"))
+        with pytest.raises(asyncio.CancelledError):
+            await aborting
+        async with asyncio.timeout(5):  # far sooner than the heartbeat
+            await stopped.wait()
+            done = await rt.wait_settled(receipt.submission_id, timeout=5)
+    assert done.outcome == "aborted"
+
+
+async def test_an_abort_cancelled_before_it_committed_leaves_the_work_running(
+    pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-back of a cancelled abort finds no stamp when its transaction rolled back: the
+    running work is not interrupted (interrupted, it went on and ran its calls again)."""
+    running, stopped = asyncio.Event(), asyncio.Event()
+
+    async def on_stop() -> None:
+        stopped.set()
+
+    app, _ = long_step_app(pg_cluster.url(), on_stop, lease_s=90, heartbeat_s=30)
+    stamp, reached = pg_ops.request_abort, hearth._faults.reached
+    cancel = [True]
+
+    async def cancelled_stamp(*args: Any, **kwargs: Any) -> list[str]:
+        ids = await stamp(*args, **kwargs)
+        if cancel:
+            cancel.clear()
+            # Heard at the next statement, before the COMMIT: the stamp rolls back, and what
+            # the try would announce (the abort) is in its outbox.
+            aborting.cancel()
+        return ids
+
+    def noted(point: str) -> None:
+        reached(point)
+        if point == "step:work":
+            running.set()
+
+    monkeypatch.setattr(pg_ops, "request_abort", cancelled_stamp)
+    monkeypatch.setattr(hearth._faults, "reached", noted)
+    async with app.run() as rt:
+        receipt = await rt.dispatch("s", "c-1", "go")
+        await running.wait()
+        aborting = asyncio.create_task(rt.abort("s", "c-1"))
+        with pytest.raises(asyncio.CancelledError):
+            await aborting
+        await asyncio.sleep(sum(postgres_tx.ABORT_READ_BACK_S) + 0.5)  # the read-back is done
+        assert not stopped.is_set()
+        assert (await rt.store.get_submission(receipt.submission_id)).status == "running"
+        assert (await rt.abort("s", "c-1")).aborted  # now it is
+        done = await rt.wait_settled(receipt.submission_id, timeout=5)
+    assert done.outcome == "aborted" and stopped.is_set()
 
 
 async def test_a_dispatch_cancelled_as_it_was_admitted_starts_at_once(pg_cluster: Cluster) -> None:

@@ -11,6 +11,7 @@ from hearth.store.postgres_ops import Conn, fetchall, fetchone
 from hearth.store.rows import (
     DELIVERY_ADMITTED,
     RUNNING,
+    UNSETTLED_SQL,
     Admission,
     ConversationInfo,
     DeliveryAdmission,
@@ -28,6 +29,18 @@ def same_attempt(stored: Record, submission_id: str | None, attempt: int | None)
     leaves the attempt out), so a stale attempt took the record of the attempt that took over
     for its own commit, and ran its next step again."""
     return (stored.submission_id, stored.attempt) == (submission_id, attempt)
+
+
+async def aborting(conn: Conn, conversation_ids: list[str]) -> set[str]:
+    """Of these conversations, those with unsettled work whose abort is stamped (an abort whose
+    caller was cancelled committed all the same)."""
+    rows = await fetchall(
+        conn,
+        "SELECT DISTINCT conversation_id FROM submissions WHERE conversation_id = ANY(%(c)s)"
+        f" AND abort_requested_at IS NOT NULL AND {UNSETTLED_SQL}",
+        {"c": conversation_ids},
+    )
+    return {row["conversation_id"] for row in rows}
 
 
 async def admission(conn: Conn, submission_id: str) -> Admission | None:

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -29,8 +30,9 @@ from hearth import _faults
 from hearth._tasks import cancel_and_wait, cancel_count, cancellation_kept
 from hearth.errors import HearthError, StoreError, StoreUnavailable
 from hearth.store import postgres_ops as ops
+from hearth.store import postgres_readback as readback
 from hearth.store import postgres_session as session
-from hearth.store.events import ABORT, StoreEvents
+from hearth.store.events import ABORT, Event, StoreEvents
 from hearth.store.postgres_deadline import Stalled, within
 from hearth.store.postgres_listen import Notes, encode_all
 from hearth.store.postgres_stranded import Tries
@@ -77,6 +79,8 @@ POOL_CLOSE_S = 1.0
 _SWEEP_S = 0.5
 # How long ending a session whose try was cut may take (``_end_backend``).
 END_BACKEND_S = 2.0
+# When an abort whose caller was cancelled is looked for (after a pause of each, in seconds).
+ABORT_READ_BACK_S = (0.0, 0.25, 1.0)
 
 
 def stale_plan(exc: BaseException) -> bool:
@@ -201,11 +205,14 @@ class Transactions:
         self._tries = Tries()
         self._sweeper: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Future[bool]] = set()  # sessions of cut tries being ended
+        self._reading_back: set[asyncio.Task[None]] = set()  # aborts whose callers went away
 
     async def close(self) -> None:
         await cancel_and_wait(self._sweeper)
         for ending in list(self._ending):
             ending.cancel()
+        for reading in list(self._reading_back):
+            reading.cancel()
         # (a worker stuck opening a connection to a silent server is not waited for: the pool's
         # default held every close 5 s there; its connection attempt ends by its own timeout)
         await self.pool.close(timeout=POOL_CLOSE_S)
@@ -389,11 +396,34 @@ class Transactions:
         a wake-up for a write that did not commit costs a read."""
         # Not an abort: heard, it interrupts the conversation's running work at once, and if the
         # stamp did not commit, that work goes on afterwards with its interrupted calls run
-        # again. One that committed is found by the owner's next heartbeat.
+        # again. Its stamp is read back instead (its commit notified the peers).
         hints = [replace(e, attempt=0, row=None) for e in outbox if e.kind != ABORT]
         if hints:
             self.events.publish_all(hints)
             self.notes.add(hints)
+        aborts = sorted({e.conversation_id for e in outbox if e.kind == ABORT})
+        if aborts and not self.pool.closed:
+            task = asyncio.create_task(
+                self._read_back_aborts(aborts), context=contextvars.Context()
+            )
+            self._reading_back.add(task)
+            task.add_done_callback(self._reading_back.discard)
+
+    async def _read_back_aborts(self, conversation_ids: list[str]) -> None:
+        """This process hears the aborts of ``conversation_ids`` that turn out stamped: its
+        running work there stops now, not at its next heartbeat. (The cancelled try may still
+        be ending on the server: it is looked for again a little later.)"""
+        left = set(conversation_ids)
+        for pause in ABORT_READ_BACK_S:
+            await asyncio.sleep(pause)
+            try:
+                stamped = await self.read(partial(readback.aborting, conversation_ids=sorted(left)))
+            except (HearthError, psycopg.Error):
+                return  # (the heartbeat finds it)
+            self.events.publish_all([Event(ABORT, c) for c in sorted(stamped)])
+            left -= stamped
+            if not left:
+                return
 
     async def _run(
         self,
