@@ -24,11 +24,14 @@ _seen = 0
 def configure(spec: str | None) -> None:
     """Arm ``spec`` (``name``, ``name#N``, ``a>b#N``), or disarm with None or ``""``."""
     global _stages
-    _stages = []
+    stages = []
     for part in (spec or "").split(">"):
-        name, _, count = part.strip().partition("#")
+        name, hash_, count = part.strip().partition("#")
+        if hash_ and not (count.isascii() and count.isdigit() and int(count) >= 1):
+            raise ValueError(f"HEARTH_CRASH_AT={spec!r}: #{count} must be a whole number from 1")
         if name:
-            _stages.append((name, int(count) if count else 1))
+            stages.append((name, int(count) if count else 1))
+    _stages = stages
     _next_stage()
 
 
@@ -52,4 +55,8 @@ def reached(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-configure(os.environ.get("HEARTH_CRASH_AT"))
+try:
+    configure(os.environ.get("HEARTH_CRASH_AT"))
+except ValueError as exc:
+    # (a traceback from every import of hearth, before any command could say it in one line)
+    raise SystemExit(f"hearth: {exc}") from None

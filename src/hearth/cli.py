@@ -396,7 +396,13 @@ def send(
 @main.command()
 @click.argument("agent")
 @click.argument("id")
-@click.option("--offset", type=int, default=-1, show_default=True, help="Show records after it.")
+@click.option(
+    "--offset",
+    type=click.IntRange(-1, 2**62),  # (what the server takes: hearth.server.tail.MAX_OFFSET)
+    default=-1,
+    show_default=True,
+    help="Show records after it.",
+)
 @url_option
 @token_option
 @click.option("--follow/--no-follow", default=True, help="Keep following live (default).")
@@ -411,6 +417,10 @@ def tail(
     """
     with Client(url, token) as client:
         conv = client.conversation(agent, id)
+        if follow:
+            # A server nobody reaches is one line, as for the other commands: the stream
+            # reconnects (for ever) only after a restart of one it has reached.
+            client.health()
         records = conv.stream(offset) if follow else iter(conv.history(offset))
         for record in records:
             if as_json:

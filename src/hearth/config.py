@@ -56,6 +56,12 @@ class Settings:
                 values[f.name] = _convert(f.name, explicit, f.type, source=f.name)
             elif env.get(var):
                 values[f.name] = _convert(f.name, env[var], f.type, source=var)
+            elif f.name == "token" and var in env:
+                # Other empty variables mean their default; this one would mean no auth at all.
+                raise ConfigurationError(
+                    f"{var} is set but empty (an unset variable in a deploy script?): give the"
+                    " token, or unset it to serve without one"
+                )
         if given:
             raise ConfigurationError(f"unknown settings: {', '.join(sorted(given))}")
         settings = cls(**values)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -354,6 +357,26 @@ def test_a_chained_point_kills_at_its_last_stage_only_after_the_earlier_ones(
         assert len(kills) == 1
     finally:
         _faults.configure(None)
+
+
+@pytest.mark.parametrize("spec", ["tool:echo#abc", "before:store.admit#0", "a>b#-1", "a#"])
+def test_a_malformed_crash_point_is_one_line_not_a_traceback_on_import(spec: str) -> None:
+    """``HEARTH_CRASH_AT='tool:x#abc'`` made every ``hearth`` command, and ``import hearth``,
+    end in a traceback; ``#0`` was taken and never fired."""
+    env = {**os.environ, "HEARTH_CRASH_AT": spec}
+    done = subprocess.run(
+        [sys.executable, "-c", "import hearth"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"hearth: HEARTH_CRASH_AT={spec!r}: #{spec.rpartition('#')[2]} must be a whole number"
+        " from 1"
+    ]
 
 
 def test_every_point_the_code_reaches_is_a_crash_at_the_harness_takes() -> None:

@@ -190,6 +190,31 @@ def test_client_errors_are_one_line(server: ThreadServer) -> None:
     assert code == 1 and "surrogate" in one_line_error(out)
 
 
+def test_tail_of_a_server_nobody_answers_is_one_line_not_a_silent_wait() -> None:
+    """``hearth tail`` with nothing listening (or a host that does not resolve) printed nothing
+    and reconnected for ever; the other commands say so in one line."""
+    for url in (f"http://127.0.0.1:{free_port()}", "http://no-such-host.invalid:8000"):
+        done = subprocess.run(
+            [sys.executable, "-m", "hearth", "tail", "echo", "c-1", "--url", url],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1 and "cannot reach" in one_line_error(done.stderr), url
+
+
+def test_tail_names_its_offset_option_when_the_offset_is_out_of_range(
+    server: ThreadServer,
+) -> None:
+    """It answered with the server's own wording: "Last-Event-ID must be an integer", for an
+    integer given as --offset."""
+    for offset in ("-5", "999999999999999999999"):
+        code, out = run("tail", "echo", "c-1", "--offset", offset, "--url", server.url)
+        assert code == 2 and "Invalid value for '--offset'" in out, out
+
+
 def test_commands_on_a_database_file_that_is_not_there_make_none(tmp_path: Path) -> None:
     """``hearth waits --db`` (and resolve, gc) with a mistyped path made an empty database."""
     missing = tmp_path / "typo.db"

@@ -120,6 +120,20 @@ def test_an_empty_token_or_host_given_explicitly_is_refused_even_over_the_enviro
         app.configure(**{name: ""})
 
 
+def test_an_empty_hearth_token_is_refused_not_read_as_no_auth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HEARTH_TOKEN=$TOKEN`` with TOKEN unset served every route with no authentication, where
+    ``--token ""`` was refused. Other empty variables still mean their default."""
+    with pytest.raises(ConfigurationError, match="HEARTH_TOKEN is set but empty"):
+        Settings.resolve(env={"HEARTH_TOKEN": ""})
+    assert Settings.resolve(env={"HEARTH_TOKEN": ""}, token="given").token == "given"
+    assert Settings.resolve(env={"HEARTH_PORT": "", "HEARTH_DB": ""}).port == 8000
+    monkeypatch.setenv("HEARTH_TOKEN", "")
+    with pytest.raises(ConfigurationError, match="HEARTH_TOKEN is set but empty"):
+        hearth.App(serverapp.AGENTS, providers=serverapp.MODELS)
+
+
 def test_a_shown_database_url_masks_a_password_given_as_a_parameter() -> None:
     """``?password=`` went into the ready line and messages in clear."""
     assert shown_db("postgresql://app@db:5432/h?password=s3cret&schema=s") == (
