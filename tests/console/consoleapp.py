@@ -5,8 +5,10 @@ calls ``hold``, an ordinary tool that sleeps ``$HEARTH_TEST_HOLD_S`` seconds (de
 SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells the model so.
 ``boss`` delegates to ``chores``, whose start hook counts visits in its state. ``notes`` makes
 ten quick tool calls for each message: long conversations, fast. ``talker`` streams its answer
-slowly, for a SIGKILL to cut off. ``approver`` asks a person before it refunds (a durable wait),
-and the ``hooks`` channel routes a signed webhook to ``chores``.
+slowly, for a SIGKILL to cut off. ``hoarder`` keeps about 4.5 MB of step values when told to
+``hoard`` (more than a JSON page holds; no model request carries them). ``approver`` asks a
+person before it refunds (a durable wait), and the ``hooks`` channel routes a signed webhook to
+``chores``.
 """
 
 from __future__ import annotations
@@ -95,6 +97,21 @@ def _notes(request: ModelRequest) -> Step:
     return calls(*[call("jot", line=n) for n in range(10)])  # 25 records a message
 
 
+@hearth.tool(durable=True)
+async def hoard(ctx: hearth.ToolContext) -> str:
+    """Keep five large values as steps."""
+    for n in range(5):
+        await ctx.step.do(f"part{n}", lambda n=n: str(n) * 900_000)
+    return "hoarded"
+
+
+def _hoarder(request: ModelRequest) -> Step:
+    if _result(request) is not None:
+        return reply("kept")
+    said = [m.content for m in request.messages if isinstance(m, UserTurn)]
+    return calls(call("hoard")) if said and said[-1] == "hoard" else reply("noted")
+
+
 def _boss(request: ModelRequest) -> Step:
     done = _result(request)
     if done is not None:
@@ -108,6 +125,7 @@ MODELS = [
     ScriptedModel("notes", _notes),
     ScriptedModel("boss", _boss),
     ScriptedModel("approver", _approver),
+    ScriptedModel("hoarder", _hoarder),
     # 60 words, 50 ms apart: three seconds of streaming to cut off.
     ScriptedModel(
         "talker", [stream(*[f"word{n} " for n in range(60)], delay=0.05)], repeat_last=True
@@ -162,6 +180,13 @@ def approver(ctx: hearth.AgentContext) -> str:
     return "Refund what is asked, once approved."
 
 
-AGENTS = [chores, holder, notes, boss, talker, approver]
+@hearth.agent
+def hoarder(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/hoarder")
+    ctx.use_tool(hoard)
+    return "Keep what you are given."
+
+
+AGENTS = [chores, holder, notes, boss, talker, approver, hoarder]
 HOOKS = hearth.Channel("hooks", verify=hearth.channels.hmac(HOOK_SECRET), receive=_route)
 app = hearth.App(AGENTS, providers=MODELS, channels=[HOOKS])

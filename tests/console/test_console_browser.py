@@ -182,6 +182,43 @@ def test_a_long_conversation_opens_at_its_newest_records_and_pages_backwards(
     # No attempt boundary is doubled by paging: one per submission.
     boundaries = [e.get_attribute("data-submission") for e in shown(page, "li.attempt-boundary")]
     assert len(boundaries) == len(set(boundaries)) == 21
+    # A call whose outcome (a message whose end) was on a later page than its start was left
+    # "running…" (streaming) for good.
+    assert "running" not in text_of(page, "li.rec-assistant_tool_call .status")
+    assert shown(page, "li.streaming") == []
+    assert shown(page, "li.rec-assistant_text_delta") == []  # no "(continued)" part is left
+
+
+def test_paging_back_over_records_larger_than_a_json_page_leaves_no_gap(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    """A JSON page ends after about 4 MB of records: "load earlier records" took the cut page
+    for the whole range and went on before it, and the rest of the range was never shown."""
+    server = console_server()
+    with httpx2.Client(base_url=server.url, timeout=30) as http:
+        for message in ["hoard", *[f"keep {n}" for n in range(60)]]:  # 4.5 MB, then 6 each
+            sid = http.post("/agents/hoarder/big", json={"message": message}).json()
+            http.get(f"/agents/hoarder/big/submissions/{sid['submission_id']}?wait=30")
+    page.get(f"{server.url}/console/hoarder/big")
+    until(page, lambda d: "keep 59" in text_of(d, "li.rec-user_message"))
+    until(page, lambda d: d.execute_script("return window.hearthConsole.refreshes") >= 1)
+
+    def rendered(d: Any) -> list[int]:
+        script = "return [...document.querySelectorAll('li.rec')].map(e => +e.dataset.offset)"
+        return list(d.execute_script(script))
+
+    assert rendered(page)[0] > 20  # the big message is on an earlier page
+    while page.find_element(By.ID, "earlier").is_displayed():
+        before = rendered(page)[0]
+        page.find_element(By.ID, "earlier").click()
+        until(page, lambda d, before=before: rendered(d)[0] < before)
+    shown_offsets = rendered(page)
+    assert shown_offsets[0] == 0 and shown_offsets == sorted(set(shown_offsets))
+    # Every message and every settlement (a text delta joins its message's entry).
+    assert len(shown(page, "li.rec-user_message")) == 61
+    assert len(shown(page, "li.rec-submission_settled")) == 61
+    assert len(shown(page, "li.rec-tool_step_settled")) == 5
+    assert "running" not in text_of(page, "li.rec-assistant_tool_call .status")
 
 
 def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(

@@ -149,8 +149,54 @@
     before.push(li);
   }
 
+  // A call or a message whose end is on another page than its start (or arrives later) is
+  // joined to it across pages: the calls and message starts shown, by id, and their ends seen.
+  const shownCalls = new Map(); // tool_call_id → [{ offset, li, status, ended }]
+  const callEnds = new Map(); // tool_call_id → [{ offset, interrupted, text }]
+  const shownStarts = new Map(); // message_id → { li, text }
+  const continuations = new Map(); // message_id → its "assistant (continued)" entry
+  const completions = new Map(); // message_id → its assistant_message_completed record
+  function listed(map, key, item) {
+    if (!map.has(key)) map.set(key, []);
+    map.get(key).push(item);
+  }
+  function endCall(call, end) {
+    call.status.textContent = end.text;
+    call.ended = true;
+    if (end.interrupted) call.li.classList.add("interrupted", "recovery");
+  }
+  // The open call with this id just before ``offset`` (an id may come again in a later turn).
+  function openCallBefore(id, offset) {
+    const open = (shownCalls.get(id) || []).filter((c) => !c.ended && c.offset < offset);
+    return open.sort((a, b) => b.offset - a.offset)[0];
+  }
+  // A message shown as started (on an earlier page) whose completion is known: its entry gets
+  // the whole text, and the "(continued)" entry of a later page goes.
+  function finishMessage(id) {
+    const done = completions.get(id);
+    const start = shownStarts.get(id);
+    if (!done || !start || !start.li.classList.contains("streaming")) return;
+    start.li.classList.remove("streaming");
+    if (done.text) start.text.textContent = done.text;
+    start.li.dataset.stopReason = done.stop_reason;
+    if (done.stop_reason === "aborted") recovery(start.li, "aborted partial output");
+    const continued = continuations.get(id);
+    if (continued && continued !== start.li) continued.remove();
+    continuations.delete(id);
+  }
+  // After a page of earlier records: its calls and messages that end on a later page.
+  function joinLater(ctx) {
+    for (const call of ctx.calls.values()) {
+      if (call.ended) continue;
+      const ends = (callEnds.get(call.id) || []).filter((e) => e.offset > call.offset);
+      const end = ends.sort((a, b) => a.offset - b.offset)[0];
+      if (end) endCall(call, end);
+    }
+    for (const id of ctx.messages.keys()) finishMessage(id);
+  }
+
   // ``ctx`` is ``live`` for records taken from the stream, or a page of earlier records being
-  // prepended: each looks up messages and calls only among its own, as they come before it.
+  // prepended: each looks up messages and calls among its own first, as they come before it.
   function render(rec, ctx) {
     const out = [];
     boundary(rec, ctx, out);
@@ -178,6 +224,7 @@
         li = entry(rec, `assistant · ${rec.model}`, "assistant");
         const text = body(li, "", "text");
         ctx.messages.set(rec.message_id, { li, text });
+        shownStarts.set(rec.message_id, { li, text });
         li.classList.add("streaming");
         break;
       }
@@ -187,6 +234,7 @@
           li = entry(rec, "assistant (continued)", "assistant streaming");
           m = { li, text: body(li, "", "text") };
           ctx.messages.set(rec.message_id, m);
+          continuations.set(rec.message_id, li);
         }
         m.text.textContent += rec.delta;
         m.li.dataset.lastOffset = rec.offset;
@@ -196,7 +244,9 @@
         li = entry(rec, `tool call · ${rec.name}`, "tool-call");
         body(li, short(rec.arguments, 300), "data");
         const status = body(li, "running…", "status");
-        ctx.calls.set(rec.tool_call_id, { li, status });
+        const call = { id: rec.tool_call_id, offset: rec.offset, li, status, ended: false };
+        ctx.calls.set(rec.tool_call_id, call);
+        listed(shownCalls, rec.tool_call_id, call);
         break;
       }
       case "assistant_message_completed": {
@@ -215,6 +265,8 @@
           recovery(li, "cut off");
           body(li, "the stream was cut off; the text above is what was persisted", "note");
         }
+        completions.set(rec.message_id, rec);
+        if (!ctx.prepend) finishMessage(rec.message_id); // (a page's are joined once it is in)
         break;
       }
       case "tool_outcome": {
@@ -227,11 +279,15 @@
           li.classList.add("interrupted");
           recovery(li, "interrupted");
         }
-        const call = ctx.calls.get(rec.tool_call_id);
-        if (call) {
-          call.status.textContent = interrupted ? "interrupted" : rec.is_error ? "error" : `done in ${rec.duration_ms} ms`;
-          if (interrupted) call.li.classList.add("interrupted", "recovery");
-        }
+        const end = {
+          offset: rec.offset,
+          interrupted,
+          text: interrupted ? "interrupted" : rec.is_error ? "error" : `done in ${rec.duration_ms} ms`,
+        };
+        listed(callEnds, rec.tool_call_id, end);
+        const own = ctx.calls.get(rec.tool_call_id);
+        const call = own && !own.ended ? own : openCallBefore(rec.tool_call_id, rec.offset);
+        if (call) endCall(call, end);
         break;
       }
       case "tool_results_committed":
@@ -320,14 +376,22 @@
   async function loadEarlier() {
     if (first <= 0) return;
     const from = Math.max(-1, first - 1 - PAGE);
-    const data = await getJSON(`${api}/stream?offset=${from}&limit=${first - 1 - from}`);
+    // A JSON page ends early after about 4 MB of records (up_to_date false): the rest is asked
+    // for from its next_offset, until the records reach those shown already.
+    const records = [];
+    let after = from;
+    while (after < first - 1) {
+      const data = await getJSON(`${api}/stream?offset=${after}&limit=${first - 1 - after}`);
+      const got = data.records.filter((rec) => rec.offset > after && rec.offset < first);
+      records.push(...got);
+      if (!got.length || data.up_to_date) break;
+      after = got[got.length - 1].offset;
+    }
     const ctx = { into: null, messages: new Map(), calls: new Map(), prepend: true, seen: new Set() };
     const items = [];
-    for (const rec of data.records) {
-      if (rec.offset >= first) break;
-      items.push(...render(rec, ctx));
-    }
+    for (const rec of records) items.push(...render(rec, ctx));
     timeline.prepend(...items);
+    joinLater(ctx);
     first = from + 1;
     earlier.hidden = first <= 0;
   }
