@@ -14,6 +14,7 @@ from pgcluster import Cluster
 import hearth
 from hearth.errors import StoreUnavailable
 from hearth.providers.openai import OpenAIProvider
+from hearth.runtime.coordinator import Coordinator
 from hearth.store import NewSubmission, open_store, postgres_tx
 from hearth.store import postgres_ops as pg_ops
 from hearth.store.postgres import PostgresStore
@@ -238,6 +239,40 @@ async def test_a_lease_the_database_says_is_gone_is_reported_lost_not_unrenewed(
             await asyncio.wait_for(stopped.wait(), 20)
         assert "lost the lease of" in caplog.text
         assert "reached the database" not in caplog.text
+
+
+async def test_a_lease_lost_to_both_the_heartbeat_and_the_lease_watch_is_reported_once(
+    pg_cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat and the lease watch each found the lease gone and asked whether the
+    attempt had ended meanwhile; both were answered no, and both reported it: each lost lease
+    was logged twice (a hunt's owner, stopped past its lease and continued)."""
+    stopped = asyncio.Event()
+
+    async def note() -> None:
+        stopped.set()
+
+    async def slow_to_answer(self: Any, claim: Any) -> bool:
+        await asyncio.sleep(4)  # the other loop comes to the same claim meanwhile
+        return False
+
+    app, model = long_step_app(pg_cluster.url(), note, lease_s=5, heartbeat_s=1)
+    async with app.run() as rt:
+
+        async def taken_over(owner: str, lease_s: float) -> list[Any]:
+            return []
+
+        with caplog.at_level(logging.WARNING, logger="hearth.coordinator"):
+            await rt.dispatch("s", "c", "go")
+            for _ in range(500):
+                if model.requests:
+                    break
+                await asyncio.sleep(0.01)
+            monkeypatch.setattr(Coordinator, "_ended_by_this_attempt", slow_to_answer)
+            rt.store.renew_all = taken_over  # type: ignore[method-assign]
+            await asyncio.wait_for(stopped.wait(), 20)
+            await asyncio.sleep(4)  # the later of the two answers
+        assert caplog.text.count("lost the lease of") == 1, caplog.text
 
 
 async def test_two_runtimes_of_one_process_keep_apart_the_leases_they_hold(

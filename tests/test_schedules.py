@@ -382,3 +382,23 @@ async def test_the_next_occurrence_shown_after_a_clock_set_back_is_the_one_that_
     runtime.store, runtime.scheduler = store, scheduler(store, right, every)
     [shown] = await runtime.schedules()
     assert shown["next_occurrence"] == "2026-05-01T10:01:00Z"
+
+
+async def test_a_process_that_leaves_its_schedule_to_another_cron_shows_its_last_occurrence(
+    store: SQLiteStore,
+) -> None:
+    """``GET /schedules`` of the process that yields showed ``last_occurrence: null`` although
+    the other release's cron had admitted occurrences of the schedule."""
+    from hearth.runtime.runtime import Runtime
+
+    clock = ManualClock(at("2026-05-01T10:00:30"))
+    old, newer = await two_crons(store, clock)
+    clock.set(at("2026-05-01T10:02:30"))
+    await newer.tick()
+    assert await fired(store) == ["2026-05-01T10:02:00Z"]
+    for process in (old, newer):
+        runtime = Runtime.__new__(Runtime)
+        runtime.store, runtime.scheduler = store, process
+        [shown] = await runtime.schedules()
+        assert shown["last_occurrence"] == "2026-05-01T10:02:00Z"
+    assert shown["next_occurrence"] == "2026-05-01T10:04:00Z"  # (the newer's; the old's: None)

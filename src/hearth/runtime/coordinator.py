@@ -292,8 +292,8 @@ class Coordinator:
                     continue
                 if claim.settled or (claim.work is not None and claim.work.done()):
                     continue  # it settled (or stopped) between the snapshot and the renewal
-                if await self._ended_by_this_attempt(claim):
-                    continue
+                if await self._ended_by_this_attempt(claim) or claim.reason is not None:
+                    continue  # (or the lease watch stopped it while the answer came)
                 log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
                 claim.interrupt("lost")
             await self._give_back_strays(held)
@@ -321,8 +321,8 @@ class Coordinator:
                 if (held is not None and claim.sub.fence in held) or not claim.working:
                     continue
                 if held is not None:  # the database answered: the row is not held by us now
-                    if await self._ended_by_this_attempt(claim):
-                        continue  # settled or paused, its event not here yet
+                    if await self._ended_by_this_attempt(claim) or not claim.working:
+                        continue  # settled or paused (its event not here yet), or stopped
                     log.warning("lost the lease of %s; stopping its attempt", claim.sub.id)
                     claim.interrupt("lost")
                     continue

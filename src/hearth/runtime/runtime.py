@@ -274,7 +274,8 @@ class Runtime:
         for s in self.scheduler.schedules:
             cursor = cursors.get(s.name)
             current = cursor is not None and cursor.spec == s.spec
-            last = cursor.last_occurrence if cursor is not None and current else None
+            # (the last admitted, under whichever cron: another release's too)
+            last = cursor.last_occurrence if cursor is not None else None
             # From where the scheduler looks: the cursor, or when it found the cursor ahead of
             # a clock set back (the cursor itself then named an occurrence hours away).
             since = self.scheduler.looks_from(s, cursor, now) if cursor and current else now
