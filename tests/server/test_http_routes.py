@@ -214,6 +214,10 @@ def test_token_guards_every_route_but_healthz(serve_app: Callable[..., ThreadSer
         assert console.status_code == 401 and 'id="sign-in-form"' in console.text
         wrong = http.get("/metrics", headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401
+        # A token sent but wrong is told apart from none (both said "a token is required").
+        assert "is not this server's" in wrong.json()["error"]["message"]
+        none = http.get("/metrics").json()["error"]["message"]
+        assert none.startswith("a bearer token is required")
         assert http.get("/healthz").status_code == 200
         good = {"authorization": "Bearer s3cret"}
         assert (

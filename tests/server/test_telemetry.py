@@ -63,6 +63,9 @@ def test_metrics_parse_as_prometheus_text_with_the_counters_and_histograms(
     settled = {s.labels["outcome"]: s.value for s in families["hearth_submissions_settled"].samples}
     assert settled == {"completed": 2, "failed": 0, "aborted": 0}
     assert families["hearth_recoveries"].type == "counter"
+    # Every family says what it counts (the streams gauge had no HELP line).
+    assert [name for name, f in families.items() if not f.documentation] == []
+    assert families["hearth_sse_streams"].type == "gauge"
     for name, at_least in [
         ("hearth_append_seconds", 4),
         ("hearth_step_seconds", 2),

@@ -275,7 +275,7 @@ class HearthASGI:
         if channel:
             return None  # the channel's own verify authenticates it
         if given is not None:
-            return None if hmac.compare_digest(given, token.encode()) else _unauthorized()
+            return None if hmac.compare_digest(given, token.encode()) else _unauthorized(given)
         cookie = session_cookie(scope)
         if cookie is not None and session_valid(token, cookie):
             if not same_origin(scope):
@@ -335,13 +335,15 @@ def _bearer(scope: Scope) -> bytes | None:
     return None
 
 
-def _unauthorized() -> Response:
-    return error_response(
-        401,
-        "unauthorized",
-        "a bearer token is required: send Authorization: Bearer <HEARTH_TOKEN>",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+def _unauthorized(given: bytes | None = None) -> Response:
+    if given is None:
+        message = "a bearer token is required: send Authorization: Bearer <HEARTH_TOKEN>"
+    else:  # (one that was sent: the operator is told which mistake, not that none came)
+        message = (
+            "the bearer token sent is not this server's (HEARTH_TOKEN); or the Authorization"
+            " header is not of the form Bearer <token>"
+        )
+    return error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
 def route_path(scope: Scope) -> str:

@@ -32,7 +32,11 @@ async def healthz(server: ServerContext, request: Request) -> Response:
 async def metrics(server: ServerContext, request: Request) -> Response:
     rt = await server.runtime()
     text = rt.render_metrics()
-    text += f"# TYPE hearth_sse_streams gauge\nhearth_sse_streams {server.sse_streams}\n"
+    text += (
+        "# HELP hearth_sse_streams SSE streams open in this process (capped by"
+        " HEARTH_MAX_STREAMS).\n"
+        f"# TYPE hearth_sse_streams gauge\nhearth_sse_streams {server.sse_streams}\n"
+    )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
