@@ -246,6 +246,16 @@ async def test_a_wait_inside_a_delegated_task_pauses_the_parent_submission(log: 
     assert (ran(log, "step-load"), ran(log, "step-pay")) == (1, 1)
 
 
+async def test_settle_all_returns_once_the_work_waits_for_a_wait_without_a_timeout() -> None:
+    """``settle_all`` waited for the running submission's settlement: one that started waiting
+    instead (at rest, by its own docstring) held it for its whole timeout."""
+    async with app().run() as rt:
+        receipt = await rt.dispatch("desk", "d-1", "delegate 300")  # the wait is the child's
+        async with asyncio.timeout(20):  # far less than the 600 s it was given
+            await rt.settle_all(timeout=600)
+        assert (await rt.submission(receipt.submission_id)).status == "waiting"
+
+
 async def test_a_value_that_is_not_json_or_not_text_is_refused() -> None:
     async with app().run() as rt:
         receipt = await rt.dispatch("cashier", "c-1", "refund 250")

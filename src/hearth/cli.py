@@ -655,7 +655,8 @@ def resolve(
         with Client(url, token) as client:
             answer = client.conversation(agent, id).resolve(wait_id, parsed)
         submission_id = answer["submission_id"]
-    click.echo(f"{wait_id} resolved; submission {submission_id} of {agent}/{id} runs again")
+    # (the submission's own conversation: a delegated task's wait is its parent's submission's)
+    click.echo(f"{wait_id} resolved; submission {submission_id} runs again")
 
 
 def _resolution(value: Any) -> Any:

@@ -1,5 +1,6 @@
 """A lead agent delegating to researchers (and a researcher to a fact checker), for crash tests
-of subagent recovery. $DELEGATE=off makes the lead stop declaring its subagent (a redeploy)."""
+of subagent recovery. $DELEGATE=off makes the lead stop declaring its subagent (a redeploy);
+$LEAD_SEARCH=on makes it also search, itself, beside its tasks (an ordinary call in the batch)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def researcher(ctx: hearth.AgentContext) -> str:
 @hearth.agent(durability=hearth.Durability(max_attempts=int(os.environ.get("LEAD_ATTEMPTS", "10"))))
 def lead(ctx: hearth.AgentContext) -> str:
     ctx.use_model("scripted/lead")
+    if os.environ.get("LEAD_SEARCH") == "on":
+        ctx.use_tool(search)
     if os.environ.get("DELEGATE", "on") == "on":
         ctx.use_subagent(researcher, description="Research a question")
     return "You lead."
@@ -58,7 +61,10 @@ def lead_script(request: ModelRequest) -> Step:
     if done:
         return reply(" | ".join(f"{r.content}" for r in done))
     topics = prompt_of(request).split(",")
-    return calls(*[call("task", agent="researcher", prompt=t.strip()) for t in topics])
+    tasks = [call("task", agent="researcher", prompt=t.strip()) for t in topics]
+    if os.environ.get("LEAD_SEARCH") == "on":
+        tasks.append(call("search", query="lead notes"))
+    return calls(*tasks)
 
 
 def researcher_script(request: ModelRequest) -> Step:

@@ -10,10 +10,12 @@ import pytest
 from crashlab import Lab
 
 from hearth.records import (
+    AssistantToolCall,
     ChildConversationLinked,
     ConversationCreated,
     HookSeamCommitted,
     Record,
+    Signal,
     StateWrite,
     SubmissionSettled,
     ToolOutcome,
@@ -131,6 +133,36 @@ def test_several_interrupted_children_in_one_batch_all_resume_before_it_commits(
     # one outcome per task before the one commit: the invariant checker, after the test
     (done,) = of(parent, SubmissionSettled)
     assert done.outcome == "completed"
+
+
+def test_an_ordinary_call_a_dead_recovery_marked_is_still_named_when_the_work_fails(
+    lab_delegating: Lab,
+) -> None:
+    """The lead's own search, cut off beside its task, was marked interrupted by a recovery that
+    then died before the batch committed (the model never saw the marker). The failure left it
+    out of ``error.interrupted_tools`` and the advisory: which calls a user was told had an
+    unknown outcome depended on how many attempts had run."""
+    lab = lab_delegating
+    env = {"LEAD_SEARCH": "on", "LEAD_ATTEMPTS": "2"}
+    assert lab.harness.run(
+        dispatch=[("lead", "p", "norway")], crash_at="child:start", env=env
+    ).killed
+    # The recovery marks the search, resumes the child, and dies before the batch commits.
+    assert lab.harness.run(crash_at="child:end", env=env).killed
+    assert lab.harness.run(env=env).ok
+    (failed,) = lab.harness.submissions("lead/p")
+    assert failed.outcome == "failed" and failed.error is not None
+    assert failed.error["type"] == "retry_exhausted"
+    named = [(t["name"], t["tool_call_id"]) for t in failed.error["interrupted_tools"]]
+    calls = [(c.name, c.tool_call_id) for c in of(lab.harness.history("lead/p"), AssistantToolCall)]
+    assert named == calls and [n for n, _ in named] == ["task", "search"]
+    (advisory,) = [
+        s
+        for s in of(lab.harness.history("lead/p"), Signal)
+        if s.signal_type.startswith("submission")
+    ]
+    assert advisory.attributes["interrupted_tools"] == failed.error["interrupted_tools"]
+    assert lab.count("search:lead notes") <= 1  # cut off once, never run again
 
 
 def test_a_child_whose_agent_is_no_longer_declared_gets_an_error_outcome(

@@ -276,6 +276,31 @@ def unresolved_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...
     )
 
 
+def unknown_outcomes(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
+    """The calls of the last tool turn, if its batch never committed, whose outcome is unknown:
+    those with no outcome, and those an earlier attempt marked interrupted (the model never saw
+    that marker: the batch it closed did not commit). What a settlement at rest reports."""
+    if not views or views[-1].committed:
+        return ()
+    last = views[-1]
+    return tuple(
+        InterruptedTool(c.name, c.tool_call_id, last.children.get(c.tool_call_id))
+        for c in last.calls
+        if c.tool_call_id not in last.outcomes or is_marker(last.outcomes[c.tool_call_id])
+    )
+
+
+def is_marker(outcome: ToolOutcome) -> bool:
+    """Whether ``outcome`` is the ``interrupted`` marker of a call cut off by an interruption."""
+    content = outcome.content
+    return (
+        outcome.is_error
+        and outcome.reconciled is None
+        and isinstance(content, dict)
+        and content.get("type") == "interrupted"
+    )
+
+
 def _completed_response(
     views: Sequence[MessageView], records: Sequence[Record]
 ) -> MessageView | None:

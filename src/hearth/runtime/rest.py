@@ -30,6 +30,7 @@ from hearth.runtime.recovery import (
     assemble_messages,
     close_open_messages,
     may_reconcile,
+    unknown_outcomes,
     unresolved_tools,
 )
 from hearth.runtime.scope import AttemptScope, Settlement
@@ -153,19 +154,18 @@ async def settlement_at_rest(
             subagent_agents.setdefault(name, sub.agent)
         return reconciler_for(rendered.tools, conversation_id)
 
+    before = scope.submission_records()
     records = await bring_to_rest(
-        scope.store,
-        scope.sub.fence,
-        scope.submission_records(),
-        d.interrupted,
-        reconciler,
-        reconcilers,
+        scope.store, scope.sub.fence, before, d.interrupted, reconciler, reconcilers
     )
     # A call whose reconcile answered (Done, NotDone) has a known outcome now: not interrupted.
+    # One an earlier attempt marked (its batch never committed) is as unknown as the rest.
     known = {
         r.tool_call_id for r in records if isinstance(r, ToolOutcome) and r.reconciled is not None
     }
-    unknown = [t for t in d.interrupted if t.tool_call_id not in known]
+    unknown = [
+        t for t in unknown_outcomes(assemble_messages(before)) if t.tool_call_id not in known
+    ]
     error = d.error
     if d.signal is not None:
         records.append(
@@ -180,6 +180,6 @@ async def settlement_at_rest(
             )
         )
     outcome = "aborted" if d.action is Action.SETTLE_ABORTED else "failed"
-    if outcome == "aborted" and error is not None:
+    if error is not None and (outcome == "aborted" or "interrupted_tools" in error):
         error = {**error, "interrupted_tools": [t.to_json() for t in unknown]}
     return Settlement(outcome, error=error, records=records)

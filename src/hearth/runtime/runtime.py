@@ -70,6 +70,7 @@ from hearth.store.base import (
 )
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
+SETTLE_ALL_LOOK_S = 0.25  # how often ``settle_all`` looks at what is still queued or running
 
 
 def _stopped_before(submission_id: str) -> ShuttingDown:
@@ -512,8 +513,11 @@ class Runtime:
                 continue
             if left <= 0:
                 raise TimeoutError("work is still queued or running")
+            # Looked at again now and then: a submission that starts waiting (for a wait with
+            # no timeout, at rest) does not settle, and waiting for its settlement held the
+            # caller for its whole timeout.
             with contextlib.suppress(TimeoutError):
-                await self.wait_settled(pending[0].id, timeout=left)
+                await self.wait_settled(pending[0].id, timeout=min(left, SETTLE_ALL_LOOK_S))
 
     # --- for the HTTP server ----------------------------------------------------------------
     # What hearth.server reads, so that it goes through the runtime and never around it.
