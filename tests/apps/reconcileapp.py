@@ -122,7 +122,50 @@ def lead(ctx: hearth.AgentContext) -> str:
     return "You delegate."
 
 
+async def paid_late(call: hearth.ReconcileCall) -> hearth.Done | hearth.NotDone:
+    """``paid``, after ``$RECONCILE_S`` seconds."""
+    await asyncio.sleep(float(os.environ.get("RECONCILE_S", "0")))
+    return paid(call)
+
+
+@hearth.tool(reconcile=paid_late)
+async def pay_late(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
+    """Pay, keyed by the call id; its reconcile answers late."""
+    return await pay_body("pay_late", amount, ctx)
+
+
+def keeper_script(request: ModelRequest) -> ScriptStep:
+    if isinstance(request.messages[-1], ToolResult):
+        return reply("kept")
+    return calls(
+        call("remember", id="c-remember", note="n1"), call("pay_late", id="c-pay", amount=5)
+    )
+
+
+@hearth.agent(durability=hearth.Durability(max_attempts=10, timeout=600))
+def keeper(ctx: hearth.AgentContext) -> str:
+    """Remembers a note in its state, and pays, in one batch."""
+    ctx.use_model("scripted/keeper")
+    notes, set_notes = ctx.use_state("notes", [])
+
+    @hearth.tool(durable=True)
+    async def remember(note: str, ctx: hearth.ToolContext) -> dict[str, Any]:
+        """Remember a note; it takes ``$REMEMBER_S`` seconds."""
+        await ctx.step.do("check", lambda: True)
+        set_notes([*notes, note])
+        await asyncio.sleep(float(os.environ.get("REMEMBER_S", "0")))
+        return {"remembered": note}
+
+    ctx.use_tool(remember)
+    ctx.use_tool(pay_late)
+    return f"notes: {json.dumps(notes)}"
+
+
 app = hearth.App(
-    [payer, lead],
-    providers=[ScriptedModel("payer", script), ScriptedModel("lead", lead_script)],
+    [payer, lead, keeper],
+    providers=[
+        ScriptedModel("payer", script),
+        ScriptedModel("lead", lead_script),
+        ScriptedModel("keeper", keeper_script),
+    ],
 )

@@ -159,3 +159,29 @@ def test_an_abandoned_childs_call_is_reconciled_when_its_parent_comes_to_rest(
     assert (got.reconciled, got.content) == ("done", {"paid": 5})
     assert lab.count("pay") == 1
     assert ledger.entries() == {got.tool_call_id: {"paid": 5}}
+
+
+def test_a_reconciled_outcome_that_ends_the_batch_commits_with_its_state_writes(
+    payer: tuple[Lab, Ledger],
+) -> None:
+    """The recovery re-ran ``remember`` (which wrote the state) and ``pay_late``'s reconcile
+    answered Done last. That outcome was appended alone: killed right after it, the next
+    recovery found every outcome recorded and committed the batch without the state write,
+    although nothing was marked interrupted."""
+    lab, ledger = payer
+    first = lab.harness.run(
+        dispatch=[("keeper", "k1", "keep")],
+        crash_at="ledger-done:record",  # pay_late's effect landed; remember still sleeps
+        env={"REMEMBER_S": "5"},
+    )
+    assert first.killed
+    again = lab.harness.run(crash_at="after:tool_outcome#2", env={"RECONCILE_S": "1"})
+    assert again.killed
+    assert lab.harness.run().ok
+    records = lab.harness.history("keeper/k1")
+    outcomes = {r.name: r for r in records if isinstance(r, ToolOutcome)}
+    assert outcomes["pay_late"].reconciled == "done"
+    assert not any(r.is_error for r in outcomes.values())
+    assert lab.harness.state("keeper/k1") == {"notes": ["n1"]}
+    assert settlement(records).reply == "kept"
+    assert list(ledger.entries().values()) == [{"paid": 5}]

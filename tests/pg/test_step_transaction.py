@@ -49,6 +49,27 @@ async def seat(how: str, ctx: hearth.ToolContext) -> Any:
                 return {1, 2}
 
             return await ctx.step.transaction("seat", odd)
+        if how in ("COMMIT", "ROLLBACK", "COMMIT then more"):
+
+            async def ends_it(conn: Any) -> int:
+                await take_seat(conn)
+                await conn.execute(how.split()[0])  # SQL: psycopg's own commit() is refused
+                if how.endswith("more"):
+                    await conn.execute("SELECT 1")  # (psycopg opens another transaction)
+                return 7
+
+            return await ctx.step.transaction("seat", ends_it)
+        if how == "caught":
+
+            async def goes_on(conn: Any) -> int:
+                await take_seat(conn)
+                try:
+                    await conn.execute("SELECT 1 / 0")
+                except Exception:
+                    pass  # without a savepoint: the transaction is aborted
+                return 7
+
+            return await ctx.step.transaction("seat", goes_on)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     raise AssertionError(how)
@@ -177,4 +198,28 @@ def test_an_abort_stops_an_open_transaction_instead_of_waiting_for_it(
             return await rt.history("usher", "c1")
 
     records = asyncio.run(main())
+    assert steps(records) == [] and seats(cluster) == 0
+
+
+@pytest.mark.parametrize("how", ["COMMIT", "ROLLBACK", "COMMIT then more"])
+def test_a_function_that_ends_the_transaction_itself_gets_no_step(
+    pg: tuple[Cluster, str], how: str
+) -> None:
+    """A ``COMMIT`` sent as SQL committed the function's row, and the step was then written in
+    another transaction, without the fence's lock: a re-execution wrote the row twice. A
+    ``ROLLBACK`` lost the row and recorded the step as done. Both are now the function's
+    error, and no step is recorded."""
+    cluster, url = pg
+    records = run(url, how)
+    assert outcome(records).startswith("StepError: the step's function ended its transaction")
+    assert steps(records) == []
+    assert seats(cluster) == (0 if how == "ROLLBACK" else 1)  # (what it committed, it did)
+
+
+def test_a_function_that_catches_a_failed_statement_without_a_savepoint_is_told(
+    pg: tuple[Cluster, str],
+) -> None:
+    cluster, url = pg
+    records = run(url, "caught")
+    assert "leaves the transaction aborted" in outcome(records)
     assert steps(records) == [] and seats(cluster) == 0

@@ -192,14 +192,19 @@ class ToolBatch:
         _faults.reached(f"reconcile:{call.name}")
         answer = await ask(tool, reconcile_call(call, self.scope.conversation_id))
         _faults.reached(f"reconcile-done:{call.name}")
-        if isinstance(answer, Done):
-            await self.journal.append(reconciled_done(call.message_id, call, answer))
-        elif isinstance(answer, NotDone):
+        if isinstance(answer, NotDone):
             await self.journal.append(rerun_started(call))
             await self._run_call(call, CallPlan.RECONCILE, buffer, reconciled=NOT_DONE)
+            return
+        if isinstance(answer, Done):
+            outcome = reconciled_done(call.message_id, call, answer)
         else:
-            unknown = InterruptedTool(call.name, call.tool_call_id)
-            await self.journal.append(interrupted_outcome(call.message_id, unknown))
+            outcome = interrupted_outcome(
+                call.message_id, InterruptedTool(call.name, call.tool_call_id)
+            )
+        # The batch's last outcome travels with its state writes, as a call's that ran does.
+        if not self._hold(outcome):
+            await self.journal.append(outcome)
 
     async def _run_call(
         self,

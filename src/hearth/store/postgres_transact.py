@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 
-from hearth.errors import StoreError
+from hearth.errors import StepError, StoreError
 from hearth.records import ConversationCreated, Record
 from hearth.store import postgres_session as session
 from hearth.store import rules
@@ -55,7 +56,12 @@ async def run(
     peer could claim healthy work before the next heartbeat)."""
     await check_fence(conn, fence, lock="UPDATE")
     locked()
-    await conn.execute("SELECT set_config('search_path', %(p)s, true)", {"p": app_search_path})
+    row = await fetchone(
+        conn,
+        "SELECT set_config('search_path', %(p)s, true), txid_current()::text AS xid",
+        {"p": app_search_path},
+    )
+    xid = None if row is None else row["xid"]
     conn.row_factory = tuple_row  # type: ignore[assignment]
     try:
         value = await work(conn)
@@ -69,13 +75,28 @@ async def run(
         batch = list(records(value))
     except Exception as exc:
         raise AppFailure(exc) from exc
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise AppFailure(
+            StepError(
+                "a statement of the step's function failed and the error was caught, which leaves"
+                " the transaction aborted: nothing was committed (to go on after a statement"
+                " that may fail, run it in a savepoint: async with conn.transaction(): ...)"
+            )
+        )
+    if status != TransactionStatus.INTRANS:
+        raise AppFailure(StepError(_ENDED))
     # What the work set for the session (a plain SET search_path, SET ROLE) would outlive the
     # commit on this pooled connection, and every later use of it would fail: back to the
     # connection's own settings, then hearth's (its records are written as hearth's role, too).
-    await conn.execute(
-        "RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; "
+    # First, in the same round trip: is this still the transaction that checked the fence?
+    cursor = await conn.execute(
+        "SELECT txid_current()::text AS xid; RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; "
         + session.settings(schema, conn.info.server_version)
     )
+    now_in = await cursor.fetchone()
+    if now_in is None or now_in["xid"] != xid:
+        raise AppFailure(StepError(_ENDED))
     if lease_s is not None:
         await conn.execute(
             "UPDATE submissions SET lease_expires_at ="
@@ -83,6 +104,14 @@ async def run(
             {"now": now, "lease_s": lease_s, "id": fence.submission_id},
         )
     return await insert_new(conn, conversation_id, batch, outbox, now)
+
+
+# (SQL text sent on ``conn``: psycopg refuses its own ``commit()`` and ``rollback()`` there.)
+_ENDED = (
+    "the step's function ended its transaction (COMMIT or ROLLBACK sent as SQL on conn): the step"
+    " is not recorded, and what the function wrote before that may have committed without it;"
+    " never end the transaction of step.transaction (use a savepoint to undo part of it)"
+)
 
 
 async def insert_new(
