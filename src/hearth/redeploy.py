@@ -51,7 +51,7 @@ from hearth.records import (
 )
 from hearth.runtime.journal import Journal
 from hearth.runtime.recovery import (
-    RERUN_STEP,
+    BOOKKEEPING_STEPS,
     TASK_TOOL,
     Action,
     CallPlan,
@@ -395,11 +395,13 @@ def _from_input(records: list[Record], input_id: str) -> list[Record]:
 
 def _durable_evidence(records: Sequence[Record]) -> set[str]:
     """The tool calls that recorded a step or began a wait: only durable tools do. (The record
-    of a reconciled call's run again is a step of hearth's own, of any tool.)"""
+    of a reconciled call's run again, and that of a call's state writes, are steps of hearth's
+    own, of any tool.)"""
     return {
         r.tool_call_id
         for r in records
-        if isinstance(r, WaitStarted) or (isinstance(r, ToolStepSettled) and r.step != RERUN_STEP)
+        if isinstance(r, WaitStarted)
+        or (isinstance(r, ToolStepSettled) and r.step not in BOOKKEEPING_STEPS)
     }
 
 

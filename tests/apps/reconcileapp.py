@@ -137,6 +137,9 @@ async def pay_late(amount: int, ctx: hearth.ToolContext) -> dict[str, Any]:
 def keeper_script(request: ModelRequest) -> ScriptStep:
     if isinstance(request.messages[-1], ToolResult):
         return reply("kept")
+    text = next((str(m.content) for m in reversed(request.messages) if isinstance(m, UserTurn)), "")
+    if text == "jot":  # an ordinary call that writes state, beside a durable one
+        return calls(call("jot", id="c-jot"), call("remember", id="c-remember", note="n1"))
     return calls(
         call("remember", id="c-remember", note="n1"), call("pay_late", id="c-pay", amount=5)
     )
@@ -144,9 +147,16 @@ def keeper_script(request: ModelRequest) -> ScriptStep:
 
 @hearth.agent(durability=hearth.Durability(max_attempts=10, timeout=600))
 def keeper(ctx: hearth.AgentContext) -> str:
-    """Remembers a note in its state, and pays, in one batch."""
+    """Remembers a note in its state, and pays (or jots), in one batch."""
     ctx.use_model("scripted/keeper")
     notes, set_notes = ctx.use_state("notes", [])
+    _, set_jotted = ctx.use_state("jotted", False)
+
+    @hearth.tool
+    def jot() -> str:
+        """Jot something down (an ordinary tool writing state)."""
+        set_jotted(True)
+        return "jotted"
 
     @hearth.tool(durable=True)
     async def remember(note: str, ctx: hearth.ToolContext) -> dict[str, Any]:
@@ -158,6 +168,7 @@ def keeper(ctx: hearth.AgentContext) -> str:
 
     ctx.use_tool(remember)
     ctx.use_tool(pay_late)
+    ctx.use_tool(jot)
     return f"notes: {json.dumps(notes)}"
 
 

@@ -185,3 +185,24 @@ def test_a_reconciled_outcome_that_ends_the_batch_commits_with_its_state_writes(
     assert lab.harness.state("keeper/k1") == {"notes": ["n1"]}
     assert settlement(records).reply == "kept"
     assert list(ledger.entries().values()) == [{"paid": 5}]
+
+
+def test_an_outcome_kept_from_a_dead_attempt_keeps_its_calls_state_writes(
+    payer: tuple[Lab, Ledger],
+) -> None:
+    """``jot`` (ordinary) set state and its outcome was recorded; the process died while its
+    durable sibling still ran. The recovery ran the sibling again and committed the batch, with
+    the sibling's write but without ``jot``'s, although the model read "jotted": those writes
+    lived only in the dead attempt's memory. They are now recorded with the outcome."""
+    lab, _ = payer
+    first = lab.harness.run(
+        dispatch=[("keeper", "k1", "jot")], crash_at="after:tool_outcome#1", env={"REMEMBER_S": "5"}
+    )
+    assert first.killed
+    assert lab.harness.run().ok
+    records = lab.harness.history("keeper/k1")
+    assert {r.name: r.attempt for r in records if isinstance(r, ToolOutcome)} == {
+        "jot": 1,
+        "remember": 2,
+    }
+    assert lab.harness.state("keeper/k1") == {"jotted": True, "notes": ["n1"]}

@@ -36,8 +36,10 @@ from hearth.records import (
 from hearth.runtime.outcomes import (
     batch_committed,
     call_outcome,
+    call_writes,
     error_outcome,
     interrupted_outcome,
+    kept_writes,
     reconciled_done,
     rerun_started,
 )
@@ -47,11 +49,18 @@ from hearth.runtime.recovery import (
     CallPlan,
     InterruptedTool,
     MessageView,
+    is_marker,
     plan_tool_batch,
 )
 from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import run_child_task
-from hearth.runtime.waits import PauseForWait, carried_state, recorded_waits, wait_started
+from hearth.runtime.waits import (
+    PauseForWait,
+    carried_attempt,
+    carried_state,
+    recorded_waits,
+    wait_started,
+)
 from hearth.steps import Steps, WaitPending, json_value
 from hearth.store.base import Fence
 from hearth.tools import Tool, ToolContext
@@ -84,6 +93,19 @@ class _StepTimer:
             self._observe(time.perf_counter() - self._t0)
 
 
+class _CallState(StateBuffer):
+    """The state writes of one call: the batch's, and kept apart, to be recorded with the
+    call's outcome while the batch is still open."""
+
+    def __init__(self, batch: StateBuffer) -> None:
+        super().__init__(batch.committed)
+        self.batch = batch
+
+    def set(self, name: str, value: Any) -> None:
+        self.batch.set(name, value)  # (refused once the batch's writes were taken)
+        self.writes[name] = value
+
+
 class ToolBatch:
     """The calls of one assistant message, run (or repaired) and committed together."""
 
@@ -96,9 +118,15 @@ class ToolBatch:
         self._unfinished = 0  # jobs of the batch not finished yet
         self._troubled = False  # a job raised: the batch will not commit now
         # The outcome of the call that finished last, when the batch commits at once: appended
-        # with the state writes and the commit, so that no crash finds every outcome recorded
-        # and the writes not (recovery would commit the batch without them).
+        # with the state writes and the commit in one write (and with the record of its own
+        # writes should the batch not commit now after all). Every other outcome is appended
+        # with the record of its call's writes, which a recovery that completes the batch
+        # commits.
         self._held: ToolOutcome | None = None
+        self._held_writes: list[Record] = []
+        # A call of the batch is marked interrupted (cut off, its outcome unknown): the batch
+        # then commits none of its state writes, those of the calls with real outcomes included.
+        self._cut = any(is_marker(o) for o in view.outcomes.values())
 
     async def run(self) -> None:
         view = self.view
@@ -111,7 +139,11 @@ class ToolBatch:
         buffer = StateBuffer(self.rendered.state)
         row = self.scope.sub.carried or {}
         carried = row.get(self.scope.conversation_id)
-        buffer.writes.update(carried_state(self.journal.records, view.message_id, carried))
+        records = self.journal.records
+        buffer.writes.update(carried_state(records, view.message_id, carried))
+        # And those of calls whose outcomes were recorded since (by an attempt that then died).
+        since = carried_attempt(records, view.message_id, carried)
+        buffer.writes.update(kept_writes(records, view.message_id, since))
         # Made when their task first runs: a coroutine made first and cancelled before its task
         # started (an abort as the batch begins) was never awaited, and Python said so on stderr.
         jobs: list[Callable[[], Awaitable[None]]] = []
@@ -120,6 +152,7 @@ class ToolBatch:
             if verdict is CallPlan.KEEP:
                 continue
             if verdict is CallPlan.INTERRUPTED:
+                self._cut = True
                 tool = InterruptedTool(call.name, call.tool_call_id)
                 await self.journal.append(interrupted_outcome(view.message_id, tool))
             elif verdict is CallPlan.CHILD_GONE:
@@ -156,7 +189,7 @@ class ToolBatch:
         buffer.closed = True
         writes: list[Record] = [
             StateWrite(id=f"{view.message_id}:state:{name}", name=name, value=value)
-            for name, value in buffer.writes.items()
+            for name, value in ({} if self._cut else buffer.writes).items()
         ]
         held = [] if self._held is None else [self._held]
         await self.journal.append(*held, *writes, batch_committed(view))
@@ -170,19 +203,20 @@ class ToolBatch:
         finally:
             self._unfinished -= 1
 
-    def _hold(self, outcome: ToolOutcome) -> bool:
-        """Keep ``outcome`` to append with the batch's commit when its call is the batch's last
-        to finish and the batch will commit now (nothing waits, nothing raised)."""
+    def _hold(self, outcome: ToolOutcome, writes: list[Record] | None = None) -> bool:
+        """Keep ``outcome`` (and the record of its call's ``writes``) to append with the
+        batch's commit when its call is the batch's last to finish and the batch will commit
+        now (nothing waits, nothing raised)."""
         if self._unfinished != 1 or self._troubled or self.waiting is not None:
             return False
-        self._held = outcome
+        self._held, self._held_writes = outcome, list(writes or [])
         return True
 
     async def _record_held(self) -> None:
         """The batch will not commit now: the held outcome is recorded alone, as any other."""
         held, self._held = self._held, None
         if held is not None:
-            await asyncio.shield(self.journal.append(held))
+            await asyncio.shield(self.journal.append(held, *self._held_writes))
 
     async def _reconcile(self, call: AssistantToolCall, buffer: StateBuffer) -> None:
         """Ask the tool's reconcile about a call a dead attempt left unresolved: ``Done`` settles
@@ -199,6 +233,7 @@ class ToolBatch:
         if isinstance(answer, Done):
             outcome = reconciled_done(call.message_id, call, answer)
         else:
+            self._cut = True
             outcome = interrupted_outcome(
                 call.message_id, InterruptedTool(call.name, call.tool_call_id)
             )
@@ -220,9 +255,10 @@ class ToolBatch:
             "hearth.tool_call_id": call.tool_call_id,
             "hearth.resumed": verdict is not CallPlan.RUN,
         }
+        mine = _CallState(buffer)
         with telemetry.span("hearth.tool_call", attributes=attributes) as span:
             try:
-                outcome = await self._call_outcome(call, verdict, buffer, started)
+                outcome = await self._call_outcome(call, verdict, mine, started)
             except WaitPending as pending:
                 span.set_attribute("hearth.waiting", True)
                 await self._wait(call, pending)
@@ -238,8 +274,9 @@ class ToolBatch:
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
-        if not self._hold(outcome):
-            await self.journal.append(outcome)
+        writes: list[Record] = [call_writes(call, mine.writes)] if mine.writes else []
+        if not self._hold(outcome, writes):
+            await self.journal.append(outcome, *writes)
 
     async def _call_outcome(
         self, call: AssistantToolCall, verdict: CallPlan, buffer: StateBuffer, started: float

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hearth.effects import DONE, NOT_DONE, Done
 from hearth.errors import described, message_of
-from hearth.records import AssistantToolCall, ToolOutcome, ToolResultsCommitted, ToolStepSettled
-from hearth.runtime.recovery import RERUN_STEP, InterruptedTool, MessageView
+from hearth.records import (
+    AssistantToolCall,
+    Record,
+    ToolOutcome,
+    ToolResultsCommitted,
+    ToolStepSettled,
+)
+from hearth.runtime.recovery import RERUN_STEP, WRITES_STEP, InterruptedTool, MessageView
 
 
 def call_outcome(
@@ -74,6 +81,38 @@ def rerun_started(call: AssistantToolCall) -> ToolStepSettled:
         step=RERUN_STEP,
         value={"reconciled": NOT_DONE, "interrupted_attempt": call.attempt},
     )
+
+
+def call_writes(call: AssistantToolCall, writes: dict[str, Any]) -> ToolStepSettled:
+    """The bookkeeping record of the state writes a call made, appended with its outcome while
+    its batch is still open: they lived only in this attempt's memory, and a recovery that
+    completes the batch would have committed it without them (while the model read the
+    outcome of the call that made them)."""
+    return ToolStepSettled(
+        id=f"{call.message_id}:writes:{call.tool_call_id}",
+        tool_call_id=call.tool_call_id,
+        step=WRITES_STEP,
+        value={"writes": writes},
+    )
+
+
+def kept_writes(records: Sequence[Record], message_id: str, since: int) -> dict[str, Any]:
+    """The state writes of the calls of ``message_id`` whose outcomes attempts after ``since``
+    recorded before the batch committed (those of earlier attempts are in what a pause
+    carried), the later ones winning."""
+    prefix = f"{message_id}:writes:"
+    writes: dict[str, Any] = {}
+    for r in records:
+        if (
+            isinstance(r, ToolStepSettled)
+            and r.step == WRITES_STEP
+            and r.id.startswith(prefix)
+            and (r.attempt or 0) > since
+            and isinstance(r.value, dict)
+            and isinstance(r.value.get("writes"), dict)
+        ):
+            writes.update(r.value["writes"])
+    return writes
 
 
 def batch_committed(view: MessageView) -> ToolResultsCommitted:

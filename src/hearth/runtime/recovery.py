@@ -35,6 +35,10 @@ TASK_TOOL = "task"  # the built-in delegation tool
 # The bookkeeping step an ordinary call gets when its reconcile answered NotDone, written before
 # the call runs again: a call with it is never reconciled (nor run) again.
 RERUN_STEP = "hearth.rerun"
+# The bookkeeping step that keeps the state writes of a call whose outcome is recorded before its
+# batch commits, appended with that outcome: a recovery that completes the batch commits them.
+WRITES_STEP = "hearth.state_writes"
+BOOKKEEPING_STEPS = frozenset({RERUN_STEP, WRITES_STEP})
 TRANSIENT_BUDGET = 3  # consecutive transient provider errors retried per submission
 BACKOFF_BASE_S = 2.0
 

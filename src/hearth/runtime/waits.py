@@ -112,6 +112,24 @@ def recorded_waits(
     return started, ended
 
 
+def carried_attempt(
+    records: Sequence[Record], message_id: str, carried: Mapping[str, Any] | None
+) -> int:
+    """The attempt whose pause carried the batch's writes (``carried_state``); -1 if none."""
+    prefix = f"{message_id}:wait:"
+    latest = max(
+        (r.attempt or 0 for r in records if isinstance(r, WaitStarted) and r.id.startswith(prefix)),
+        default=-1,
+    )
+    if (
+        isinstance(carried, Mapping)
+        and carried.get("message_id") == message_id
+        and isinstance(carried.get("attempt"), int)
+    ):
+        latest = max(latest, carried["attempt"])
+    return latest
+
+
 def carried_state(
     records: Sequence[Record], message_id: str, carried: Mapping[str, Any] | None
 ) -> dict[str, Any]:
