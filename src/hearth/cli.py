@@ -7,13 +7,14 @@ Errors are one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import socket
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -25,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 import hearth
-from hearth.client import Client
+from hearth.client import Client, ServerUnavailable
 from hearth.errors import HearthError, StoreError, SubmissionError
 from hearth.jsontext import strict_json
 
@@ -190,7 +191,7 @@ def serve(
     """
     from hearth.server.serve import serve as run_server
 
-    app = _load_app(app_ref, app_dir, code=1)
+    app = _load_app(app_ref, app_dir, code=1, options=options)
     app.configure(**options)
     settings = app.settings
     # Before the runtime starts (it would claim work, then the server fail to listen).
@@ -204,17 +205,38 @@ def serve(
     run_server(app, log_level=log_level, access_log=access_log, on_ready=_ready(app))
 
 
-def _load_app(app_ref: str, app_dir: str, *, code: int) -> hearth.App:
+def _load_app(
+    app_ref: str, app_dir: str, *, code: int, options: dict[str, Any] | None = None
+) -> hearth.App:
     """``load_app``, its failures one line (exit ``code``): the module's own import error, such
-    as a dependency not installed or a variable not set, is named with its type."""
+    as a dependency not installed or a variable not set, is named with its type. ``options``:
+    those given on the command line, which win over their variables already while the module
+    makes its ``App`` (an empty ``HEARTH_TOKEN`` beside ``--token`` refused to start)."""
     from hearth.app import load_app
 
     try:
-        return load_app(app_ref, app_dir)
+        with _options_over_variables(options or {}):
+            return load_app(app_ref, app_dir)
     except HearthError as exc:
         fail(str(exc), code)
     except Exception as exc:
         fail(f"cannot import {app_ref}: {type(exc).__name__}: {exc}", code)
+
+
+@contextlib.contextmanager
+def _options_over_variables(options: dict[str, Any]) -> Iterator[None]:
+    """While in it, each given option's ``HEARTH_*`` variable holds the option's value."""
+    given = {f"HEARTH_{k.upper()}": str(v) for k, v in options.items() if v is not None}
+    before = {name: os.environ.get(name) for name in given}
+    os.environ.update(given)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _ready(app: hearth.App) -> Callable[[str], None]:
@@ -309,7 +331,8 @@ def _serve_reloaded(sockets: list[socket.socket] | None) -> None:
 
     spec = json.loads(os.environ[_RELOAD_SPEC])
     try:
-        app = load_app(spec["app"], spec["app_dir"])
+        with _options_over_variables(spec["options"]):
+            app = load_app(spec["app"], spec["app_dir"])
         app.configure(**spec["options"])
     except HearthError as exc:  # a change broke the app: say so; the next change restarts it
         fail(str(exc))
@@ -419,8 +442,10 @@ def tail(
         conv = client.conversation(agent, id)
         if follow:
             # A server nobody reaches is one line, as for the other commands: the stream
-            # reconnects (for ever) only after a restart of one it has reached.
-            client.health()
+            # reconnects (for ever) only to one that answers. One that answers 503 (its
+            # database away, a restart draining it) is waited for, as the stream would.
+            with contextlib.suppress(ServerUnavailable):
+                client.health()
         records = conv.stream(offset) if follow else iter(conv.history(offset))
         for record in records:
             if as_json:

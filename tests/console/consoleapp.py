@@ -6,7 +6,8 @@ SIGKILL meanwhile leaves the call interrupted, and the recovery attempt tells th
 ``boss`` delegates to ``chores``, whose start hook counts visits in its state. ``notes`` makes
 ten quick tool calls for each message: long conversations, fast. ``talker`` streams its answer
 slowly, for a SIGKILL to cut off. ``hoarder`` keeps about 4.5 MB of step values when told to
-``hoard`` (more than a JSON page holds; no model request carries them). ``approver`` asks a
+``hoard`` (more than a JSON page holds; no model request carries them); ``rambler`` answers
+in 450 pieces (each a record with ``$HEARTH_TEST_EACH_DELTA``). ``approver`` asks a
 person before it refunds (a durable wait), and the ``hooks`` channel routes a signed webhook to
 ``chores``.
 """
@@ -18,9 +19,12 @@ import os
 
 import hearth
 from hearth.providers.base import ModelRequest, ToolResult, UserTurn
+from hearth.runtime import deltas
 from hearth.testing import ScriptedModel, Step, call, calls, reply, stream
 
 HOLD_S = float(os.environ.get("HEARTH_TEST_HOLD_S", "60"))
+if os.environ.get("HEARTH_TEST_EACH_DELTA"):  # every piece of an answer a record of its own
+    deltas.FLUSH_INTERVAL_S = 0.0
 
 
 @hearth.tool(durable=True)
@@ -126,6 +130,8 @@ MODELS = [
     ScriptedModel("boss", _boss),
     ScriptedModel("approver", _approver),
     ScriptedModel("hoarder", _hoarder),
+    # 450 words at once: one answer over three pages of the console.
+    ScriptedModel("rambler", [stream(*[f"w{n} " for n in range(450)])], repeat_last=True),
     # 60 words, 50 ms apart: three seconds of streaming to cut off.
     ScriptedModel(
         "talker", [stream(*[f"word{n} " for n in range(60)], delay=0.05)], repeat_last=True
@@ -187,6 +193,12 @@ def hoarder(ctx: hearth.AgentContext) -> str:
     return "Keep what you are given."
 
 
-AGENTS = [chores, holder, notes, boss, talker, approver, hoarder]
+@hearth.agent
+def rambler(ctx: hearth.AgentContext) -> str:
+    ctx.use_model("scripted/rambler")
+    return "Ramble."
+
+
+AGENTS = [chores, holder, notes, boss, talker, approver, hoarder, rambler]
 HOOKS = hearth.Channel("hooks", verify=hearth.channels.hmac(HOOK_SECRET), receive=_route)
 app = hearth.App(AGENTS, providers=MODELS, channels=[HOOKS])

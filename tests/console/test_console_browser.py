@@ -221,6 +221,31 @@ def test_paging_back_over_records_larger_than_a_json_page_leaves_no_gap(
     assert "running" not in text_of(page, "li.rec-assistant_tool_call .status")
 
 
+def test_an_answer_over_three_pages_is_shown_once_whole(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    """Each earlier page without the answer's start made an "(continued)" entry of its own, and
+    only the last one made was taken back once the start was found: the whole answer showed
+    twice."""
+    server = console_server(HEARTH_TEST_EACH_DELTA="1")
+    with httpx2.Client(base_url=server.url, timeout=30) as http:
+        sid = http.post("/agents/rambler/r1", json={"message": "go"}).json()["submission_id"]
+        http.get(f"/agents/rambler/r1/submissions/{sid}?wait=30")
+        conversation = http.get("/conversations").json()["conversations"][0]
+    assert conversation["last_offset"] > 400  # the answer's pieces are on three pages
+    page.get(f"{server.url}/console/rambler/r1")
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    until(page, lambda d: d.execute_script("return window.hearthConsole.refreshes") >= 1)
+    while page.find_element(By.ID, "earlier").is_displayed():
+        before = text_of(page, "li.rec .offset").split(" | ")[0]
+        page.find_element(By.ID, "earlier").click()
+        until(page, lambda d, before=before: text_of(d, "li.rec .offset").split(" | ")[0] != before)
+    whole = "".join(f"w{n} " for n in range(450))
+    assert shown(page, "li.rec-assistant_text_delta") == []
+    assert text_of(page, "li.rec-assistant_message_started .text").strip() == whole.strip()
+    assert shown(page, "li.streaming") == []
+
+
 def test_after_a_sigkill_and_restart_the_page_reconnects_and_shows_the_recovery(
     console_server: Callable[..., ServerProcess], page: Any
 ) -> None:

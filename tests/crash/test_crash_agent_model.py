@@ -165,6 +165,23 @@ def test_an_ordinary_call_a_dead_recovery_marked_is_still_named_when_the_work_fa
     assert lab.count("search:lead notes") <= 1  # cut off once, never run again
 
 
+def test_a_render_failure_after_a_dead_recovery_names_the_marked_call_with_an_advisory(
+    lab: Lab,
+) -> None:
+    """The recovery marked ``slow`` and died before its batch committed; the next one could not
+    render. The failure named ``slow`` but left no advisory, which it leaves when no recovery
+    died in between: whether users were told depended on how many attempts ran."""
+    assert lab.harness.run(dispatch=[("parallel", "c1", "go")], crash_at="tool:slow").killed
+    assert lab.harness.run(crash_at="batch:commit").killed
+    assert lab.harness.run(env={"RENDER_FAILS": "parallel"}).ok
+    (failed,) = lab.harness.submissions("parallel/c1")
+    assert failed.error is not None and failed.error["type"] == "agent_error"
+    assert "slow" in [t["name"] for t in failed.error["interrupted_tools"]]
+    records = lab.harness.history("parallel/c1")
+    (advisory,) = [s for s in of(records, Signal) if s.signal_type == "submission_interrupted"]
+    assert advisory.attributes["interrupted_tools"] == failed.error["interrupted_tools"]
+
+
 def test_a_child_whose_agent_is_no_longer_declared_gets_an_error_outcome(
     lab_delegating: Lab,
 ) -> None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from click.testing import CliRunner
 from httpharness import HERE, ServerProcess, ThreadServer, child_env, free_port
@@ -203,6 +204,36 @@ def test_tail_of_a_server_nobody_answers_is_one_line_not_a_silent_wait() -> None
             check=False,
         )
         assert done.returncode == 1 and "cannot reach" in one_line_error(done.stderr), url
+
+
+def test_tail_of_a_server_that_answers_503_waits_for_it(tmp_path: Path) -> None:
+    """Its check that a server answers took a 503 (the database away, a restart draining it)
+    for a server nobody reaches, and quit; the stream waits for such a server."""
+    import http.server
+    import threading
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"error": {"type": "unavailable", "message": "the database is away"}}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    command = [sys.executable, "-m", "hearth", "tail", "echo", "c-1", "--url", url]
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # still following, not gone with rc 1
+            subprocess.run(command, capture_output=True, env=child_env(), timeout=4, check=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_tail_names_its_offset_option_when_the_offset_is_out_of_range(
@@ -467,11 +498,28 @@ def test_serve_refuses_an_empty_token_or_host_in_one_line(
     assert not db.exists()
 
 
+def test_serve_takes_its_options_over_bad_variables_while_the_app_is_made(tmp_path: Path) -> None:
+    """The module's ``App(...)`` read the environment before ``--token`` was applied: an empty
+    ``HEARTH_TOKEN`` (or ``HEARTH_PORT=abc``) refused to start although the option gave the
+    value. The option wins over its variable, as documented; the variable is as it was after."""
+    server = ServerProcess(
+        tmp_path / "h.db",
+        env={"HEARTH_TOKEN": "", "HEARTH_WORKERS": "many"},
+        args=("--token", "s3cret", "--workers", "4"),
+    ).start()
+    try:
+        with httpx2.Client(base_url=server.url, timeout=10) as http:
+            assert http.get("/metrics").status_code == 401
+            good = {"authorization": "Bearer s3cret"}
+            assert http.get("/metrics", headers=good).status_code == 200
+    finally:
+        server.kill()
+
+
 @pytest.mark.parametrize("access_log", [False, True])
 def test_serve_reload_serves_as_serve_does(tmp_path: Path, access_log: bool) -> None:
     """``--reload`` ran uvicorn's own server: ``--log-format json`` ignored, every request
     logged (``--access-log`` or not) with the token in clear, ``--port 0`` shown as ``:0``."""
-    import httpx2
 
     watched = tmp_path / "code"  # what --reload watches: no test files
     watched.mkdir()

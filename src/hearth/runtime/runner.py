@@ -40,6 +40,7 @@ from hearth.runtime.recovery import (
     assemble_messages,
     classify_recovery,
     close_open_messages,
+    unknown_outcomes,
     unresolved_tools,
 )
 from hearth.runtime.rest import settlement_at_rest
@@ -383,12 +384,16 @@ class Attempt:
         """Settle failed for ``error``, with the conversation at rest as for every failure: a
         recovered attempt whose agent cannot render left its tool batch open, and every later
         request carried calls without results (refused by the provider, for good)."""
-        interrupted = unresolved_tools(assemble_messages(self.submission_records()))
+        views = assemble_messages(self.submission_records())
+        interrupted = unresolved_tools(views)  # (what is marked now)
+        # Named, with an advisory, as the settlement names them: also a call an earlier
+        # recovery marked, in a batch that never committed.
+        unknown = unknown_outcomes(views)
         decision = Decision(
             Action.SETTLE_FAILED,
-            error={**error, "interrupted_tools": [t.to_json() for t in interrupted]},
+            error={**error, "interrupted_tools": [t.to_json() for t in unknown]},
             interrupted=interrupted,
-            signal="submission_interrupted" if interrupted else None,
+            signal="submission_interrupted" if unknown else None,
         )
         await self.policy.finish(self, await settlement_at_rest(self, decision, tools))
 

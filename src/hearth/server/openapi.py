@@ -22,7 +22,8 @@ from hearth.server.views import CURSOR_RE
 # A JSON Schema pattern is an ECMA-262 regex, where ``$`` matches only at the very end.
 ID_PATTERN = ID_RE.pattern
 SID_PATTERN = "^s_[0-9a-f]{20}$"
-SHA256_PATTERN = "^[0-9a-f]{64}$"
+SHA256_PATTERN = "^[0-9a-f]{64}$"  # as stored and shown
+SHA256_ASKED = "^[0-9a-fA-F]{64}$"  # as a path may name it (either case)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -644,7 +645,7 @@ def openapi_document(
                     "name": "sha256",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "string", "pattern": SHA256_PATTERN},
+                    "schema": {"type": "string", "pattern": SHA256_ASKED},
                 }
             ],
             "get": {

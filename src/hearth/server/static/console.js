@@ -154,7 +154,7 @@
   const shownCalls = new Map(); // tool_call_id → [{ offset, li, status, ended }]
   const callEnds = new Map(); // tool_call_id → [{ offset, interrupted, text }]
   const shownStarts = new Map(); // message_id → { li, text }
-  const continuations = new Map(); // message_id → its "assistant (continued)" entry
+  const continuations = new Map(); // message_id → its "assistant (continued)" entries, one a page
   const completions = new Map(); // message_id → its assistant_message_completed record
   function listed(map, key, item) {
     if (!map.has(key)) map.set(key, []);
@@ -180,8 +180,9 @@
     if (done.text) start.text.textContent = done.text;
     start.li.dataset.stopReason = done.stop_reason;
     if (done.stop_reason === "aborted") recovery(start.li, "aborted partial output");
-    const continued = continuations.get(id);
-    if (continued && continued !== start.li) continued.remove();
+    for (const continued of continuations.get(id) || []) {
+      if (continued !== start.li) continued.remove();
+    }
     continuations.delete(id);
   }
   // After a page of earlier records: its calls and messages that end on a later page.
@@ -234,7 +235,7 @@
           li = entry(rec, "assistant (continued)", "assistant streaming");
           m = { li, text: body(li, "", "text") };
           ctx.messages.set(rec.message_id, m);
-          continuations.set(rec.message_id, li);
+          listed(continuations, rec.message_id, li);
         }
         m.text.textContent += rec.delta;
         m.li.dataset.lastOffset = rec.offset;
