@@ -113,6 +113,21 @@ def test_a_submission_appears_and_settles_live_without_a_reload(
     assert link.text == "home"
 
 
+def test_a_page_opened_before_its_conversation_exists_shows_it_once_it_does(
+    console_server: Callable[..., ServerProcess], page: Any
+) -> None:
+    """It said "no records yet" for good: only a message sent from the page itself reloaded it."""
+    server = console_server()
+    page.get(f"{server.url}/console/chores/later")
+    until(page, lambda d: text_of(d, "#live-state") == "no records yet")
+    admit(server, "chores/later", "garden")  # from elsewhere
+    until(page, lambda d: "settled · completed" in text_of(d, "li.rec-submission_settled"))
+    assert "garden" in text_of(page, "li.rec-user_message")
+    assert shown(page, "#no-records") == []
+    taken = offsets_taken(page)
+    assert taken == list(range(taken[-1] + 1))
+
+
 def test_a_child_task_links_to_the_child_conversation_and_back(
     console_server: Callable[..., ServerProcess], page: Any
 ) -> None:

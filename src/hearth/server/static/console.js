@@ -347,6 +347,10 @@
   // --- loading and following ---------------------------------------------------------------
   function take(rec) {
     if (rec.offset <= last) return; // seen already: a resumed stream never shows it twice
+    if (page.dataset.exists !== "yes") { // its first record, sent from elsewhere
+      page.dataset.exists = "yes";
+      document.getElementById("no-records")?.remove();
+    }
     for (const li of render(rec, live)) timeline.append(li);
     taken.push(rec.offset);
     last = rec.offset;
@@ -412,7 +416,7 @@
     source.onopen = () => { retries = 0; setState("live", "ok"); soon(); };
     source.onmessage = (event) => take(JSON.parse(event.data));
     source.onerror = () => {
-      setState("reconnecting…", "warn");
+      if (page.dataset.exists === "yes") setState("reconnecting…", "warn");
       if (source.readyState === EventSource.CLOSED) {
         source.close();
         source = null;
@@ -574,12 +578,15 @@
     if (source) { source.close(); source = null; }
   });
   window.addEventListener("pageshow", (event) => {
-    if (event.persisted && page.dataset.exists === "yes") { follow(); soon(); }
+    if (event.persisted) { follow(); soon(); }
   });
   if (page.dataset.exists === "yes") {
     openNewest().then(follow, (err) => { problem(err); follow(); });
     soon();
   } else {
+    // Followed all the same (its stream answers 404, asked again every few seconds): records
+    // sent from elsewhere show as they come.
     setState("no records yet", "");
+    follow();
   }
 })();
