@@ -210,6 +210,21 @@ async def test_an_owner_whose_renewals_stop_reaching_the_database_stops_its_atte
         cut.set()
 
 
+async def take_over_once_it_runs(rt: hearth.Runtime, model: ScriptedModel) -> None:
+    """Dispatch the long step's work and, once its model was asked, answer every renewal at
+    once without this owner's leases: a peer took the work over."""
+
+    async def taken_over(owner: str, lease_s: float) -> list[Any]:
+        return []
+
+    await rt.dispatch("s", "c", "go")
+    for _ in range(500):
+        if model.requests:
+            break
+        await asyncio.sleep(0.01)
+    rt.store.renew_all = taken_over  # type: ignore[method-assign]
+
+
 async def test_a_lease_the_database_says_is_gone_is_reported_lost_not_unrenewed(
     pg_cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -225,17 +240,8 @@ async def test_a_lease_the_database_says_is_gone_is_reported_lost_not_unrenewed(
     # The watch judges a fifth of the lease (1 s) before it ends; the heartbeat comes later.
     app, model = long_step_app(pg_cluster.url(), note, lease_s=5, heartbeat_s=4.9)
     async with app.run() as rt:
-
-        async def taken_over(owner: str, lease_s: float) -> list[Any]:
-            return []  # answered at once: no lease of this owner is held any more
-
         with caplog.at_level(logging.WARNING, logger="hearth.coordinator"):
-            await rt.dispatch("s", "c", "go")
-            for _ in range(500):
-                if model.requests:
-                    break
-                await asyncio.sleep(0.01)
-            rt.store.renew_all = taken_over  # type: ignore[method-assign]
+            await take_over_once_it_runs(rt, model)
             await asyncio.wait_for(stopped.wait(), 20)
         assert "lost the lease of" in caplog.text
         assert "reached the database" not in caplog.text
@@ -258,18 +264,9 @@ async def test_a_lease_lost_to_both_the_heartbeat_and_the_lease_watch_is_reporte
 
     app, model = long_step_app(pg_cluster.url(), note, lease_s=5, heartbeat_s=1)
     async with app.run() as rt:
-
-        async def taken_over(owner: str, lease_s: float) -> list[Any]:
-            return []
-
         with caplog.at_level(logging.WARNING, logger="hearth.coordinator"):
-            await rt.dispatch("s", "c", "go")
-            for _ in range(500):
-                if model.requests:
-                    break
-                await asyncio.sleep(0.01)
             monkeypatch.setattr(Coordinator, "_ended_by_this_attempt", slow_to_answer)
-            rt.store.renew_all = taken_over  # type: ignore[method-assign]
+            await take_over_once_it_runs(rt, model)
             await asyncio.wait_for(stopped.wait(), 20)
             await asyncio.sleep(4)  # the later of the two answers
         assert caplog.text.count("lost the lease of") == 1, caplog.text
@@ -467,6 +464,19 @@ async def test_a_write_whose_caller_was_cancelled_is_still_announced(pg_cluster:
     ]
 
 
+async def abort_given_up(
+    rt: hearth.Runtime, running: asyncio.Event, aborting: list[asyncio.Task[Any]]
+) -> hearth.Receipt:
+    """Dispatch the long step's work, and once it runs, an abort its caller gives up on (the
+    test's patches cancel ``aborting[0]``): the receipt."""
+    receipt = await rt.dispatch("s", "c-1", "go")
+    await running.wait()
+    aborting.append(asyncio.create_task(rt.abort("s", "c-1")))
+    with pytest.raises(asyncio.CancelledError):
+        await aborting[0]
+    return receipt
+
+
 async def test_an_abort_cancelled_as_it_committed_stops_this_process_s_work_at_once(
     pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -481,6 +491,7 @@ async def test_an_abort_cancelled_as_it_committed_stops_this_process_s_work_at_o
 
     app, _ = long_step_app(pg_cluster.url(), on_stop, lease_s=90, heartbeat_s=30)
     stamping: list[asyncio.Task[Any] | None] = []
+    aborting: list[asyncio.Task[Any]] = []
     stamp, reached = pg_ops.request_abort, hearth._faults.reached
 
     async def noted_stamp(*args: Any, **kwargs: Any) -> list[str]:
@@ -494,16 +505,12 @@ async def test_an_abort_cancelled_as_it_committed_stops_this_process_s_work_at_o
             running.set()
         if point == "store:commit-done" and stamping and asyncio.current_task() is stamping[0]:
             stamping.clear()
-            aborting.cancel()  # its commit is done; its caller has not heard of it
+            aborting[0].cancel()  # its commit is done; its caller has not heard of it
 
     monkeypatch.setattr(pg_ops, "request_abort", noted_stamp)
     monkeypatch.setattr(hearth._faults, "reached", cancel_once_committed)
     async with app.run() as rt:
-        receipt = await rt.dispatch("s", "c-1", "go")
-        await running.wait()
-        aborting = asyncio.create_task(rt.abort("s", "c-1"))
-        with pytest.raises(asyncio.CancelledError):
-            await aborting
+        receipt = await abort_given_up(rt, running, aborting)
         async with asyncio.timeout(5):  # far sooner than the heartbeat
             await stopped.wait()
             done = await rt.wait_settled(receipt.submission_id, timeout=5)
@@ -523,6 +530,7 @@ async def test_an_abort_cancelled_before_it_committed_leaves_the_work_running(
     app, _ = long_step_app(pg_cluster.url(), on_stop, lease_s=90, heartbeat_s=30)
     stamp, reached = pg_ops.request_abort, hearth._faults.reached
     cancel = [True]
+    aborting: list[asyncio.Task[Any]] = []
 
     async def cancelled_stamp(*args: Any, **kwargs: Any) -> list[str]:
         ids = await stamp(*args, **kwargs)
@@ -530,7 +538,7 @@ async def test_an_abort_cancelled_before_it_committed_leaves_the_work_running(
             cancel.clear()
             # Heard at the next statement, before the COMMIT: the stamp rolls back, and what
             # the try would announce (the abort) is in its outbox.
-            aborting.cancel()
+            aborting[0].cancel()
         return ids
 
     def noted(point: str) -> None:
@@ -541,11 +549,7 @@ async def test_an_abort_cancelled_before_it_committed_leaves_the_work_running(
     monkeypatch.setattr(pg_ops, "request_abort", cancelled_stamp)
     monkeypatch.setattr(hearth._faults, "reached", noted)
     async with app.run() as rt:
-        receipt = await rt.dispatch("s", "c-1", "go")
-        await running.wait()
-        aborting = asyncio.create_task(rt.abort("s", "c-1"))
-        with pytest.raises(asyncio.CancelledError):
-            await aborting
+        receipt = await abort_given_up(rt, running, aborting)
         await asyncio.sleep(sum(postgres_tx.ABORT_READ_BACK_S) + 0.5)  # the read-back is done
         assert not stopped.is_set()
         assert (await rt.store.get_submission(receipt.submission_id)).status == "running"

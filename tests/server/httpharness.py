@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
+import json
 import os
 import queue
 import signal
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -234,3 +236,29 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float
         if time.monotonic() > end:
             raise TimeoutError("condition not met in time")
         time.sleep(step)
+
+
+@contextlib.contextmanager
+def answering(status: int, error_type: str, message: str) -> Iterator[str]:
+    """The URL of a loopback server that answers every GET ``status`` with hearth's error
+    envelope of ``error_type`` (a server failing, or one whose database is away)."""
+    body = json.dumps({"error": {"type": error_type, "message": message, "details": None}})
+
+    class Fixed(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fixed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from click.testing import CliRunner
-from httpharness import HERE, ServerProcess, ThreadServer, child_env, free_port
+from httpharness import HERE, ServerProcess, ThreadServer, answering, child_env, free_port
 from pgcluster import Cluster
 
 from hearth.cli import main
@@ -209,31 +209,10 @@ def test_tail_of_a_server_nobody_answers_is_one_line_not_a_silent_wait() -> None
 def test_tail_of_a_server_that_answers_503_waits_for_it(tmp_path: Path) -> None:
     """Its check that a server answers took a 503 (the database away, a restart draining it)
     for a server nobody reaches, and quit; the stream waits for such a server."""
-    import http.server
-    import threading
-
-    class Unavailable(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b'{"error": {"type": "unavailable", "message": "the database is away"}}'
-            self.send_response(503)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    command = [sys.executable, "-m", "hearth", "tail", "echo", "c-1", "--url", url]
-    try:
+    with answering(503, "unavailable", "the database is away") as url:
+        command = [sys.executable, "-m", "hearth", "tail", "echo", "c-1", "--url", url]
         with pytest.raises(subprocess.TimeoutExpired):  # still following, not gone with rc 1
             subprocess.run(command, capture_output=True, env=child_env(), timeout=4, check=False)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_tail_names_its_offset_option_when_the_offset_is_out_of_range(

@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from httpharness import ThreadServer
+from httpharness import ThreadServer, answering
 
 import hearth
 from hearth.client import ServerUnavailable
@@ -44,26 +42,8 @@ def hooked(serve_app: Callable[..., ThreadServer]) -> ThreadServer:
 def faulty_server() -> Iterator[str]:
     """A loopback server that answers every request 500 ``internal`` (a fault of its own)."""
 
-    class Faulty(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            error = {"type": "internal", "message": "the server failed; see its log"}
-            body = json.dumps({"error": {**error, "details": None}}).encode()
-            self.send_response(500)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Faulty)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with answering(500, "internal", "the server failed; see its log") as url:
+        yield url
 
 
 @pytest.mark.anyio
