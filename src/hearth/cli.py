@@ -681,7 +681,9 @@ def resolve(
             answer = client.conversation(agent, id).resolve(wait_id, parsed)
         submission_id = answer["submission_id"]
     # (the submission's own conversation: a delegated task's wait is its parent's submission's)
-    click.echo(f"{wait_id} resolved; submission {submission_id} runs again")
+    click.echo(
+        f"{wait_id} resolved; submission {submission_id} runs again once no wait of it is pending"
+    )
 
 
 def _resolution(value: Any) -> Any:

@@ -3,7 +3,9 @@ After each test, its lab's database and tool log pass the invariant checker (``c
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 
 import pytest
 from crashlab import Lab
@@ -209,6 +211,30 @@ def test_a_state_write_in_a_committed_batch_is_kept_across_a_crash(lab: Lab) -> 
     assert lab.harness.state("stateful/c1") == {"count": 1}
     (done,) = settled(records)
     assert done.reply == "saw bump=ok; count=1"
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_recovered_batch_commits_each_value_set_last_as_without_a_crash(
+    make_lab: Callable[[str], Lab], crash: bool
+) -> None:
+    """``o1`` set ``a`` first and finished last of the two ordinary calls; ``o2`` set it later.
+    Killed after ``o1``'s outcome, the recovery merged the calls' writes in the order their
+    outcomes were recorded, and committed ``o1``'s older value (and a value set to what it
+    already was could override a real change the same way)."""
+    lab = make_lab("writesapp:app")
+    batch = [
+        ["ord", "o1", {"key": "a", "value": "first", "post": 0.6}],
+        ["ord", "o2", {"key": "a", "value": "second", "pre": 0.2}],
+        ["dur", "d1", {"key": "b", "value": 1, "post": 1.5}],
+    ]
+    run = lab.harness.run(
+        dispatch=[("w", "x", json.dumps(batch))],
+        crash_at="after:tool_outcome#2" if crash else None,  # o2's, then o1's
+    )
+    assert run.killed is crash
+    if crash:
+        assert lab.harness.run().ok
+    assert lab.harness.state("w/x") == {"a": "second", "b": 1}
 
 
 def test_a_restarted_process_takes_over_a_dead_local_owner_without_waiting_for_the_lease(

@@ -12,9 +12,10 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pydantic
@@ -95,15 +96,19 @@ class _StepTimer:
 
 class _CallState(StateBuffer):
     """The state writes of one call: the batch's, and kept apart, to be recorded with the
-    call's outcome while the batch is still open."""
+    call's outcome while the batch is still open, each with its place among all the batch's
+    sets (``counter``)."""
 
-    def __init__(self, batch: StateBuffer) -> None:
+    def __init__(self, batch: StateBuffer, counter: Iterator[int]) -> None:
         super().__init__(batch.committed)
         self.batch = batch
+        self.order: dict[str, int] = {}
+        self._counter = counter
 
     def set(self, name: str, value: Any) -> None:
         self.batch.set(name, value)  # (refused once the batch's writes were taken)
         self.writes[name] = value
+        self.order[name] = next(self._counter)
 
 
 class ToolBatch:
@@ -127,6 +132,7 @@ class ToolBatch:
         # A call of the batch is marked interrupted (cut off, its outcome unknown): the batch
         # then commits none of its state writes, those of the calls with real outcomes included.
         self._cut = any(is_marker(o) for o in view.outcomes.values())
+        self._sets = itertools.count()  # the order of the calls' sets of state
 
     async def run(self) -> None:
         view = self.view
@@ -255,7 +261,7 @@ class ToolBatch:
             "hearth.tool_call_id": call.tool_call_id,
             "hearth.resumed": verdict is not CallPlan.RUN,
         }
-        mine = _CallState(buffer)
+        mine = _CallState(buffer, self._sets)
         with telemetry.span("hearth.tool_call", attributes=attributes) as span:
             try:
                 outcome = await self._call_outcome(call, verdict, mine, started)
@@ -274,7 +280,7 @@ class ToolBatch:
         # The body ran (or failed); its outcome is not recorded yet: the window a kill here
         # exposes is the one where an ordinary call must be marked interrupted, never re-run.
         _faults.reached(f"tool-done:{call.name}")
-        writes: list[Record] = [call_writes(call, mine.writes)] if mine.writes else []
+        writes: list[Record] = [call_writes(call, mine.writes, mine.order)] if mine.writes else []
         if not self._hold(outcome, writes):
             await self.journal.append(outcome, *writes)
 

@@ -83,27 +83,30 @@ def rerun_started(call: AssistantToolCall) -> ToolStepSettled:
     )
 
 
-def call_writes(call: AssistantToolCall, writes: dict[str, Any]) -> ToolStepSettled:
+def call_writes(
+    call: AssistantToolCall, writes: dict[str, Any], order: dict[str, int]
+) -> ToolStepSettled:
     """The bookkeeping record of the state writes a call made, appended with its outcome while
     its batch is still open: they lived only in this attempt's memory, and a recovery that
     completes the batch would have committed it without them (while the model read the
-    outcome of the call that made them)."""
+    outcome of the call that made them). ``order``: when, among all the sets of the batch in
+    this attempt, each was made (calls finish in another order than they set)."""
     return ToolStepSettled(
         id=f"{call.message_id}:writes:{call.tool_call_id}",
         tool_call_id=call.tool_call_id,
         step=WRITES_STEP,
-        value={"writes": writes},
+        value={"writes": writes, "order": order},
     )
 
 
 def kept_writes(records: Sequence[Record], message_id: str, since: int) -> dict[str, Any]:
     """The state writes of the calls of ``message_id`` whose outcomes attempts after ``since``
     recorded before the batch committed (those of earlier attempts are in what a pause
-    carried), the later ones winning."""
+    carried), each name at the value set last, as the batch would have committed it."""
     prefix = f"{message_id}:writes:"
-    writes: dict[str, Any] = {}
+    made: list[tuple[int, int, str, Any]] = []  # (attempt, order, name, value)
     for r in records:
-        if (
+        if not (
             isinstance(r, ToolStepSettled)
             and r.step == WRITES_STEP
             and r.id.startswith(prefix)
@@ -111,8 +114,14 @@ def kept_writes(records: Sequence[Record], message_id: str, since: int) -> dict[
             and isinstance(r.value, dict)
             and isinstance(r.value.get("writes"), dict)
         ):
-            writes.update(r.value["writes"])
-    return writes
+            continue
+        order = r.value.get("order")
+        order = order if isinstance(order, dict) else {}
+        for name, value in r.value["writes"].items():
+            at = order.get(name)
+            made.append((r.attempt or 0, at if isinstance(at, int) else 0, name, value))
+    made.sort(key=lambda m: (m[0], m[1]))
+    return {name: value for _, _, name, value in made}
 
 
 def batch_committed(view: MessageView) -> ToolResultsCommitted:

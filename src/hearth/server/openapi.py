@@ -588,7 +588,12 @@ def openapi_document(
                 },
                 "responses": {
                     **answers(
-                        {"200": _json(_ref("Resolution"), "resolved; the submission runs again")},
+                        {
+                            "200": _json(
+                                _ref("Resolution"),
+                                "resolved; the submission runs again once no wait of it is pending",
+                            )
+                        },
                         400,
                         404,
                         408,
