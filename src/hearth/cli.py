@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
@@ -27,7 +28,7 @@ from rich.text import Text
 
 import hearth
 from hearth.client import Client, ServerUnavailable
-from hearth.errors import HearthError, StoreError, SubmissionError
+from hearth.errors import HearthError, ShuttingDown, StoreError, SubmissionError
 from hearth.jsontext import strict_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -226,7 +227,8 @@ def _load_app(
 @contextlib.contextmanager
 def _options_over_variables(options: dict[str, Any]) -> Iterator[None]:
     """While in it, each given option's ``HEARTH_*`` variable holds the option's value."""
-    given = {f"HEARTH_{k.upper()}": str(v) for k, v in options.items() if v is not None}
+    # (an empty one is left for ``configure`` to refuse, naming the option)
+    given = {f"HEARTH_{k.upper()}": str(v) for k, v in options.items() if v not in (None, "")}
     before = {name: os.environ.get(name) for name in given}
     os.environ.update(given)
     try:
@@ -385,7 +387,11 @@ def send(
     if timeout is not None and not timeout >= 0:  # (NaN too) before anything is admitted
         fail(f"--timeout must be 0 or more seconds, not {timeout}", 2)
     files = [hearth.Attachment.from_path(path) for path in attach]
-    with Client(url, token) as client:
+    began = time.monotonic()
+    # --timeout bounds the whole command, the admission too (it waited 30 s for a server that
+    # had stopped answering), which gets at least a second.
+    limit = 30.0 if timeout is None else min(30.0, max(timeout, 1.0))
+    with Client(url, token, timeout=limit) as client:
         conv = client.conversation(agent, id)
         receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
         if not wait:
@@ -397,7 +403,8 @@ def send(
             return
         with err.status(f"waiting for {receipt.submission_id} to settle…"):
             try:
-                reply = conv.read(receipt, timeout=timeout)
+                left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+                reply = conv.read(receipt, timeout=left)
             except SubmissionError as exc:
                 if not as_json:
                     raise
@@ -444,7 +451,7 @@ def tail(
             # A server nobody reaches is one line, as for the other commands: the stream
             # reconnects (for ever) only to one that answers. One that answers 503 (its
             # database away, a restart draining it) is waited for, as the stream would.
-            with contextlib.suppress(ServerUnavailable):
+            with contextlib.suppress(ServerUnavailable, ShuttingDown):
                 client.health()
         records = conv.stream(offset) if follow else iter(conv.history(offset))
         for record in records:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import pty
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -206,10 +207,35 @@ def test_tail_of_a_server_nobody_answers_is_one_line_not_a_silent_wait() -> None
         assert done.returncode == 1 and "cannot reach" in one_line_error(done.stderr), url
 
 
-def test_tail_of_a_server_that_answers_503_waits_for_it(tmp_path: Path) -> None:
+def test_send_wait_timeout_bounds_the_admission_to_a_server_that_stopped_answering(
+    tmp_path: Path,
+) -> None:
+    """``hearth send --wait --timeout 2`` to a frozen server took 30 s: the admission waited
+    for the client's own default timeout; only the read had the 2 s."""
+    server = ServerProcess(tmp_path / "h.db").start()
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        command = [sys.executable, "-m", "hearth", "send", "echo", "c-1", "hi", "--wait"]
+        done = subprocess.run(
+            [*command, "--timeout", "2", "--url", server.url],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=20,  # (it took 30.5 s)
+            check=False,
+        )
+        assert done.returncode == 1 and "timed out" in one_line_error(done.stderr)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.kill()
+
+
+@pytest.mark.parametrize("kind", ["unavailable", "shutting_down"])
+def test_tail_of_a_server_that_answers_503_waits_for_it(tmp_path: Path, kind: str) -> None:
     """Its check that a server answers took a 503 (the database away, a restart draining it)
     for a server nobody reaches, and quit; the stream waits for such a server."""
-    with answering(503, "unavailable", "the database is away") as url:
+    with answering(503, kind, "the database is away, or the server drains") as url:
         command = [sys.executable, "-m", "hearth", "tail", "echo", "c-1", "--url", url]
         with pytest.raises(subprocess.TimeoutExpired):  # still following, not gone with rc 1
             subprocess.run(command, capture_output=True, env=child_env(), timeout=4, check=False)
@@ -475,6 +501,24 @@ def test_serve_refuses_an_empty_token_or_host_in_one_line(
     code, out = run("serve", "serverapp:app", "--db", str(db), "--port", "0", option, "")
     assert code == 1 and f"{option[2:]} is empty" in one_line_error(out)
     assert not db.exists()
+
+
+def test_serve_with_an_empty_token_option_names_the_option_in_a_new_process(
+    tmp_path: Path,
+) -> None:
+    """Given to the module's environment while it made its App, ``--token ""`` was blamed on
+    ``HEARTH_TOKEN`` (in this process the module was imported before, and made no App)."""
+    serve = [sys.executable, "-m", "hearth", "serve", "serverapp:app"]
+    done = subprocess.run(
+        [*serve, "--db", str(tmp_path / "h.db"), "--port", "0", "--token", ""],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    line = one_line_error(done.stderr)
+    assert done.returncode == 1 and "token is empty" in line and "HEARTH_TOKEN" not in line
 
 
 def test_serve_takes_its_options_over_bad_variables_while_the_app_is_made(tmp_path: Path) -> None:

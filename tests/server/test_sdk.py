@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -232,8 +234,12 @@ async def test_async_client_has_the_same_methods(server: ThreadServer) -> None:
         assert (await staller.abort()).aborted
         with pytest.raises(hearth.SubmissionAborted):
             await staller.read(stuck, timeout=10)
-        with pytest.raises(hearth.UnknownAgent):
+        with pytest.raises(hearth.UnknownAgent) as unknown:
             await client.conversation("nobody", "c-1").send("hi")
+        # As every error of the client (they were missing on the typed ones).
+        assert (unknown.value.status, unknown.value.type) == (404, "unknown_agent")  # type: ignore[attr-defined]
+        assert "nobody" in unknown.value.message  # type: ignore[attr-defined]
+        assert unknown.value.details is None or isinstance(unknown.value.details, dict)  # type: ignore[attr-defined]
         assert (await client.health()) == {"status": "ok"}
 
 
@@ -272,3 +278,67 @@ def test_a_url_that_is_not_hearths_server_is_one_clear_error(answer: str) -> Non
         assert caught.value.type == "not_hearth"
     finally:
         server.shutdown()
+
+
+@pytest.mark.anyio
+async def test_more_than_a_hundred_pending_reads_leave_the_clients_other_calls_working(
+    server: ThreadServer,
+) -> None:
+    """Each pending read holds a connection; with httpx's default cap of 100 on one client, the
+    101st call of any kind (a send, the resolve the reads were waiting for) waited for the pool
+    and failed with PoolTimeout."""
+    async with hearth.AsyncClient(server.url, timeout=10) as client:
+        convs = [client.conversation("staller", f"p{i}") for i in range(105)]
+        receipts = [await conv.send("hi") for conv in convs]
+        reads = [asyncio.create_task(c.read(r)) for c, r in zip(convs, receipts, strict=True)]
+        try:
+            async with asyncio.timeout(20):  # (the 101st never got a connection)
+                while server.asgi.sse_streams < len(reads):
+                    await asyncio.sleep(0.05)
+            async with asyncio.timeout(10):
+                assert (await client.conversation("echo", "more").send("hi")).submission_id
+                assert (await convs[0].abort()).aborted
+            with pytest.raises(hearth.SubmissionAborted):
+                await reads[0]
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+
+
+@pytest.mark.anyio
+async def test_an_async_read_timeout_holds_against_a_server_that_trickles_its_answer(
+    server: ThreadServer,
+) -> None:
+    """httpx's timeouts are per read: an answer trickling in a few bytes at a time held
+    ``read(timeout=1.5)`` for 9 s, as its first ask had no deadline of its own as a whole."""
+    receipt = hearth.Client(server.url).conversation("staller", "c-1").send("hi")
+    host, port = server.url.removeprefix("http://").split(":")
+
+    async def trickle(client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        upstream, to_server = await asyncio.open_connection(host, int(port))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, slow: bool) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(7 if slow else 65536):
+                    dst.write(data)
+                    await dst.drain()
+                    if slow:
+                        await asyncio.sleep(0.2)
+
+        await asyncio.gather(pump(client, to_server, False), pump(upstream, to_client, True))
+
+    proxy = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}"
+    try:
+        async with hearth.AsyncClient(url) as client:
+            reading = asyncio.create_task(
+                client.conversation("staller", "c-1").read(receipt, timeout=1.5)
+            )
+            done, _ = await asyncio.wait({reading}, timeout=6)
+            assert done, "the read ran past its timeout"
+            with pytest.raises(TimeoutError):
+                reading.result()
+    finally:
+        proxy.close()
+        await hearth.AsyncClient(server.url).conversation("staller", "c-1").abort()

@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 
 from hearth.attachments import Attachment
-from hearth.client._core import BaseClient, BaseConversation, Call, Reading, T, Tail
+from hearth.client._core import FIRST_ASK_S, BaseClient, BaseConversation, Call, Reading, T, Tail
 from hearth.client._errors import check, error_from
 from hearth.receipts import AbortResult, Receipt, Reply
 from hearth.sse import async_sse_lines, parse_sse
@@ -115,6 +115,11 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
         reading = self._reading(receipt, timeout)
         try:
             async with asyncio.timeout(None) as limit:
+                if reading.deadline is not None:
+                    # The first ask as a whole too, not only each of its reads: a server that
+                    # trickled its answer held a read(timeout=1) for 9 s.
+                    first = max(reading.remaining(), FIRST_ASK_S)
+                    limit.reschedule(asyncio.get_running_loop().time() + first)
                 return await self._settlement(reading, limit)
         except TimeoutError:
             raise reading.expired() from None
@@ -136,7 +141,7 @@ class AsyncConversation(BaseConversation[httpx2.AsyncClient]):
         try:
             return await _do(self._http, reading.status_call())
         finally:
-            if reading.deadline is not None:
+            if reading.deadline is not None and not limit.expired():
                 limit.reschedule(asyncio.get_running_loop().time() + reading.remaining())
 
     async def _follow(self, reading: Reading) -> Reply | None:

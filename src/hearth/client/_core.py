@@ -266,6 +266,10 @@ class BaseClient(Generic[HTTP]):
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"} if token else {},
             timeout=httpx2.Timeout(timeout, connect=CONNECT_S),
+            # No cap on connections: each pending read or stream holds one for as long as it
+            # follows, and with httpx's 100 the 101st call of any kind waited for the pool (a
+            # resolve could not reach the waits the reads were waiting on).
+            limits=httpx2.Limits(max_connections=None, max_keepalive_connections=20),
         )
 
     def _health_call(self) -> Call[dict[str, Any]]:

@@ -96,7 +96,11 @@ def error_from(response: httpx2.Response) -> HearthError:
         kind, message, details = "http_error", response.reason_phrase or "error", None
     known = _known(kind, message, details if isinstance(details, dict) else None)
     if known is not None:
+        # What every error of the client carries (docs/http.md), on the typed ones too.
         known.status = response.status_code  # type: ignore[attr-defined]
+        known.type = kind  # type: ignore[attr-defined]
+        known.message = message  # type: ignore[attr-defined]
+        known.details = details  # type: ignore[attr-defined]
         return known
     if response.status_code == 401:
         return Unauthorized(401, kind, message, details)
