@@ -291,3 +291,38 @@ async def test_on_sqlite_work_held_by_any_other_owner_is_taken_at_start(tmp_path
     async with app.run() as rt:
         reply_ = await rt.read(admission.submission.id, timeout=10)  # not after an hour
     assert reply_.text == "recovered"
+
+
+async def test_an_aborted_queued_submission_settles_while_every_worker_is_busy(
+    tmp_path: Path,
+) -> None:
+    """Queued work that an abort stamped waited for a free worker: with every worker held by
+    long work, it stayed queued (and its read timed out), where it settles at once, with no
+    model work."""
+
+    @hearth.tool
+    async def hold() -> str:
+        """Hold a worker."""
+        await asyncio.sleep(60)
+        return "held"
+
+    def holding(ctx: hearth.AgentContext) -> str:
+        ctx.use_model("scripted/holding")
+        ctx.use_tool(hold)
+        return ""
+
+    model = ScriptedModel("holding", [calls(call("hold")), reply("done")], repeat_last=True)
+    agent = hearth.Agent(holding, name="holding")
+    app = hearth.App([agent], db=str(tmp_path / "h.db"), providers=[model], workers=2)
+    async with app.run() as rt:
+        busy = [await rt.dispatch("holding", f"busy{i}", "go") for i in range(2)]
+        while rt.coordinator.running < 2:
+            await asyncio.sleep(0.02)
+        queued = await rt.dispatch("holding", "queued", "go")
+        assert (await rt.abort("holding", "queued")).aborted
+        done = await rt.wait_settled(queued.submission_id, timeout=10)
+        assert done.outcome == "aborted"
+        assert len(model.requests) == 2  # the busy ones' turns only
+        for receipt in busy:
+            assert (await rt.submission(receipt.submission_id)).status == "running"
+            await rt.abort("holding", receipt.conversation_id.split("/")[1])

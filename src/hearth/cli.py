@@ -388,12 +388,20 @@ def send(
         fail(f"--timeout must be 0 or more seconds, not {timeout}", 2)
     files = [hearth.Attachment.from_path(path) for path in attach]
     began = time.monotonic()
-    # --timeout bounds the whole command, the admission too (it waited 30 s for a server that
-    # had stopped answering), which gets at least a second.
-    limit = 30.0 if timeout is None else min(30.0, max(timeout, 1.0))
+    # With --wait, --timeout bounds the whole command, the admission too (it waited 30 s for a
+    # server that had stopped answering), which gets at least a second.
+    limit = 30.0 if timeout is None or not wait else min(30.0, max(timeout, 1.0))
     with Client(url, token, timeout=limit) as client:
         conv = client.conversation(agent, id)
-        receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
+        try:
+            receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
+        except httpx2.TimeoutException:
+            again = f" --idempotency-key {idempotency_key}" if idempotency_key else " a key"
+            fail(
+                f"the server did not answer the admission within {limit:g} s: the message may"
+                f" have been admitted all the same; send it again with{again} (--idempotency-key)"
+                " to have it admitted once"
+            )
         if not wait:
             if as_json:
                 click.echo(json.dumps(receipt.to_json()))

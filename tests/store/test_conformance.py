@@ -1275,3 +1275,17 @@ async def test_events_of_one_handle_reach_the_other(store_pair: tuple[Store, Sto
         assert row is None if one is not two else row == await two.get_submission(sub.id)
     finally:
         two.events.unwatch_settled(sub.id, waiter)
+
+
+async def test_a_claim_of_aborting_work_only_takes_queued_heads_whose_abort_is_stamped(
+    store: Store,
+) -> None:
+    """What a process whose every worker is busy still takes: an aborted queued submission
+    settles at once, with no model work (it waited for a free worker, its read timing out)."""
+    plain = (await store.admit(new())).submission
+    aborted = (await store.admit(new(OTHER))).submission
+    assert await store.request_abort(OTHER) == [aborted.id]
+    taken = await store.claim("owner-1", 30.0, 10, aborting_only=True)
+    assert [(s.id, s.status, s.attempt) for s in taken] == [(aborted.id, "running", 1)]
+    rest = await store.claim("owner-1", 30.0, 10)
+    assert [s.id for s in rest] == [plain.id]

@@ -545,6 +545,7 @@ async def test_a_claim_reads_only_heads_that_may_run_not_waiting_ones(pg_cluster
             "excluded": [],
             "agents": None,
             "others_after": 0.0,
+            "aborting_only": False,
             "token": "t",
             "now": None,
         }

@@ -46,6 +46,9 @@ STOP_SHARE = 0.8
 # short lease) before its lease could run out unrenewed, so that it has stopped before a peer may
 # take the work over; half of it goes to one last try at renewing.
 LEASE_MARGIN_S = 2.0
+# How many aborted queued submissions one claim takes past the workers' limit (each settles at
+# once, with no model work); more are taken at the next claim.
+ABORTED_PAST_CAPACITY = 16
 
 
 @dataclass
@@ -83,6 +86,9 @@ class Coordinator:
         self._strays: set[Fence] = set()  # leases renewed at the last beat with no claim here
         self._supervisors: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        # An abort was stamped (heard, or a scan is due): queued work it aborted is taken even
+        # when every worker is busy, since it settles at once with no model work.
+        self._aborts_heard = True
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._unlisten: Callable[[], None] | None = None
@@ -167,6 +173,7 @@ class Coordinator:
             if claim is not None and event.attempt == claim.sub.attempt:
                 claim.settled = True  # by this very claim (a peer's settlement means it was lost)
         elif event.kind == ABORT:
+            self._aborts_heard = True
             # This process's running work of the conversation stops; it then settles aborted.
             for claim in self._claims.values():
                 if claim.sub.conversation_id == event.conversation_id:
@@ -207,6 +214,7 @@ class Coordinator:
                     await self._wake.wait()
             if time.monotonic() - last_scan >= self.settings.scan_s:
                 last_scan = time.monotonic()
+                self._aborts_heard = True  # (one whose notice was lost)
                 with contextlib.suppress(Exception):
                     await self.reconcile()
                 with contextlib.suppress(Exception):
@@ -240,9 +248,15 @@ class Coordinator:
             self._next_expiry = expiry
 
     async def _claim_some(self) -> None:
-        capacity = self.settings.workers - len(self._claims)
-        if capacity <= 0 or self._stopping:
+        if self._stopping:
             return
+        capacity = self.settings.workers - len(self._claims)
+        aborting_only = capacity <= 0
+        if aborting_only:
+            if not self._aborts_heard:
+                return
+            self._aborts_heard = False
+            capacity = ABORTED_PAST_CAPACITY
         busy = [c.sub.conversation_id for c in self._claims.values()]
         _faults.reached("before:store.claim")
         sent = time.monotonic()
@@ -254,8 +268,12 @@ class Coordinator:
             # Shared with other releases: another agent's work goes first to those declaring it.
             agents=list(self.env.agents) if self.store.shared else None,
             others_after=OTHER_AGENTS_AFTER_S,
+            aborting_only=aborting_only,
         )
         _faults.reached("after:store.claim")
+        if aborting_only and len(subs) == capacity:
+            self._aborts_heard = True  # (more may wait: taken at the next turn)
+            self.wake()
         for sub in subs:
             claim = _Claim(sub, Lease(sent + self.settings.lease_s))
             self._claims[sub.id] = claim

@@ -283,9 +283,12 @@ class Store(ABC):
         exclude_conversations: Sequence[str] = (),
         agents: Sequence[str] | None = None,
         others_after: float = 0.0,
+        aborting_only: bool = False,
     ) -> list[Submission]:
         """Claim up to ``limit`` runnable submissions, at most one per conversation, oldest
-        first, and return them in admission order.
+        first, and return them in admission order. ``aborting_only``: only those whose abort
+        is stamped (they settle at once, with no model work: a process whose every worker is
+        busy still takes them).
 
         With ``agents`` (the names the claimer declares), a submission of another agent is
         claimed only once ``others_after`` seconds have passed since it was accepted: during a

@@ -846,6 +846,7 @@ class PostgresStore(Store):
         exclude_conversations: Sequence[str] = (),
         agents: Sequence[str] | None = None,
         others_after: float = 0.0,
+        aborting_only: bool = False,
     ) -> list[Submission]:
         token = uuid.uuid4().hex  # names this claim's rows, so an unknown outcome is read back
         self._lease_s = lease_s
@@ -856,6 +857,7 @@ class PostgresStore(Store):
             "excluded": list(exclude_conversations),
             "agents": None if agents is None else list(agents),
             "others_after": others_after,
+            "aborting_only": aborting_only,
             "token": token,
             "now": self._now(),
         }

@@ -74,6 +74,7 @@ WITH picked AS (
     WHERE is_head AND status IN ('queued', 'running')
       AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= {NOW}))
       AND NOT (conversation_id = ANY(%(excluded)b::text[]))
+      AND (NOT %(aborting_only)s OR abort_requested_at IS NOT NULL)
       AND (%(agents)b::text[] IS NULL OR accepted_at <= {NOW} - %(others_after)s
            OR split_part(conversation_id, '/', 1) = ANY(%(agents)b::text[]))
     ORDER BY seq

@@ -459,6 +459,7 @@ class SQLiteStore(Store):
         exclude_conversations: Sequence[str] = (),
         agents: Sequence[str] | None = None,
         others_after: float = 0.0,
+        aborting_only: bool = False,
     ) -> list[Submission]:
         excluded = json.dumps(list(exclude_conversations))
         declared = None if agents is None else json.dumps(list(agents))
@@ -473,6 +474,7 @@ class SQLiteStore(Store):
                 "excluded": excluded,
                 "agents": declared,
                 "others_before": at - others_after,
+                "aborting_only": int(aborting_only),
             }
             rows = conn.execute(ops.CLAIM, params).fetchall()
             return sorted((submission_from_row(row) for row in rows), key=lambda s: s.seq)

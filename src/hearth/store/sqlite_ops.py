@@ -72,6 +72,7 @@ WHERE seq IN (
     WHERE is_head = 1 AND status IN ('queued', 'running')
       AND (status = 'queued' OR (status = 'running' AND COALESCE(lease_expires_at, 0) <= :now))
       AND conversation_id NOT IN (SELECT value FROM json_each(:excluded))
+      AND (:aborting_only = 0 OR abort_requested_at IS NOT NULL)
       AND (:agents IS NULL OR accepted_at <= :others_before OR substr(conversation_id, 1,
            instr(conversation_id, '/') - 1) IN (SELECT value FROM json_each(:agents)))
     ORDER BY seq
