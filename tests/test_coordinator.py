@@ -299,6 +299,23 @@ async def test_an_aborted_queued_submission_settles_while_every_worker_is_busy(
     """Queued work that an abort stamped waited for a free worker: with every worker held by
     long work, it stayed queued (and its read timed out), where it settles at once, with no
     model work."""
+    app, model = holding_app(str(tmp_path / "h.db"), workers=2)
+    async with app.run() as rt:
+        busy = [await rt.dispatch("holding", f"busy{i}", "go") for i in range(2)]
+        while rt.coordinator.running < 2:
+            await asyncio.sleep(0.02)
+        queued = await rt.dispatch("holding", "queued", "go")
+        assert (await rt.abort("holding", "queued")).aborted
+        done = await rt.wait_settled(queued.submission_id, timeout=10)
+        assert done.outcome == "aborted"
+        assert len(model.requests) == 2  # the busy ones' turns only
+        for receipt in busy:
+            assert (await rt.submission(receipt.submission_id)).status == "running"
+            await rt.abort("holding", receipt.conversation_id.split("/")[1])
+
+
+def holding_app(db: str, **settings: Any) -> tuple[hearth.App, ScriptedModel]:
+    """An agent whose one tool holds its worker for a minute, and its model."""
 
     @hearth.tool
     async def hold() -> str:
@@ -313,16 +330,55 @@ async def test_an_aborted_queued_submission_settles_while_every_worker_is_busy(
 
     model = ScriptedModel("holding", [calls(call("hold")), reply("done")], repeat_last=True)
     agent = hearth.Agent(holding, name="holding")
-    app = hearth.App([agent], db=str(tmp_path / "h.db"), providers=[model], workers=2)
+    return hearth.App([agent], db=db, providers=[model], **settings), model
+
+
+async def test_every_queued_message_of_an_aborted_conversation_settles_while_workers_are_busy(
+    tmp_path: Path,
+) -> None:
+    """Only the first queued message settled at once; each next one, the conversation's new
+    head, waited for the next scan (15 s each; 60 s here)."""
+    app, _ = holding_app(str(tmp_path / "h.db"), workers=1, scan_s=60)
     async with app.run() as rt:
-        busy = [await rt.dispatch("holding", f"busy{i}", "go") for i in range(2)]
-        while rt.coordinator.running < 2:
+        busy = await rt.dispatch("holding", "busy", "go")
+        while rt.coordinator.running < 1:
             await asyncio.sleep(0.02)
-        queued = await rt.dispatch("holding", "queued", "go")
-        assert (await rt.abort("holding", "queued")).aborted
-        done = await rt.wait_settled(queued.submission_id, timeout=10)
-        assert done.outcome == "aborted"
-        assert len(model.requests) == 2  # the busy ones' turns only
-        for receipt in busy:
-            assert (await rt.submission(receipt.submission_id)).status == "running"
-            await rt.abort("holding", receipt.conversation_id.split("/")[1])
+        queued = [await rt.dispatch("holding", "b", f"m{i}") for i in range(3)]
+        assert (await rt.abort("holding", "b")).aborted
+        for receipt in queued:
+            done = await rt.wait_settled(receipt.submission_id, timeout=10)
+            assert done.outcome == "aborted"
+        assert (await rt.submission(busy.submission_id)).status == "running"
+        await rt.abort("holding", "busy")
+
+
+async def test_a_claim_that_a_stop_overtakes_gives_back_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that cancelled the claim loop while its claim ran lost what the claim took: the
+    rows stayed running under this owner's lease, and a peer waited the lease out."""
+    from hearth.store.sqlite import SQLiteStore
+
+    claim = SQLiteStore.claim
+    claimed = asyncio.Event()
+
+    async def slow_claim(self: SQLiteStore, *args: Any, **kwargs: Any) -> list[Submission]:
+        taken = await claim(self, *args, **kwargs)
+        if taken:
+            claimed.set()
+            await asyncio.sleep(0.5)  # its answer on its way while the stop comes
+        return taken
+
+    monkeypatch.setattr(SQLiteStore, "claim", slow_claim)
+    db = str(tmp_path / "h.db")
+    async with holding_app(db)[0].run() as rt:
+        receipt = await rt.dispatch("holding", "c", "go")
+        await claimed.wait()
+    monkeypatch.setattr(SQLiteStore, "claim", claim)
+    store = SQLiteStore(db)
+    await store.open()
+    try:
+        row = await store.get_submission(receipt.submission_id)
+    finally:
+        await store.close()
+    assert row is not None and (row.lease_owner, row.releases) == (None, 1)  # given back

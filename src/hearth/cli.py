@@ -396,11 +396,16 @@ def send(
         try:
             receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
         except httpx2.TimeoutException:
-            again = f" --idempotency-key {idempotency_key}" if idempotency_key else " a key"
+            if idempotency_key:
+                again = (
+                    f"send it again with the same --idempotency-key {idempotency_key}: it is"
+                    " admitted once"
+                )
+            else:
+                again = f"look (hearth tail {agent} {id}) before sending it again"
             fail(
                 f"the server did not answer the admission within {limit:g} s: the message may"
-                f" have been admitted all the same; send it again with{again} (--idempotency-key)"
-                " to have it admitted once"
+                f" have been admitted all the same; {again}"
             )
         if not wait:
             if as_json:

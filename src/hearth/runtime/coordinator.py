@@ -260,16 +260,24 @@ class Coordinator:
         busy = [c.sub.conversation_id for c in self._claims.values()]
         _faults.reached("before:store.claim")
         sent = time.monotonic()
-        subs = await self.store.claim(
-            self.owner,
-            self.settings.lease_s,
-            capacity,
-            exclude_conversations=busy,
-            # Shared with other releases: another agent's work goes first to those declaring it.
-            agents=list(self.env.agents) if self.store.shared else None,
-            others_after=OTHER_AGENTS_AFTER_S,
-            aborting_only=aborting_only,
+        claiming = asyncio.ensure_future(
+            self.store.claim(
+                self.owner,
+                self.settings.lease_s,
+                capacity,
+                exclude_conversations=busy,
+                # Shared with other releases: another agent's work goes first to those
+                # declaring it.
+                agents=list(self.env.agents) if self.store.shared else None,
+                others_after=OTHER_AGENTS_AFTER_S,
+                aborting_only=aborting_only,
+            )
         )
+        try:
+            subs = await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            await self._give_back_claimed(claiming)
+            raise
         _faults.reached("after:store.claim")
         if aborting_only and len(subs) == capacity:
             self._aborts_heard = True  # (more may wait: taken at the next turn)
@@ -280,6 +288,19 @@ class Coordinator:
             task = asyncio.create_task(self._supervise(claim), name=f"hearth-{sub.id}")
             self._supervisors.add(task)
             task.add_done_callback(self._supervisors.discard)
+
+    async def _give_back_claimed(self, claiming: asyncio.Future[list[Submission]]) -> None:
+        """The loop was stopped while its claim ran: what the claim took goes back at once
+        (it was lost, and a peer waited out its lease)."""
+        try:
+            async with asyncio.timeout(LATE_RELEASE_S):
+                taken = await claiming
+        except Exception:  # (the claim failed, or did not end in time: nothing to give back)
+            claiming.add_done_callback(_retrieved)
+            return
+        for sub in taken:
+            with contextlib.suppress(Exception):
+                await self.store.release(sub.fence, self.owner, graceful=True)
 
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:
@@ -445,6 +466,11 @@ class Coordinator:
                 if claim.reason is not None:
                     span.set_attribute("hearth.interrupted", claim.reason)
                 self.env.metrics.observe_attempt(time.perf_counter() - t0)
+                if claim.reason == "abort" or sub.abort_requested_at is not None:
+                    # The conversation's next message may be aborted too, now its head: taken
+                    # past the workers' limit as well (it waited for the next scan, 15 s each).
+                    self._aborts_heard = True
+                    self.wake()
 
     async def _supervise_claim(self, claim: _Claim) -> None:
         sub = claim.sub
