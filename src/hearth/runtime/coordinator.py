@@ -258,10 +258,11 @@ class Coordinator:
             self._aborts_heard = False
             capacity = ABORTED_PAST_CAPACITY
         busy = [c.sub.conversation_id for c in self._claims.values()]
-        _faults.reached("before:store.claim")
         sent = time.monotonic()
-        claiming = asyncio.ensure_future(
-            self.store.claim(
+
+        async def claim_bracketed() -> list[Submission]:  # (its own task: a stop cannot cut it)
+            _faults.reached("before:store.claim")
+            taken = await self.store.claim(
                 self.owner,
                 self.settings.lease_s,
                 capacity,
@@ -272,13 +273,15 @@ class Coordinator:
                 others_after=OTHER_AGENTS_AFTER_S,
                 aborting_only=aborting_only,
             )
-        )
+            _faults.reached("after:store.claim")
+            return taken
+
+        claiming = asyncio.ensure_future(claim_bracketed())
         try:
             subs = await asyncio.shield(claiming)
         except asyncio.CancelledError:
             await self._give_back_claimed(claiming)
             raise
-        _faults.reached("after:store.claim")
         if aborting_only and len(subs) == capacity:
             self._aborts_heard = True  # (more may wait: taken at the next turn)
             self.wake()
