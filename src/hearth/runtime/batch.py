@@ -57,7 +57,6 @@ from hearth.runtime.scope import AttemptScope
 from hearth.runtime.tasks import run_child_task
 from hearth.runtime.waits import (
     PauseForWait,
-    carried_attempt,
     carried_state,
     recorded_waits,
     wait_started,
@@ -146,9 +145,9 @@ class ToolBatch:
         row = self.scope.sub.carried or {}
         carried = row.get(self.scope.conversation_id)
         records = self.journal.records
-        buffer.writes.update(carried_state(records, view.message_id, carried))
+        paused_writes, since = carried_state(records, view.message_id, carried)
+        buffer.writes.update(paused_writes)
         # And those of calls whose outcomes were recorded since (by an attempt that then died).
-        since = carried_attempt(records, view.message_id, carried)
         buffer.writes.update(kept_writes(records, view.message_id, since))
         # Made when their task first runs: a coroutine made first and cancelled before its task
         # started (an abort as the batch begins) was never awaited, and Python said so on stderr.

@@ -303,7 +303,7 @@ class Coordinator:
             return
         for sub in taken:
             with contextlib.suppress(Exception):
-                await self.store.release(sub.fence, self.owner, graceful=True)
+                await self._release(sub, graceful=True)
 
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:

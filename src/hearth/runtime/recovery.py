@@ -145,10 +145,6 @@ class MessageView:
     def streamed_text(self) -> str:
         return "".join(self.text_parts)
 
-    @property
-    def unresolved(self) -> list[AssistantToolCall]:
-        return [c for c in self.calls if c.tool_call_id not in self.outcomes]
-
 
 def assemble_messages(records: Sequence[Record]) -> list[MessageView]:
     """Group the assistant-message records (and their tool outcomes) by message id, in order."""
@@ -269,28 +265,27 @@ def backoff_delay(errors: int, retry_after: float | None, *, jitter: float | Non
 
 def unresolved_tools(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
     """The calls of the last tool turn that have no outcome, if its batch never committed."""
-    if not views:
-        return ()
-    last = views[-1]
-    if last.committed:
-        return ()
-    return tuple(
-        InterruptedTool(c.name, c.tool_call_id, last.children.get(c.tool_call_id))
-        for c in last.unresolved
-    )
+    return _open_batch_calls(views, marked_too=False)
 
 
 def unknown_outcomes(views: Sequence[MessageView]) -> tuple[InterruptedTool, ...]:
     """The calls of the last tool turn, if its batch never committed, whose outcome is unknown:
     those with no outcome, and those an earlier attempt marked interrupted (the model never saw
     that marker: the batch it closed did not commit). What a settlement at rest reports."""
+    return _open_batch_calls(views, marked_too=True)
+
+
+def _open_batch_calls(
+    views: Sequence[MessageView], *, marked_too: bool
+) -> tuple[InterruptedTool, ...]:
     if not views or views[-1].committed:
         return ()
     last = views[-1]
     return tuple(
         InterruptedTool(c.name, c.tool_call_id, last.children.get(c.tool_call_id))
         for c in last.calls
-        if c.tool_call_id not in last.outcomes or is_marker(last.outcomes[c.tool_call_id])
+        if (outcome := last.outcomes.get(c.tool_call_id)) is None
+        or (marked_too and is_marker(outcome))
     )
 
 

@@ -112,31 +112,14 @@ def recorded_waits(
     return started, ended
 
 
-def carried_attempt(
-    records: Sequence[Record], message_id: str, carried: Mapping[str, Any] | None
-) -> int:
-    """The attempt whose pause carried the batch's writes (``carried_state``); -1 if none."""
-    prefix = f"{message_id}:wait:"
-    latest = max(
-        (r.attempt or 0 for r in records if isinstance(r, WaitStarted) and r.id.startswith(prefix)),
-        default=-1,
-    )
-    if (
-        isinstance(carried, Mapping)
-        and carried.get("message_id") == message_id
-        and isinstance(carried.get("attempt"), int)
-    ):
-        latest = max(latest, carried["attempt"])
-    return latest
-
-
 def carried_state(
     records: Sequence[Record], message_id: str, carried: Mapping[str, Any] | None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int]:
     """The state writes a batch made before it paused for waits, to commit when it resumes:
     those its wait records carry, and those the submission's row keeps for its conversation
     (``carried``: its entry in ``Submission.carried``) unless a later pause's records hold more.
-    Each pause keeps all the writes the batch made so far, so the latest one is the whole set."""
+    Each pause keeps all the writes the batch made so far, so the latest one is the whole set.
+    With them, the attempt of that latest pause (-1 if none paused)."""
     prefix = f"{message_id}:wait:"
     writes: dict[str, Any] = {}
     latest = -1
@@ -148,8 +131,8 @@ def carried_state(
         isinstance(carried, Mapping)
         and carried.get("message_id") == message_id
         and isinstance(carried.get("attempt"), int)
-        and carried["attempt"] >= latest
-        and isinstance(carried.get("writes"), Mapping)
     ):
-        writes.update(carried["writes"])
-    return writes
+        if carried["attempt"] >= latest and isinstance(carried.get("writes"), Mapping):
+            writes.update(carried["writes"])
+        latest = max(latest, carried["attempt"])
+    return writes, latest
