@@ -330,11 +330,26 @@ def dumps(record: Record) -> str:
 def as_stored(record: _R) -> _R:
     """``record`` as a store gives it back: itself, or (when it holds an unpaired surrogate,
     which no store can keep) a copy with U+FFFD in its place."""
-    if not holds_unpaired(record.to_json()):
+    if _plain_text_only(record) or not holds_unpaired(record.to_json()):
         return record
     stored = loads(dumps(record))
     assert isinstance(stored, type(record))
     return stored
+
+
+_SCALARS = (int, float, bool, type(None))
+
+
+def _plain_text_only(record: Record) -> bool:
+    """Whether every field of ``record`` is a number, a boolean, None or ASCII text: then it
+    holds no unpaired surrogate, which is known without encoding it (every append asks)."""
+    for value in record.__dict__.values():
+        if type(value) is str:
+            if not value.isascii():
+                return False
+        elif type(value) not in _SCALARS:
+            return False
+    return True
 
 
 def loads(raw: str | bytes) -> Record:

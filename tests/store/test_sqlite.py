@@ -763,6 +763,31 @@ async def test_a_lone_operation_runs_on_the_event_loop_and_commits_before_it_ans
         await reopened.close()
 
 
+async def test_a_lone_operation_with_nothing_else_due_runs_at_once_and_others_still_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Asked for while nothing else of the loop is due, an operation runs (and commits) in the
+    call itself: its caller waits one turn of the loop, not two. Asked for beside others due in
+    the same iteration, operations still wait for its end and share one commit."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)  # a busy machine's commits too
+    store = await opened(":memory:")
+    try:
+        conversations = [f"support/c-{n}" for n in range(5)]
+        for conversation_id in conversations:
+            await store.admit(new(conversation_id))
+        alone, commits = store._writer.alone, store.commits
+        assert await store.append("support/c-1", [msg(1)]) == [1]
+        assert (store._writer.alone - alone, store.commits - commits) == (1, 1)
+        with pytest.raises(StoreError, match="does not exist"):
+            await store.append("support/c-9", [msg(1)])  # its error reaches its caller
+        assert store._writer.alone - alone == 2
+        alone, commits = store._writer.alone, store.commits
+        await asyncio.gather(*(store.append(c, [msg(2)]) for c in conversations))
+        assert (store._writer.alone - alone, store.commits - commits) == (0, 1)
+    finally:
+        await store.close()
+
+
 async def test_a_whole_stream_is_read_on_the_writer_thread_never_on_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

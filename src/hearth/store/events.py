@@ -84,6 +84,9 @@ class StoreEvents:
         """Deliver what one commit (or one group of commits) changed: one ``appended`` per
         conversation at its last offset, then the rest in order, so a woken waiter finds the
         records it was woken for."""
+        if len(events) == 1:  # (most commits: one append)
+            self.publish(events[0])
+            return
         appended: dict[str, int] = {}
         for event in events:
             if event.kind == APPENDED:

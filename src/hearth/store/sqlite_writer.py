@@ -9,11 +9,13 @@ Where they run: on the event loop itself, when the thread is idle, nothing of th
 its queue and the last commit was fast (under ``SLOW_COMMIT_S``). That spares each operation
 two thread switches and each group the contention of two threads for the GIL: a lone step then
 costs one commit (``bench/handoff.py``), and 64 stepping at once are bound by their CPU, not by
-the hand-off. When a commit is slow, the next groups go to the writer thread, so that the loop
-keeps working while the disk syncs; the first fast commit brings them back. Either way a future
-resolves only after the commit, so a caller never sees data that could still be lost. (The
-price: while a group commits on the loop, the loop waits for its fsync, so a disk that stalls
-stalls the loop for one commit before the thread takes over.)
+the hand-off. An operation asked for when nothing else of the loop is due in its iteration
+runs at once, as a group of its own (nothing could have joined it): its caller waits for one
+turn of the loop, not two. When a commit is slow, the next groups go to the writer thread, so
+that the loop keeps working while the disk syncs; the first fast commit brings them back.
+Either way a future resolves only after the commit, so a caller never sees data that could
+still be lost. (The price: while a group commits on the loop, the loop waits for its fsync, so
+a disk that stalls stalls the loop for one commit before the thread takes over.)
 """
 
 from __future__ import annotations
@@ -127,8 +129,8 @@ class GroupCommitWriter:
     that asked for them when the thread is idle and commits are fast, else on the writer thread.
 
     ``commits``, ``ops`` and ``submitted`` count committed transactions, executed operations and
-    queued ones, and ``inline`` the groups run on the loop, so the effect of group commit can be
-    observed.
+    queued ones, ``inline`` the groups run on the loop and ``alone`` the operations of those run
+    at once, so the effect of group commit can be observed.
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class GroupCommitWriter:
         self.ops = 0
         self.submitted = 0
         self.inline = 0  # groups run on the event loop instead of the thread
+        self.alone = 0  # of those, operations run at once, nothing else being due
         self._slow = False  # the last commit took longer than SLOW_COMMIT_S
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -238,6 +241,10 @@ class GroupCommitWriter:
             self._handed += 1
             self._queue.put(op)
         elif loop is self._home:
+            if not self._collected and _nothing_else_ready(loop) and self._run_alone(op):
+                result = future.result()  # (its error is raised here)
+                await asyncio.sleep(0)  # a caller that writes in a loop lets the others run
+                return result
             if not self._collected:
                 loop.call_soon(self._dispatch)
             self._collected.append(op)
@@ -263,6 +270,25 @@ class GroupCommitWriter:
                     self._deliver(ran)  # outside the lock: the thread may take its next group
                     return
         self._hand_over()
+
+    def _run_alone(self, op: _Op) -> bool:
+        """Run ``op`` now, as a group of its own, on the terms of ``_dispatch``; False (nothing
+        run) when they do not hold."""
+        if self._slow or self._handed or not self._gate.is_set():
+            return False
+        if not self._running.acquire(blocking=False):
+            return False
+        try:
+            self._collected = [op]
+            ran = self._run_here()
+        finally:
+            self._running.release()
+        if ran is None:
+            self._collected = []
+            return False
+        self.alone += 1
+        self._deliver(ran)
+        return True
 
     def _run_here(self) -> list[_Op] | None:
         """Run what was collected on this thread (the lock held); None when the store closed."""
@@ -504,6 +530,14 @@ def _failure(exc: sqlite3.Error, what: str) -> StoreError:
             " failing device); hearth goes on once writes succeed again"
         )
     return StoreError(f"{what}: {exc}")
+
+
+def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether no other callback of ``loop`` is due in this iteration, so that nothing else can
+    join a group begun now. Only asyncio's own loop tells (its ``_ready`` queue); for another
+    (uvloop) this answers False, and every operation waits for the end of the iteration."""
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and not ready
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
