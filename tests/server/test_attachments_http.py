@@ -230,6 +230,72 @@ def test_a_form_field_that_is_not_utf8_is_a_400_and_utf8_is_kept(server: ThreadS
     assert db_rows(server, "SELECT count(*) FROM submissions") == [(1,)]  # the refused: none
 
 
+MESSAGE_PART = b'--b\r\nContent-Disposition: form-data; name="message"\r\n\r\nsee the file'
+FILE_PART = (
+    b'\r\n--b\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n'
+    b"Content-Type: text/plain\r\n\r\nhello"
+)
+
+
+@pytest.mark.parametrize("end", [b"", b"\r\n", b"\r\n--b", b"\r\n--b-"])
+def test_a_multipart_body_cut_before_its_closing_boundary_is_a_400(
+    server: ThreadServer, end: bytes
+) -> None:
+    """Its last part was left out (or its text cut) and the rest admitted with a 202."""
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    with server.client() as http:
+        cut = http.post("/agents/echo/c-1", content=MESSAGE_PART + FILE_PART + end, headers=headers)
+        message_cut = http.post("/agents/echo/c-1", content=MESSAGE_PART + end, headers=headers)
+        whole = http.post(
+            "/agents/echo/c-2", content=MESSAGE_PART + FILE_PART + b"\r\n--b--\r\n", headers=headers
+        )
+    for answer in (cut, message_cut):
+        assert answer.status_code == 400, answer.text
+        assert "closing boundary" in answer.json()["error"]["message"]
+    assert whole.status_code == 202, whole.text
+    assert db_rows(server, "SELECT conversation_id FROM submissions") == [("echo/c-2",)]
+
+
+def test_a_multipart_body_in_a_charset_nobody_knows_is_a_400(server: ThreadServer) -> None:
+    """It was read as Latin-1: the bytes FF FE were stored as the message "ÿþ"."""
+    form = b'--b\r\nContent-Disposition: form-data; name="message"\r\n\r\n\xff\xfe\r\n--b--\r\n'
+    with server.client() as http:
+        answer = http.post(
+            "/agents/echo/c-1",
+            content=form,
+            headers={"Content-Type": "multipart/form-data; boundary=b; charset=nope"},
+        )
+    assert answer.status_code == 400, answer.text
+    assert "unknown charset 'nope'" in answer.json()["error"]["message"]
+    assert db_rows(server, "SELECT count(*) FROM submissions") == [(0,)]
+
+
+def test_a_multipart_message_is_held_to_the_body_limit_as_a_json_one_is(
+    serve_app: Callable[..., ThreadServer],
+) -> None:
+    """The form's message went past HEARTH_MAX_BODY, with a file or without; and past 1 MiB a
+    default server answered a 400 naming the form parser's own limit."""
+    server = serve_app(max_upload=50_000, max_body=2_000)
+    with server.client() as http:
+        alone = http.post("/agents/echo/c-1", files={"message": (None, "y" * 4_500)})
+        beside = http.post(
+            "/agents/echo/c-2",
+            data={"message": "y" * 3_000},
+            files={"f": ("a.txt", b"hello", "text/plain")},
+        )
+        within = http.post(
+            "/agents/echo/c-3",
+            data={"message": "y" * 1_000},
+            files={"f": ("a.txt", b"y" * 20_000, "text/plain")},
+        )
+    for answer in (alone, beside):
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["error"]["type"] == "payload_too_large"
+        assert "HEARTH_MAX_BODY" in answer.json()["error"]["message"]
+    assert within.status_code == 202, within.text
+    assert db_rows(server, "SELECT conversation_id FROM submissions") == [("echo/c-3",)]
+
+
 def test_an_empty_uploaded_file_is_a_400(server: ThreadServer) -> None:
     with server.client() as http:
         answer = http.post(

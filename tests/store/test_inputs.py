@@ -84,6 +84,33 @@ async def test_a_failed_delivery_is_kept_and_admitted_when_routed_again(store: S
     )
 
 
+async def test_a_delivery_routed_again_shows_what_its_latest_routing_was_given(
+    store: Store,
+) -> None:
+    """Sent again under its id with another body (the sender fixed what failed), the row shows
+    the body that was admitted, not the one that failed; its first arrival stays."""
+    await store.fail_delivery(delivery(), {"type": "KeyError", "message": "x"})
+    fixed = NewDelivery(
+        channel="hooks",
+        delivery_id="d-1",
+        type="push.v2",
+        data={"n": 2},
+        body='{"n": 2}',
+        headers={"x-event": "push.v2"},
+        received_at=200.0,
+    )
+    done = (await store.admit_delivery(fixed, routed("d-1", "support/a"))).delivery
+    assert (done.type, done.data, done.body, done.headers) == (
+        "push.v2",
+        {"n": 2},
+        '{"n": 2}',
+        {"x-event": "push.v2"},
+    )
+    assert done.received_at == 100.0
+    listed = await store.list_deliveries("hooks")
+    assert [(d.delivery_id, d.body) for d in listed] == [("d-1", '{"n": 2}')]
+
+
 async def test_failing_an_admitted_delivery_leaves_it_admitted(store: Store) -> None:
     first = await store.admit_delivery(delivery(), routed("d-1", "support/a"))
     kept = await store.fail_delivery(delivery(), {"type": "late", "message": "x"})

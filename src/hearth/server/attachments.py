@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from starlette.datastructures import UploadFile
+from python_multipart.multipart import parse_options_header
+from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -37,6 +39,29 @@ _FORM_FIELDS = frozenset({"message", "idempotency_key"})
 class _InMemoryParser(MultiPartParser):
     # The body is already in memory (bounded by HEARTH_MAX_UPLOAD): no temporary files.
     spool_max_size = 1 << 62
+    ended = False  # the closing delimiter was read
+
+    async def parse(self) -> FormData:
+        # A charset nobody knows would be read as Latin-1 (and stored as mojibake).
+        _, params = parse_options_header(self.headers.get("content-type", ""))
+        charset = params.get(b"charset")
+        if charset is not None:
+            try:
+                codecs.lookup(charset.decode("latin-1"))
+            except LookupError:
+                raise MultiPartException(f"unknown charset {charset.decode('latin-1')!r}") from None
+        form = await super().parse()
+        # A body cut short ends inside a part: what that part held so far would be taken, or the
+        # part left out, and the rest admitted as if whole.
+        if not self.ended:
+            raise MultiPartException(
+                "it ends before its closing boundary (--BOUNDARY--): the body was cut short"
+            )
+        return form
+
+    def on_end(self) -> None:
+        self.ended = True
+        super().on_end()
 
     def on_part_end(self) -> None:
         # A text field that is not in its charset (UTF-8 unless the body says otherwise) is
@@ -72,12 +97,7 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
             "send the body as JSON (Content-Type: application/json), or as multipart/form-data"
             " with a message field and file parts",
         )
-    too_big = ApiError(
-        413,
-        "payload_too_large",
-        f"the body is over the limit of {settings.max_body} bytes (HEARTH_MAX_BODY)",
-        {"max_body": settings.max_body},
-    )
+    too_big = _too_big("the body", settings)
     upload = (settings.max_upload, "HEARTH_MAX_UPLOAD", _shows_attachments)
     raw = await read_body(request, settings.max_body, upload=upload)
     body = parse_json(raw)
@@ -95,6 +115,15 @@ async def read_admission_body(request: Request, settings: Settings) -> tuple[Any
 # An "attachments" key: only a body whose first HEARTH_MAX_BODY bytes show one may pass that
 # limit, so a body without files is never buffered past it.
 _ATTACHMENTS_KEY = re.compile(rb'"attachments"\s*:')
+
+
+def _too_big(what: str, settings: Settings) -> ApiError:
+    return ApiError(
+        413,
+        "payload_too_large",
+        f"{what} is over the limit of {settings.max_body} bytes (HEARTH_MAX_BODY)",
+        {"max_body": settings.max_body},
+    )
 
 
 def _shows_attachments(head: bytes) -> bool:
@@ -163,7 +192,11 @@ async def _read_form(
         yield raw
 
     parser = _InMemoryParser(
-        request.headers, chunks(), max_files=MAX_ATTACHMENTS, max_fields=len(_FORM_FIELDS) + 1
+        request.headers,
+        chunks(),
+        max_files=MAX_ATTACHMENTS,
+        max_fields=len(_FORM_FIELDS) + 1,
+        max_part_size=len(raw),  # (the limits below are HEARTH_MAX_BODY's, with its 413)
     )
     try:
         form = await parser.parse()
@@ -185,6 +218,12 @@ async def _read_form(
         body[name] = value
     if "message" not in body and not files:
         raise _bad("a multipart body needs a message field or a file", "message")
+    # As for JSON: a request without files stays under the body's limit, and the message of one
+    # with files too.
+    if not files and len(raw) > settings.max_body:
+        raise _too_big("the body", settings)
+    if _size(body) > settings.max_body:
+        raise _too_big("the message (the form's fields)", settings)
     return body, files
 
 

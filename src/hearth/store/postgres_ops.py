@@ -982,13 +982,15 @@ async def delivery_row(
     return None if row is None else delivery_from_row(row)
 
 
-# A delivery routed again keeps its first body and arrival; each routing counts one attempt.
+# A delivery routed again keeps its first arrival, and shows what its latest routing was given
+# (the body a failure failed on, or the one admitted); each routing counts one attempt.
 UPSERT_DELIVERY = f"""
 INSERT INTO deliveries (channel, delivery_id, type, status, data, body, headers, submission_ids,
     error, attempts, received_at, updated_at)
 VALUES (%(channel)s, %(delivery_id)s, %(type)s, %(status)s, %(data)s, %(body)s, %(headers)s,
     %(submission_ids)s, %(error)s, 1, %(received_at)s, {NOW})
 ON CONFLICT (channel, delivery_id) DO UPDATE SET
+    type = excluded.type, data = excluded.data, body = excluded.body, headers = excluded.headers,
     status = excluded.status, submission_ids = excluded.submission_ids, error = excluded.error,
     attempts = deliveries.attempts + 1, updated_at = excluded.updated_at
 """
