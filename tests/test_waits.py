@@ -197,6 +197,75 @@ async def test_state_written_before_the_pause_commits_with_the_resumed_batch(log
     assert ran(log, "note") == 1
 
 
+class EarlyAnswer:
+    """A durable tool that sends its wait's id out before it waits, and a sibling call that
+    holds the batch open until released: the wait is recorded only once the batch pauses."""
+
+    def __init__(self) -> None:
+        self.wait_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.release = asyncio.Event()
+
+        @hearth.tool(durable=True)
+        async def ask(ctx: hearth.ToolContext) -> Any:
+            """Ask a person."""
+            if not self.wait_id.done():
+                self.wait_id.set_result(ctx.step.wait_id("approval"))  # (the mail with a link)
+            return await ctx.step.wait("approval", prompt="ok?")
+
+        @hearth.tool
+        async def slow() -> str:
+            """Take a while."""
+            await self.release.wait()
+            return "slow done"
+
+        @hearth.agent
+        def early(ctx: hearth.AgentContext) -> str:
+            ctx.use_model("scripted/early")
+            ctx.use_tool(ask)
+            ctx.use_tool(slow)
+            return ""
+
+        model = ScriptedModel("early", [calls(call("ask"), call("slow")), reply("done")])
+        self.app = hearth.App([early], db="memory", providers=[model])
+
+
+async def test_an_answer_sent_before_its_wait_is_recorded_is_held_and_given_once_it_is() -> None:
+    """The approver answered the link while a sibling call still ran: 404 wait_not_found, and
+    the answer was lost (the id is documented as one to send before waiting)."""
+    early = EarlyAnswer()
+    async with early.app.run() as rt:
+        receipt = await rt.dispatch("early", "c-1", "go")
+        wait_id = await asyncio.wait_for(early.wait_id, 10)
+        answering = asyncio.ensure_future(rt.resolve("early", "c-1", wait_id, {"ok": True}))
+        await asyncio.sleep(0.3)
+        assert not answering.done()  # held: the batch has not paused yet
+        assert await rt.waits() == []
+        early.release.set()
+        wait = await asyncio.wait_for(answering, 10)
+        assert (wait.wait_id, wait.submission_id) == (wait_id, receipt.submission_id)
+        assert (await rt.read(receipt, timeout=10)).text == "done"
+        [resolved] = of(await rt.history("early", "c-1"), WaitResolved)
+        assert resolved.value == {"ok": True}
+        await assert_invariants(rt.store)
+
+
+async def test_an_unknown_wait_of_a_conversation_with_nothing_running_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hearth.runtime.runtime.EARLY_ANSWER_S", 600.0)
+    early = EarlyAnswer()
+    async with early.app.run() as rt:
+        receipt = await rt.dispatch("early", "c-1", "go")
+        wait_id = await asyncio.wait_for(early.wait_id, 10)
+        early.release.set()
+        await until_waiting(rt, receipt.submission_id)
+        async with asyncio.timeout(10):  # not held: nothing of the conversation runs
+            with pytest.raises(hearth.WaitNotFound):
+                await rt.resolve("early", "c-1", "w_" + "0" * 24, True)
+        await rt.resolve("early", "c-1", wait_id, True)
+        await rt.read(receipt, timeout=10)
+
+
 async def test_waiting_consumes_no_attempt_of_the_budget() -> None:
     # cashier has max_attempts=1; a call that waits twice takes three attempts and completes.
     async with app().run() as rt:

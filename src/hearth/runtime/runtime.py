@@ -71,6 +71,11 @@ from hearth.store.base import (
 
 HEALTH_TIMEOUT_S = 1.5  # under a load balancer's usual 2 s health-check timeout
 SETTLE_ALL_LOOK_S = 0.25  # how often ``settle_all`` looks at what is still queued or running
+# An answer sent before its wait exists (a tool learns the id with ``step.wait_id`` and sends it
+# on; the wait is recorded once the call's batch pauses): held this long, under the SDK's 30 s
+# request timeout, while a submission of the conversation is queued or running.
+EARLY_ANSWER_S = 20.0
+EARLY_ANSWER_LOOK_S = 1.0  # how often a held answer tries again when no append wakes it
 
 
 def _stopped_before(submission_id: str) -> ShuttingDown:
@@ -414,12 +419,34 @@ class Runtime:
     async def resolve(self, agent: str, id: str, wait_id: str, value: Any) -> Wait:
         """Resolve the durable wait ``wait_id`` of conversation ``agent``/``id`` with a JSON
         ``value``: its submission runs again and ``step.wait`` returns the value. An identical
-        repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``)."""
+        repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``).
+
+        An answer to a wait not recorded yet while a submission of the conversation is queued
+        or running is held, up to ``EARLY_ANSWER_S``, and given once the wait is recorded: a
+        tool may send its wait's id (``step.wait_id``) before it waits."""
         self._at_home()
         conversation_id = await self.addressed(agent, id)
         if not _names(wait_id):
             raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
         value = resolution(value)
+        try:
+            return await self._resolve_wait(conversation_id, wait_id, value)
+        except WaitNotFound:
+            deadline = time.monotonic() + EARLY_ANSWER_S
+        while True:
+            # Armed before the reads: the pause that records the wait may commit meanwhile.
+            with self.next_append(conversation_id) as appended:
+                # Read before the try: a pause that commits between the two is found by it.
+                running = await self.store.list_submissions(conversation_id, UNSETTLED, limit=1)
+                try:
+                    return await self._resolve_wait(conversation_id, wait_id, value)
+                except WaitNotFound:
+                    left = deadline - time.monotonic()
+                    if not running or left <= 0:
+                        raise
+                await asyncio.wait({appended}, timeout=min(left, EARLY_ANSWER_LOOK_S))
+
+    async def _resolve_wait(self, conversation_id: str, wait_id: str, value: Any) -> Wait:
         _faults.reached("before:wait_resolved")
         _faults.reached("before:store.resolve_wait")
         wait = await self.store.resolve_wait(conversation_id, wait_id, value)
