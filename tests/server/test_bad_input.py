@@ -304,18 +304,43 @@ def test_every_route_reads_its_query_parameters_alike(
 
 @pytest.mark.parametrize(
     "query",
-    ["offset=1_0", "offset=%2B5", "offset=%207%20", "offset=%D9%A3", "limit=%EF%BC%90%EF%BC%92"],
+    [
+        "offset=1_0",
+        "offset=%2B5",
+        "offset=%207%20",
+        "offset=%D9%A3",
+        "limit=%EF%BC%90%EF%BC%92",
+        "wait=1_0",
+        "wait=%2B1",
+        "wait=1%20",
+        "wait=%EF%BC%91",
+        "wait=%D9%A1",
+    ],
 )
 def test_a_number_that_is_not_plain_ascii_digits_is_400(server: ThreadServer, query: str) -> None:
-    """``int()`` read these (``1_0`` as 10, ``+5``, `` 7 ``, an Arabic-Indic 3, full-width 02):
-    a parameter that is not a number must be refused, not guessed at."""
+    """``int()`` read these (``1_0`` as 10, ``+5``, `` 7 ``, an Arabic-Indic 3, full-width 02),
+    and ``float()`` the same as a wait: a parameter that is not a number must be refused, not
+    guessed at."""
     with server.client() as http:
-        http.post("/agents/echo/c-1", json={"message": "hi"})
+        sid = http.post("/agents/echo/c-1", json={"message": "hi"}).json()["submission_id"]
         assert refused(http.get(f"/agents/echo/c-1/stream?{query}")) == "invalid_request"
+        if query.startswith("wait="):
+            answer = http.get(f"/agents/echo/c-1/submissions/{sid}?{query}")
+            assert refused(answer) == "invalid_request"
         assert (
             refused(http.get("/agents/echo/c-1/stream", headers={"last-event-id": "2_0"}))
             == "invalid_request"
         )
+
+
+@pytest.mark.parametrize("wait", ["0", "0.5", "2.", ".25", "1e-05", "3E0"])
+def test_a_wait_in_plain_decimal_or_with_an_exponent_is_taken(
+    server: ThreadServer, wait: str
+) -> None:
+    with server.client() as http:
+        sid = http.post("/agents/echo/c-1", json={"message": "hi"}).json()["submission_id"]
+        answer = http.get(f"/agents/echo/c-1/submissions/{sid}?wait={wait}")
+        assert answer.status_code == 200, answer.text
 
 
 def test_a_compressed_body_is_415_saying_so(server: ThreadServer) -> None:

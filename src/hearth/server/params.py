@@ -10,6 +10,8 @@ from hearth.jsontext import names_something
 from hearth.server.errors import ApiError
 
 _INTEGER = re.compile("-?[0-9]{1,20}")
+# A decimal number in plain ASCII (an exponent allowed: a client may format 0.00001 as 1e-05).
+_NUMBER = re.compile(r"(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?")
 FLAGS = {"0": False, "1": True, "false": False, "true": True}
 
 
@@ -38,6 +40,20 @@ def int_param(raw: str | None, name: str, *, default: int, low: int, high: int) 
     if not low <= value <= high:
         raise ApiError(
             400, "invalid_request", f"{name} must be between {low} and {high}", {"field": name}
+        )
+    return value
+
+
+def number_param(raw: str, name: str, *, high: float, of: str = "") -> float:
+    """``raw`` as a number from 0 to ``high``, else a 400. Plain ASCII only, as for integers:
+    ``float()`` also reads "1_0", "+1", " 1 ", "nan" and other scripts' digits."""
+    value = float(raw) if _NUMBER.fullmatch(raw) else -1.0
+    if not 0 <= value <= high:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"{name} must be a number{of} from 0 to {high:g}",
+            {"field": name},
         )
     return value
 

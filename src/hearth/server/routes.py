@@ -6,7 +6,6 @@ Each endpoint is ``async (server, request) -> Response``; errors are raised (``A
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from starlette.requests import Request
@@ -19,7 +18,7 @@ from hearth.server import attachments, console, inputs, ops
 from hearth.server.body import read_json
 from hearth.server.context import Endpoint, ServerContext
 from hearth.server.errors import ApiError
-from hearth.server.params import int_param, query, storable
+from hearth.server.params import int_param, number_param, query, storable
 from hearth.server.snapshot import newest_records, newest_submissions
 from hearth.server.tail import (
     MAX_OFFSET,
@@ -340,15 +339,4 @@ def _wait_param(request: Request, longest: float = MAX_WAIT_S) -> float:
     raw = query(request, "wait")
     if raw is None:
         return 0.0
-    try:
-        wait = float(raw)
-    except ValueError:
-        wait = math.nan
-    if not math.isfinite(wait) or not 0 <= wait <= longest:
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"wait must be a number of seconds from 0 to {longest:g}",
-            {"field": "wait"},
-        )
-    return wait
+    return number_param(raw, "wait", high=longest, of=" of seconds")
