@@ -136,6 +136,23 @@ def started(result: hearth.RunResult) -> int:
     return int(line.split()[1])
 
 
+async def test_the_few_files_of_etc_shown_can_be_read_by_the_command(
+    sandboxed: hearth.OpenWorkspace,
+) -> None:
+    """Run as root (CI), bwrap made the sandbox's /etc 0700: the command, dropped to nobody,
+    could read none of it (no user name; awk, an alternative, would not start)."""
+    result = await sandboxed.run(
+        "set -e; stat -c %a /etc; head -c 4 /etc/passwd; echo; id -un;"
+        " echo x | awk '{print \"awk\"}'",
+        timeout=30,
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "755" and lines[1] == "root", result.output
+    assert lines[2], result.output  # a name (nobody, run as root)
+    assert lines[3] == "awk", result.output
+
+
 async def test_the_process_limit_binds(tmp_path: Path, bwrap: str) -> None:
     need_system_python("start processes with")
     capped = await opened(tmp_path, limits=hearth.RunLimits(processes=8))

@@ -61,6 +61,9 @@ def sandbox_argv(bwrap: str, directory: str, command: str, limits: RunLimits) ->
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
+    # Made by bwrap as root it would be 0700, and closed to the command's unprivileged uid
+    # (no user name, no /etc/alternatives: awk and the other alternatives would not start).
+    argv += ["--perms", "0755", "--dir", "/etc"]
     for name in _ETC:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
