@@ -149,6 +149,17 @@ def test_inspect_shows_submissions_leases_and_stuck_work(server: ThreadServer) -
     assert "running" in out and "settled" in out and "lease s_" in out and "no stuck work" in out
     code, out = run("inspect", "--url", server.url, "--json")
     assert json.loads(out)["counts"]["running"] == 1
+    code, out = run("inspect", "--url", server.url, "--conversation", "echo/c-2")
+    assert code == 0 and "settled" in out
+
+
+@pytest.mark.parametrize("conversation", ["echo/nope", "nosuch/c-1"])
+def test_inspect_of_a_conversation_that_does_not_exist_says_so(
+    server: ThreadServer, conversation: str
+) -> None:
+    """It printed empty tables and exited 0: read as nothing stuck there, for a name mistyped."""
+    code, out = run("inspect", "--url", server.url, "--conversation", conversation)
+    assert code != 0 and f"no conversation '{conversation}'" in out, out
 
 
 def test_migrate_creates_the_schema_and_reports_a_busy_file(

@@ -713,7 +713,7 @@ def openapi_document(
                         },
                     }
                 ],
-                "responses": answers({"200": _json(_ref("AdminView"), "admin view")}, 400),
+                "responses": answers({"200": _json(_ref("AdminView"), "admin view")}, 400, 404),
             }
         },
         "/conversations": {

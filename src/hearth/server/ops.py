@@ -7,6 +7,7 @@ from collections import Counter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from hearth.errors import ConversationNotFound
 from hearth.ids import ID_RE
 from hearth.server.context import ServerContext
 from hearth.server.errors import ApiError
@@ -68,6 +69,9 @@ async def admin_submissions(server: ServerContext, request: Request) -> Response
                 f"conversation must be agent/id (as support/c-1), not {conversation!r}",
                 {"field": "conversation"},
             )
+        if await rt.conversation_info(conversation) is None:
+            # (An empty answer read as "nothing stuck there", for a name mistyped.)
+            raise ConversationNotFound(f"no conversation {conversation!r}")
     counted = await rt.submission_counts(conversation)
     open_work = await rt.submissions(conversation, OPEN)
     # Messages joined to a response that has not settled: in the conversations of open work.
