@@ -4,6 +4,7 @@ installed, the model also runs a shell command in the sandbox."""
 
 import asyncio
 import shutil
+import uuid
 
 import hearth
 from hearth.records import ToolOutcome
@@ -43,10 +44,11 @@ app = hearth.App([scribe], db="sqlite:///notes.db", providers=[model])
 
 
 async def main() -> None:
+    me = f"me-{uuid.uuid4().hex[:8]}"  # a conversation of its own each run (the script restarts)
     async with app.run() as rt:
         for text in ("Remember: buy milk, call Ada.", "What do my notes say?"):
-            print(await rt.read(await rt.dispatch("scribe", "me", text)))
-        for record in await rt.history("scribe", "me"):
+            print(await rt.read(await rt.dispatch("scribe", me, text)))
+        for record in await rt.history("scribe", me):
             if isinstance(record, ToolOutcome):
                 print(f"  {record.name}: {record.content}")
 

@@ -162,7 +162,13 @@ def main() -> None:
     help="Log lines as text or one JSON object each (HEARTH_LOG_FORMAT).",
 )
 @click.option("--reload", is_flag=True, help="Restart when code changes (development).")
-@click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
+@click.option(
+    "--app-dir",
+    default=".",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Where to import MODULE from.",
+)
 @click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
@@ -777,7 +783,13 @@ async def _waits_in(db: str) -> list[Any]:
 @main.command()
 @click.argument("app_ref", metavar="MODULE:APP")
 @click.option("--db", default=None, help="Database URL; default the app's (HEARTH_DB).")
-@click.option("--app-dir", default=".", show_default=True, help="Where to import MODULE from.")
+@click.option(
+    "--app-dir",
+    default=".",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Where to import MODULE from.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
     """Before a deploy: what recovery would do to unsettled work under MODULE:APP.

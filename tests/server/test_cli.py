@@ -610,6 +610,14 @@ def test_serve_and_check_name_the_modules_own_import_error_in_one_line(tmp_path:
     assert not (tmp_path / "h.db").exists()
 
 
+@pytest.mark.parametrize("command", ["serve", "check"])
+def test_an_app_dir_that_does_not_exist_is_named_as_such(tmp_path: Path, command: str) -> None:
+    """It was "no such module" for a module that may well be there, in the folder meant."""
+    missing = tmp_path / "nowhere"
+    code, out = run(command, "serverapp:app", "--app-dir", str(missing))
+    assert code == 2 and "'--app-dir'" in out and "does not exist" in out, out
+
+
 def test_client_commands_reach_a_server_on_an_ipv6_hearth_host(
     serve_app: Callable[..., ThreadServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
