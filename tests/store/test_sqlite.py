@@ -788,6 +788,35 @@ async def test_a_lone_operation_with_nothing_else_due_runs_at_once_and_others_st
         await store.close()
 
 
+async def test_a_caller_appending_in_a_loop_still_lets_the_others_timers_fire(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Answered without a turn of the loop, a caller that appends in a loop yields to it now
+    and then: another task's timer fires while it goes on, not after it."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)
+    store = await opened(":memory:")
+    try:
+        await store.admit(new("support/c-1"))
+        appended: list[int] = []
+        seen: list[int] = []
+
+        async def timer() -> None:
+            await asyncio.sleep(0.002)
+            seen.append(len(appended))
+
+        ticking = asyncio.ensure_future(timer())
+        await asyncio.sleep(0)  # (its sleep has begun)
+        alone = store._writer.alone
+        for n in range(1, 2001):
+            await store.append("support/c-1", [msg(n)])
+            appended.append(n)
+        assert store._writer.alone - alone > 1000  # (mostly answered at once)
+        await ticking
+        assert seen and seen[0] < 2000
+    finally:
+        await store.close()
+
+
 async def test_a_whole_stream_is_read_on_the_writer_thread_never_on_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

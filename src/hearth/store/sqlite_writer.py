@@ -10,12 +10,14 @@ its queue and the last commit was fast (under ``SLOW_COMMIT_S``). That spares ea
 two thread switches and each group the contention of two threads for the GIL: a lone step then
 costs one commit (``bench/handoff.py``), and 64 stepping at once are bound by their CPU, not by
 the hand-off. An operation asked for when nothing else of the loop is due in its iteration
-runs at once, as a group of its own (nothing could have joined it): its caller waits for one
-turn of the loop, not two. When a commit is slow, the next groups go to the writer thread, so
-that the loop keeps working while the disk syncs; the first fast commit brings them back.
-Either way a future resolves only after the commit, so a caller never sees data that could
-still be lost. (The price: while a group commits on the loop, the loop waits for its fsync, so
-a disk that stalls stalls the loop for one commit before the thread takes over.)
+runs at once, as a group of its own (nothing could have joined it), and its caller is answered
+without a turn of the loop (one such answer yields to the loop every ``YIELD_EVERY_S``, so that
+a caller writing in a loop lets the loop look for I/O and timers). When a commit is slow, the
+next groups go to the writer thread, so that the loop keeps working while the disk syncs; the
+first fast commit brings them back. Either way a caller is answered only after the commit, so
+it never sees data that could still be lost. (The price: while a group commits on the loop,
+the loop waits for its fsync, so a disk that stalls stalls the loop for one commit before the
+thread takes over.)
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ MAX_GROUP = 1024  # bounds how long one group holds the futures it has already r
 # A commit slower than this sends the next groups to the thread (a disk that syncs slowly, or a
 # WAL checkpoint): while the thread waits for the disk, the loop goes on.
 SLOW_COMMIT_S = 0.001
+# Operations run at once (nothing else of the loop due) return without a turn of the loop, but
+# one of them at least this often yields to it: a caller that writes in a loop delays the I/O
+# and the timers of the others by this much at most.
+YIELD_EVERY_S = 0.001
 
 log = logging.getLogger("hearth.store")
 
@@ -148,6 +154,7 @@ class GroupCommitWriter:
         self.submitted = 0
         self.inline = 0  # groups run on the event loop instead of the thread
         self.alone = 0  # of those, operations run at once, nothing else being due
+        self._yielded = 0.0  # when one of those last yielded to the loop (monotonic)
         self._slow = False  # the last commit took longer than SLOW_COMMIT_S
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -243,7 +250,11 @@ class GroupCommitWriter:
         elif loop is self._home:
             if not self._collected and _nothing_else_ready(loop) and self._run_alone(op):
                 result = future.result()  # (its error is raised here)
-                await asyncio.sleep(0)  # a caller that writes in a loop lets the others run
+                now = time.monotonic()
+                if now - self._yielded >= YIELD_EVERY_S:
+                    # A caller that writes in a loop lets the loop look for I/O and timers.
+                    self._yielded = now
+                    await asyncio.sleep(0)
                 return result
             if not self._collected:
                 loop.call_soon(self._dispatch)
