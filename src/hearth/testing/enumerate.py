@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from hearth.testing._cli import count_from_1, crash_point
 from hearth.testing.crash import CrashHarness
 from hearth.testing.points import KILL_POINTS
 from hearth.testing.scenarios import BY_NAME, SCENARIOS, UNREACHED, Scenario
@@ -146,9 +147,13 @@ def plan(reached: dict[str, Counter[str]], *, max_occurrence: int, short: bool) 
 
 
 def named_cases(scenarios: Sequence[Scenario], points: Iterable[str]) -> list[Case]:
+    """A case per scenario for each point (checked by ``check_crash_at``); the occurrence is
+    that of the last stage of a chain (``a#2>b#3`` is ``a#2>b`` at 3; no ``#N``: 1)."""
     cases: list[Case] = []
     for spec in points:
-        point, _, n = spec.partition("#")
+        earlier, arrow, last = spec.rpartition(">")
+        name, _, n = last.partition("#")
+        point = f"{earlier}{arrow}{name}"
         cases.extend(Case(s, point, int(n or 1)) for s in scenarios)
     return cases
 
@@ -165,10 +170,12 @@ def run_all(cases: Sequence[Case], jobs: int, report: Callable[[Outcome], None])
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hearth.testing.enumerate")
     parser.add_argument("--scenario", action="append", choices=sorted(BY_NAME), default=[])
-    parser.add_argument("--max-occurrence", type=int, default=3, metavar="K")
+    parser.add_argument("--max-occurrence", type=count_from_1, default=3, metavar="K")
     parser.add_argument("--short", action="store_true", help="each distinct point once")
-    parser.add_argument("--jobs", type=int, default=1, metavar="J")
-    parser.add_argument("--point", action="append", default=[], help="only this NAME[#N]")
+    parser.add_argument("--jobs", type=count_from_1, default=1, metavar="J")
+    parser.add_argument(
+        "--point", action="append", type=crash_point, default=[], help="only this NAME[#N]"
+    )
     args = parser.parse_args(argv)
     scenarios = [BY_NAME[n] for n in args.scenario] or list(SCENARIOS)
     started = time.monotonic()

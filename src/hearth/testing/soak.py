@@ -37,6 +37,7 @@ from typing import Any
 
 import hearth
 from hearth.runtime.coordinator import UNEXPECTED
+from hearth.testing._cli import count_from_1, postgres_url
 from hearth.testing._soak_fleet import Runs, Slot
 from hearth.testing._soak_load import Load
 from hearth.testing._soak_report import OUTCOMES_REQUIRED, reached, situations
@@ -363,11 +364,20 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--kills", type=int, default=1000, help="SIGKILLs to deliver")
+    # Not 0: each server is killed once before the count is first looked at.
+    parser.add_argument(
+        "--kills", type=count_from_1, default=1000, help="SIGKILLs to deliver (from 1)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="fixes the plan")
-    parser.add_argument("--servers", type=int, default=3, help="hearth serve processes at once")
-    parser.add_argument("--conversations", type=int, default=18, help="conversations in all")
-    parser.add_argument("--pg", help="one PostgreSQL database for all servers")
+    parser.add_argument(
+        "--servers", type=count_from_1, default=3, help="hearth serve processes at once (from 1)"
+    )
+    parser.add_argument(
+        "--conversations", type=count_from_1, default=18, help="conversations in all (from 1)"
+    )
+    parser.add_argument(
+        "--pg", type=postgres_url, help="one PostgreSQL database for all servers (postgresql://…)"
+    )
     parser.add_argument(
         "--pg-restart-cmd", help="a shell command that restarts the PostgreSQL server, run once"
     )
