@@ -203,6 +203,7 @@ class EarlyAnswer:
 
     def __init__(self) -> None:
         self.wait_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.where: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.release = asyncio.Event()
 
         @hearth.tool(durable=True)
@@ -210,6 +211,7 @@ class EarlyAnswer:
             """Ask a person."""
             if not self.wait_id.done():
                 self.wait_id.set_result(ctx.step.wait_id("approval"))  # (the mail with a link)
+                self.where.set_result(ctx.conversation_id)
             return await ctx.step.wait("approval", prompt="ok?")
 
         @hearth.tool
@@ -226,7 +228,17 @@ class EarlyAnswer:
             return ""
 
         model = ScriptedModel("early", [calls(call("ask"), call("slow")), reply("done")])
-        self.app = hearth.App([early], db="memory", providers=[model])
+
+        @hearth.agent
+        def boss(ctx: hearth.AgentContext) -> str:
+            ctx.use_model("scripted/boss")
+            ctx.use_subagent(early, description="asks a person")
+            return ""
+
+        delegating = ScriptedModel(
+            "boss", [calls(call("task", agent="early", prompt="go")), reply("boss done")]
+        )
+        self.app = hearth.App([early, boss], db="memory", providers=[model, delegating])
 
 
 async def test_an_answer_sent_before_its_wait_is_recorded_is_held_and_given_once_it_is() -> None:
@@ -247,6 +259,47 @@ async def test_an_answer_sent_before_its_wait_is_recorded_is_held_and_given_once
         [resolved] = of(await rt.history("early", "c-1"), WaitResolved)
         assert resolved.value == {"ok": True}
         await assert_invariants(rt.store)
+
+
+async def test_an_early_answer_to_a_delegated_tasks_wait_is_held_while_its_parent_runs() -> None:
+    """The task's conversation has no submission of its own (its parent's runs it): the answer
+    was refused at once with 404, although the wait was about to be recorded."""
+    early = EarlyAnswer()
+    async with early.app.run() as rt:
+        receipt = await rt.dispatch("boss", "c-1", "delegate")
+        wait_id = await asyncio.wait_for(early.wait_id, 10)
+        agent, _, child = (await early.where).partition("/")
+        assert agent == "early" and child.startswith("c-1.task-")
+        answering = asyncio.ensure_future(rt.resolve(agent, child, wait_id, "yes"))
+        await asyncio.sleep(0.3)
+        assert not answering.done()
+        early.release.set()
+        wait = await asyncio.wait_for(answering, 10)
+        assert wait.submission_id == receipt.submission_id
+        assert (await rt.read(receipt, timeout=10)).text == "boss done"
+
+
+async def test_past_so_many_held_answers_one_more_is_not_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hearth.runtime.runtime.EARLY_ANSWERS_HELD", 2)
+    early = EarlyAnswer()
+    async with early.app.run() as rt:
+        receipt = await rt.dispatch("early", "c-1", "go")
+        await asyncio.wait_for(early.wait_id, 10)
+        held = [
+            asyncio.ensure_future(rt.resolve("early", "c-1", f"w_{n:024x}", True)) for n in (1, 2)
+        ]
+        await asyncio.sleep(0.3)
+        assert rt.early_answers == 2 and not any(h.done() for h in held)
+        with pytest.raises(hearth.WaitNotFound):  # at once
+            await rt.resolve("early", "c-1", f"w_{3:024x}", True)
+        early.release.set()
+        await until_waiting(rt, receipt.submission_id)
+        for h in held:  # (the batch paused without them: nothing runs to record them)
+            with pytest.raises(hearth.WaitNotFound):
+                await asyncio.wait_for(h, 10)
+        assert rt.early_answers == 0
 
 
 async def test_an_unknown_wait_of_a_conversation_with_nothing_running_is_refused_at_once(

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from pgcluster import Cluster
 
 import hearth
 from hearth.records import WaitResolved
+from hearth.testing import ScriptedModel, call, calls, reply
 from hearth.testing.crash import with_store
 from hearth.testing.invariants import assert_invariants
 
@@ -348,3 +351,117 @@ def test_a_wait_in_a_subagent_the_app_does_not_list_is_read_and_resolved_over_ht
             assert http.get("/agents/clerk/never-made").status_code == 404
     finally:
         server.stop()
+
+
+class EarlyWaits:
+    """A durable tool that sends its wait's id out before it waits, beside an ordinary call that
+    holds the batch open until released: the wait is recorded only once the batch pauses."""
+
+    def __init__(self, db: str) -> None:
+        self.wait_ids: queue.Queue[str] = queue.Queue()
+        self.release = threading.Event()
+
+        @hearth.tool(durable=True)
+        async def ask(ctx: hearth.ToolContext) -> Any:
+            """Ask a person."""
+            self.wait_ids.put(ctx.step.wait_id("approval"))  # (the mail with a link)
+            return await ctx.step.wait("approval", prompt="ok?")
+
+        @hearth.tool
+        async def slow() -> str:
+            """Take a while."""
+            await asyncio.to_thread(self.release.wait, 60)
+            return "slow done"
+
+        @hearth.agent
+        def early(ctx: hearth.AgentContext) -> str:
+            ctx.use_model("scripted/early")
+            ctx.use_tool(ask)
+            ctx.use_tool(slow)
+            return ""
+
+        model = ScriptedModel("early", [calls(call("ask"), call("slow")), reply("done")])
+        self.server = ThreadServer(hearth.App([early], db=db, providers=[model], port=0))
+
+
+def test_an_early_answer_over_http_is_held_until_its_wait_is_recorded(tmp_path: Path) -> None:
+    early = EarlyWaits(str(tmp_path / "h.db"))
+    early.server.start()
+    try:
+        with httpx2.Client(base_url=early.server.url, timeout=30) as http:
+            sid = http.post("/agents/early/c-1", json={"message": "go"}).json()["submission_id"]
+            wait_id = early.wait_ids.get(timeout=10)
+            answers: queue.Queue[httpx2.Response] = queue.Queue()
+            threading.Thread(
+                target=lambda: answers.put(
+                    http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "yes"})
+                ),
+                daemon=True,
+            ).start()
+            time.sleep(0.3)
+            assert answers.empty()  # held: the batch has not paused
+            early.release.set()
+            answer = answers.get(timeout=20)
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"wait_id": wait_id, "submission_id": sid, "resolved": True}
+            assert settled(http, "early/c-1", sid)["outcome"] == "completed"
+    finally:
+        early.release.set()
+        early.server.stop()
+
+
+def test_a_shutdown_answers_a_held_answer_503_to_send_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was held its whole 20 s, holding the shutdown, and then answered 404 wait_not_found:
+    a client took the answer as refused, and the wait stayed pending after the restart."""
+    monkeypatch.setattr("hearth.runtime.runtime.EARLY_ANSWER_S", 600.0)
+    early = EarlyWaits(str(tmp_path / "h.db"))
+    early.server.start()
+    try:
+        with httpx2.Client(base_url=early.server.url, timeout=60) as http:
+            http.post("/agents/early/c-1", json={"message": "go"})
+            wait_id = early.wait_ids.get(timeout=10)
+            answers: queue.Queue[httpx2.Response] = queue.Queue()
+            threading.Thread(
+                target=lambda: answers.put(
+                    http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "yes"})
+                ),
+                daemon=True,
+            ).start()
+            time.sleep(0.3)
+            stopping = threading.Thread(target=early.server.stop, daemon=True)
+            stopping.start()
+            # Answered as the shutdown begins, not once its grace (20 s) has run out.
+            answer = answers.get(timeout=10)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["type"] == "shutting_down"
+            early.release.set()
+            stopping.join(30)
+    finally:
+        early.release.set()
+        early.server.stop()
+
+
+def test_a_held_answer_whose_client_hung_up_is_not_given(tmp_path: Path) -> None:
+    """The client gave up (its timeout) and was told nothing; the answer was given seconds
+    later anyway, and a second try with another value met a 409."""
+    early = EarlyWaits(str(tmp_path / "h.db"))
+    early.server.start()
+    try:
+        with httpx2.Client(base_url=early.server.url, timeout=30) as http:
+            http.post("/agents/early/c-1", json={"message": "go"})
+            wait_id = early.wait_ids.get(timeout=10)
+            with pytest.raises(httpx2.ReadTimeout):
+                http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "gone"}, timeout=0.5)
+            time.sleep(0.5)  # (the server hears of the hang-up)
+            early.release.set()
+            pending(http)
+            time.sleep(1.5)  # (past a held answer's next look: it would have been given by now)
+            [waiting] = pending(http)
+            assert waiting["wait_id"] == wait_id  # still pending: nobody was told it was given
+            again = http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "yes"})
+            assert again.status_code == 200, again.text
+    finally:
+        early.release.set()
+        early.server.stop()

@@ -75,7 +75,9 @@ SETTLE_ALL_LOOK_S = 0.25  # how often ``settle_all`` looks at what is still queu
 # on; the wait is recorded once the call's batch pauses): held this long, under the SDK's 30 s
 # request timeout, while a submission of the conversation is queued or running.
 EARLY_ANSWER_S = 20.0
-EARLY_ANSWER_LOOK_S = 1.0  # how often a held answer tries again when no append wakes it
+EARLY_ANSWER_LOOK_S = 1.0  # how often a held answer looks again when no append wakes it
+EARLY_ANSWER_SPACING_S = 0.25  # and at most this often, however busy its conversation
+EARLY_ANSWERS_HELD = 64  # answers held at once by one runtime; past them, one is not held
 
 
 def _stopped_before(submission_id: str) -> ShuttingDown:
@@ -109,6 +111,7 @@ class Runtime:
         self.settings = settings
         self.coordinator = Coordinator(env, settings)
         self.shutting_down = False
+        self.early_answers = 0  # answers held for their wait to be recorded (``resolve``)
         self.stopped = False  # a read that would wait raises ShuttingDown
         self.tail_reads = SharedReads(env.store)
         self.settled_looks = SettledLooks(env.store)
@@ -421,9 +424,10 @@ class Runtime:
         ``value``: its submission runs again and ``step.wait`` returns the value. An identical
         repeat is accepted; ``WaitNotFound`` / ``WaitConflict`` otherwise (see ``Store``).
 
-        An answer to a wait not recorded yet while a submission of the conversation is queued
-        or running is held, up to ``EARLY_ANSWER_S``, and given once the wait is recorded: a
-        tool may send its wait's id (``step.wait_id``) before it waits."""
+        An answer to a wait not recorded yet while a submission of the conversation (or, for a
+        delegated task's, of its parent) is queued or running is held, up to ``EARLY_ANSWER_S``,
+        and given once the wait is recorded: a tool may send its wait's id (``step.wait_id``)
+        before it waits. ``ShuttingDown`` when the runtime stops meanwhile."""
         self._at_home()
         conversation_id = await self.addressed(agent, id)
         if not _names(wait_id):
@@ -432,19 +436,41 @@ class Runtime:
         try:
             return await self._resolve_wait(conversation_id, wait_id, value)
         except WaitNotFound:
-            deadline = time.monotonic() + EARLY_ANSWER_S
+            if self.early_answers >= EARLY_ANSWERS_HELD:
+                raise
+        self.early_answers += 1
+        try:
+            return await self._resolve_when_recorded(conversation_id, wait_id, value)
+        finally:
+            self.early_answers -= 1
+
+    async def _resolve_when_recorded(self, conversation_id: str, wait_id: str, value: Any) -> Wait:
+        """Resolve a wait not recorded yet once it is, while the submission that would record
+        it is queued or running (a delegated task's: its parent's), up to ``EARLY_ANSWER_S``.
+        Each look reads (nothing is written before the wait is there)."""
+        info = await self.store.get_conversation(conversation_id)
+        if info is None:
+            raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
+        runner = conversation_id if info.parent is None else await self._root_of(info)
+        deadline = time.monotonic() + EARLY_ANSWER_S
         while True:
             # Armed before the reads: the pause that records the wait may commit meanwhile.
             with self.next_append(conversation_id) as appended:
-                # Read before the try: a pause that commits between the two is found by it.
-                running = await self.store.list_submissions(conversation_id, UNSETTLED, limit=1)
-                try:
+                # Read before the wait: a pause that commits between the two is found.
+                running = await self.store.list_submissions(runner, UNSETTLED, limit=1)
+                if await self.store.get_wait(conversation_id, wait_id) is not None:
                     return await self._resolve_wait(conversation_id, wait_id, value)
-                except WaitNotFound:
-                    left = deadline - time.monotonic()
-                    if not running or left <= 0:
-                        raise
+                left = deadline - time.monotonic()
+                if not running or left <= 0:
+                    raise WaitNotFound(f"no wait {wait_id!r} in conversation {conversation_id}")
+                if self.shutting_down:
+                    # (Not a 404: the answer is good, and the next process takes it.)
+                    raise ShuttingDown(
+                        f"the runtime is shutting down before the wait {wait_id!r} was recorded:"
+                        " send the answer again (to the next process)"
+                    )
                 await asyncio.wait({appended}, timeout=min(left, EARLY_ANSWER_LOOK_S))
+            await asyncio.sleep(EARLY_ANSWER_SPACING_S)
 
     async def _resolve_wait(self, conversation_id: str, wait_id: str, value: Any) -> Wait:
         _faults.reached("before:wait_resolved")

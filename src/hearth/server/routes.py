@@ -27,6 +27,7 @@ from hearth.server.tail import (
     PAGE_LIMIT,
     ConversationStream,
     json_page,
+    unless_closing,
     wait_for_settlement,
 )
 from hearth.server.views import (
@@ -314,7 +315,9 @@ async def resolve_wait(server: ServerContext, request: Request) -> Response:
     wait_id = request.path_params["wait_id"]
     if not storable(wait_id):
         raise WaitNotFound(f"no wait {wait_id!r} in conversation {agent}/{id}")
-    wait = await rt.resolve(agent, id, wait_id, body["value"])
+    # Held while its wait is not recorded yet (``Runtime.resolve``): not past a shutdown.
+    resolving = rt.resolve(agent, id, wait_id, body["value"])
+    wait = await unless_closing(resolving, server.closing, request.receive)
     return JSONResponse(
         {"wait_id": wait.wait_id, "submission_id": wait.submission_id, "resolved": True}
     )

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sse_starlette import ServerSentEvent
 from starlette.responses import Response
 
-from hearth.errors import StoreError
+from hearth.errors import ShuttingDown, StoreError
 from hearth.runtime.runtime import Runtime
 from hearth.runtime.settled import LOOK_EVERY_S
 from hearth.server.broadcast import BATCH, ENCODED, MAX_PENDING, Follower, broadcasts
@@ -26,6 +26,8 @@ from hearth.store.base import Submission
 
 if TYPE_CHECKING:
     from starlette.types import Message, Receive, Scope, Send
+
+T = TypeVar("T")
 
 # What one stream reads for itself while it catches up, and holds while its client is slow to
 # take it: as much as it may hold pending once it follows its conversation's channel.
@@ -258,6 +260,27 @@ async def json_page(
         "next_offset": records[-1].offset if records else after,
         "up_to_date": not more,
     }
+
+
+async def unless_closing(work: Awaitable[T], closing: Closing, receive: Receive | None = None) -> T:
+    """``await work``, given up (cancelled) once the server closes, ``ShuttingDown`` then, or
+    once the client has gone (nobody is left to answer). For a request that may be held (an
+    early answer to a wait): a shutdown must not wait for it, nor answer it as refused."""
+    task = asyncio.ensure_future(work)
+    stop = closing.watch()
+    gone = client_gone(receive)
+    try:
+        waits: set[asyncio.Future[Any]] = {task, stop, gone}
+        await asyncio.wait(waits, return_when=FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if not task.cancelled():
+        return task.result()  # (done before the cancel reached it: answered as done)
+    raise ShuttingDown("the server is shutting down: send the request again to the next one")
 
 
 async def wait_for_settlement(
