@@ -253,11 +253,24 @@ def _ready(app: hearth.App) -> Callable[[str], None]:
 
     def ready(url: str) -> None:
         db = shown_db(app.settings.db)
-        agents = ", ".join(sorted(app.agents))
-        click.echo(f"hearth: serving {url} (agents: {agents}; db: {db})", nl=True)
+        names = sorted(app.agents)
+        line = f"hearth: serving {url} (agents: {', '.join(names)}; db: {db})"
+        if app.settings.log_format == "json":  # one JSON object a line, as the log's are
+            line = _json_line(line, url=url, agents=names, db=db)
+        click.echo(line, nl=True)
         sys.stdout.flush()
 
     return ready
+
+
+def _json_line(message: str, **fields: Any) -> str:
+    """``message`` as a line of ``--log-format json`` (level info), with ``fields``."""
+    import logging
+
+    from hearth.logs import JsonFormatter
+
+    record = logging.LogRecord("hearth.serve", logging.INFO, __file__, 0, message, None, None)
+    return json.dumps({**json.loads(JsonFormatter().format(record)), **fields})
 
 
 def _check_listen(host: str, port: int) -> None:

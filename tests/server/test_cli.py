@@ -562,7 +562,7 @@ def test_serve_reload_serves_as_serve_does(tmp_path: Path, access_log: bool) -> 
     server = ServerProcess(tmp_path / "h.db", args=(*args, *(["--access-log"] * access_log)))
     server.start()
     try:
-        url = server.ready_line.split()[2]
+        url = json.loads(server.ready_line)["url"]  # (a JSON line too)
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), server.ready_line
         with httpx2.Client(base_url=url, timeout=10) as http:
             assert http.get("/healthz", params={"token": "secret-token-1"}).status_code == 200
@@ -656,3 +656,21 @@ def test_the_help_says_what_each_db_option_does_and_names_hearth_token() -> None
     assert "Read this database directly" in run("waits", "--help")[1]
     assert "Write to this database directly" in run("resolve", "--help")[1]
     assert "(HEARTH_TOKEN)" in run("serve", "--help")[1]
+
+
+def test_the_ready_line_is_a_json_line_with_log_format_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It stayed plain text among the JSON lines."""
+    import hearth
+    from hearth.cli import _ready
+
+    app = hearth.App([], db="memory", log_format="json")
+    _ready(app)("http://127.0.0.1:8000")
+    [line] = capsys.readouterr().out.splitlines()
+    data = json.loads(line)
+    assert data["level"] == "info" and data["logger"] == "hearth.serve"
+    assert data["message"].startswith("hearth: serving http://127.0.0.1:8000")
+    assert (data["url"], data["agents"], data["db"]) == ("http://127.0.0.1:8000", [], "memory")
+    _ready(hearth.App([], db="memory"))("http://127.0.0.1:8000")
+    assert capsys.readouterr().out.startswith("hearth: serving http://127.0.0.1:8000 (agents: ;")

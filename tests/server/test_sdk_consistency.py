@@ -149,6 +149,10 @@ async def test_input_no_json_body_can_carry_is_invalid_input_naming_its_field(
         with pytest.raises(InvalidInput) as refused:
             call(client.conversation("echo", "c-1"))
     assert refused.value.field == field
+    # What a server's 400 carries too (its status None: no request was made).
+    error: Any = refused.value
+    assert (error.status, error.type, error.details) == (None, "invalid_request", {"field": field})
+    assert error.message == str(error)
     async with hearth.AsyncClient(server.url) as aclient:
         with pytest.raises(InvalidInput) as refused:
             await call(aclient.conversation("echo", "c-1"))

@@ -21,8 +21,7 @@ from urllib.parse import quote
 import httpx2
 
 from hearth.attachments import Attachment, safe_name
-from hearth.client._errors import is_transient
-from hearth.errors import InvalidInput
+from hearth.client._errors import is_transient, refused_here
 from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.receipts import AbortResult, Receipt, Reply, reply_or_raise
 from hearth.sse import SSEEvent
@@ -245,7 +244,7 @@ def segment(value: str) -> str:
     UTF-8 form, so no URL can carry it: ``InvalidInput`` (``quote`` raised UnicodeEncodeError)."""
     where = unpaired_surrogate(value)
     if where is not None:
-        raise InvalidInput(f"{value!r} has {where}: no URL can carry it", "path")
+        raise refused_here(f"{value!r} has {where}: no URL can carry it", "path")
     quoted = quote(value, safe="")
     return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
@@ -315,10 +314,10 @@ def sendable(value: Any, field: str) -> Any:
         try:
             json_round_trip(value)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise InvalidInput(f"{field} is not JSON: {exc}", field) from None
+            raise refused_here(f"{field} is not JSON: {exc}", field) from None
     where = unpaired_surrogate(value)
     if where is not None:
-        raise InvalidInput(f"{field} has {where}: text that is not UTF-8 cannot be sent", field)
+        raise refused_here(f"{field} has {where}: text that is not UTF-8 cannot be sent", field)
     return value
 
 

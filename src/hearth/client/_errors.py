@@ -129,6 +129,17 @@ def _known(kind: str, message: str, details: dict[str, Any] | None) -> HearthErr
     return None if known is None else known(message)
 
 
+def refused_here(message: str, field: str) -> InvalidInput:
+    """``InvalidInput`` for what the client itself cannot send (no request was made): it
+    carries what a server's 400 carries, ``status`` None."""
+    error = InvalidInput(message, field)
+    error.status = None  # type: ignore[attr-defined]
+    error.type = "invalid_request"  # type: ignore[attr-defined]
+    error.message = message  # type: ignore[attr-defined]
+    error.details = {"field": field}  # type: ignore[attr-defined]
+    return error
+
+
 def check(response: httpx2.Response) -> dict[str, Any]:
     """The JSON object of a successful answer; the typed error of any other, and an
     ``HTTPError`` for an answer that is not hearth's (a redirect, a page of HTML: the URL names
