@@ -915,7 +915,7 @@ async def test_a_long_step_name_recorded_before_the_limit_still_replays() -> Non
     value (the function does not run) instead of failing the call."""
     from hearth.steps import Steps
 
-    async def record(name: str, value: Any) -> None:
+    async def record(name: str, value: Any, sets: Any) -> None:
         raise AssertionError("a recorded step is not recorded again")
 
     steps = Steps("call", {LONG[:300]: "kept"}, record)
@@ -1745,7 +1745,7 @@ async def test_a_step_inside_a_step_transaction_function_is_refused_at_once() ->
     connection: a deadlock no database sees, until the idle-in-transaction timeout (10 s)."""
     from hearth.steps import Steps
 
-    async def record(name: str, value: Any) -> None:
+    async def record(name: str, value: Any, sets: Any) -> None:
         pass
 
     async def transact(name: str, fn: Any) -> Any:

@@ -401,7 +401,7 @@ async def test_a_wait_timeout_no_date_can_end_is_the_tools_error(timeout: Any) -
     """``sys.maxsize`` ("for ever") made an expiry past the year 9999: computing it failed every
     attempt of the submission, which ended as interrupted ten times."""
 
-    async def record(name: str, value: Any) -> None:
+    async def record(name: str, value: Any, sets: Any) -> None:
         raise AssertionError("nothing is recorded")
 
     steps = Steps("call_1", {}, record)

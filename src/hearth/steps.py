@@ -106,7 +106,7 @@ class Steps:
         self,
         tool_call_id: str,
         recorded: dict[str, Any],
-        record: Callable[[str, Any], Awaitable[None]],
+        record: Callable[[str, Any, dict[str, Any]], Awaitable[None]],
         around: Callable[[str], AbstractContextManager[None]] = lambda name: (
             contextlib.nullcontext()
         ),
@@ -116,6 +116,11 @@ class Steps:
         waits_ended: dict[str, WaitOutcome] | None = None,
         transact: Transact | None = None,
         before_run: Callable[[], Awaitable[None]] | None = None,
+        capture: Callable[[], AbstractContextManager[dict[str, Any]]] = lambda: (
+            contextlib.nullcontext({})
+        ),
+        replay: Callable[[dict[str, Any]], None] = lambda writes: None,
+        recorded_sets: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.tool_call_id = tool_call_id
         # Awaited before a step's function runs (not when it replays): the attempt confirms it
@@ -129,6 +134,11 @@ class Steps:
         self._waits_started = waits_started  # wait ids with a wait_started record
         self._waits_ended = dict(waits_ended or {})  # wait id → how it ended
         self._transact = transact
+        # The state a step's function sets is recorded with the step (``capture`` gives what it
+        # set), and set again when the step replays (``replay``): its function does not run.
+        self._capture = capture
+        self._replay = replay
+        self._recorded_sets = recorded_sets or {}
 
     def _claim_name(self, name: str) -> None:
         inside = _IN_TRANSACTION.get()
@@ -149,20 +159,26 @@ class Steps:
     async def do(self, name: str, fn: Callable[[], Any]) -> Any:
         self._claim_name(name)
         if name in self._recorded:
+            sets = self._recorded_sets.get(name)
+            if sets:
+                self._replay(sets)
             return self._recorded[name]
         if self._before_run is not None:
             await self._before_run()
         with self._around(name):
             _faults.reached(f"step:{name}")
-            began = time.monotonic()
-            value = fn()
-            held_the_loop(f"step {name!r}", time.monotonic() - began)
-            if inspect.isawaitable(value):
-                value = await value
+            with self._capture() as sets:
+                began = time.monotonic()
+                value = fn()
+                held_the_loop(f"step {name!r}", time.monotonic() - began)
+                if inspect.isawaitable(value):
+                    value = await value
             value = json_value(name, value)
             _faults.reached(f"step-done:{name}")
-            await self._record(name, value)
+            await self._record(name, value, dict(sets))
         self._recorded[name] = value
+        if sets:
+            self._recorded_sets[name] = dict(sets)
         return value
 
     async def transaction(self, name: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:

@@ -2,7 +2,8 @@
 a JSON list of calls ``[[tool, id, {args}], ...]``, asked for in one batch; then it replies.
 
 ``ord`` (ordinary) and ``dur`` (durable: its work is a step) each wait ``pre`` seconds, set state
-``key`` (``a`` or ``b``) to ``value``, then wait ``post`` seconds.
+``key`` (``a`` or ``b``) to ``value``, then wait ``post`` seconds. ``inside`` (durable) sets it
+inside a step's function, then waits ``post`` seconds in another step.
 """
 
 from __future__ import annotations
@@ -49,8 +50,16 @@ def w(ctx: hearth.AgentContext) -> str:
         await ctx.step.do("work", lambda: asyncio.sleep(post))
         return f"set {key}"
 
+    @hearth.tool(durable=True)
+    async def inside(key: str, value: Any, ctx: hearth.ToolContext, post: float = 0) -> str:
+        """Set a piece of state inside a step's function, then work a while in another step."""
+        await ctx.step.do("set", lambda: set_state(key, value))
+        await ctx.step.do("work", lambda: asyncio.sleep(post))
+        return f"set {key}"
+
     ctx.use_tool(ordinary)
     ctx.use_tool(dur)
+    ctx.use_tool(inside)
     return "Set what you are asked to."
 
 

@@ -18,6 +18,7 @@ from hearth.records import (
     StateWrite,
     SubmissionSettled,
     ToolOutcome,
+    ToolStepSettled,
     UserMessage,
 )
 
@@ -235,6 +236,27 @@ def test_a_recovered_batch_commits_each_value_set_last_as_without_a_crash(
     if crash:
         assert lab.harness.run().ok
     assert lab.harness.state("w/x") == {"a": "second", "b": 1}
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_state_set_inside_a_step_is_set_again_when_the_step_replays(
+    make_lab: Callable[[str], Lab], crash: bool
+) -> None:
+    """Killed after the step that set ``a`` was recorded, before its batch committed: the
+    recovery ran the call again, the step replayed without its function, and ``a`` was never
+    committed. The step's record keeps what its function set; a replay sets it again."""
+    lab = make_lab("writesapp:app")
+    batch = [["inside", "i1", {"key": "a", "value": "kept", "post": 0.3}]]
+    run = lab.harness.run(
+        dispatch=[("w", "x", json.dumps(batch))],
+        crash_at="after:tool_step_settled" if crash else None,  # the step "set"
+    )
+    assert run.killed is crash
+    if crash:
+        assert lab.harness.run().ok
+    assert lab.harness.state("w/x") == {"a": "kept"}
+    [set_step] = [r for r in of(lab.harness.history("w/x"), ToolStepSettled) if r.step == "set"]
+    assert set_step.state_writes == {"a": "kept"}
 
 
 def test_a_restarted_process_takes_over_a_dead_local_owner_without_waiting_for_the_lease(

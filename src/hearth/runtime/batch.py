@@ -366,20 +366,26 @@ class ToolBatch:
         # Found by the call's id, not by the record id's prefix: a sibling call whose id has
         # this one's and a ':' before it shared the prefix, and its steps replayed here.
         ours = f"{call.message_id}:step:"
-        recorded = {
-            r.step: r.value
+        steps = [
+            r
             for r in self.journal.records
             if isinstance(r, ToolStepSettled)
             and r.tool_call_id == call.tool_call_id
             and r.id.startswith(ours)
-        }
+        ]
+        recorded = {r.step: r.value for r in steps}
+        recorded_sets = {r.step: r.state_writes for r in steps if r.state_writes}
         metrics = self.scope.env.metrics
         traced = telemetry.recording()  # asked once per call: the answer costs an environ lookup
 
-        async def record(name: str, value: Any) -> None:
+        async def record(name: str, value: Any, sets: dict[str, Any]) -> None:
             await self.journal.append(
                 ToolStepSettled(
-                    id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
+                    id=f"{prefix}{name}",
+                    tool_call_id=call.tool_call_id,
+                    step=name,
+                    value=value,
+                    state_writes=sets or None,
                 )
             )
 
@@ -419,7 +425,46 @@ class ToolBatch:
             waits_ended=ended,
             transact=transact,
             before_run=self.scope.confirm_claim,
+            capture=_step_sets,
+            replay=_set_again,
+            recorded_sets=recorded_sets,
         )
+
+
+class _StepSets(StateBuffer):
+    """The state a step's function sets: the call's, and kept apart for the step's record."""
+
+    def __init__(self, call: StateBuffer) -> None:
+        super().__init__(call.committed)
+        self.call = call
+
+    def set(self, name: str, value: Any) -> None:
+        self.call.set(name, value)  # (refused once the call's writes were taken)
+        self.writes.pop(name, None)  # (in the order of the last sets)
+        self.writes[name] = value
+
+
+@contextlib.contextmanager
+def _step_sets() -> Iterator[dict[str, Any]]:
+    """While a step's function runs: what it sets, set as in the call and gathered."""
+    unit = current_unit.get()
+    if unit is None:
+        yield {}
+        return
+    sets = _StepSets(unit)
+    token = current_unit.set(sets)
+    try:
+        yield sets.writes
+    finally:
+        current_unit.reset(token)
+
+
+def _set_again(sets: dict[str, Any]) -> None:
+    """A replayed step's sets, made again in the call (its function does not run)."""
+    unit = current_unit.get()
+    if unit is not None:
+        for name, value in sets.items():
+            unit.set(name, value)
 
 
 def fence_of(fence: Fence) -> tuple[str, int]:
