@@ -817,6 +817,27 @@ async def test_a_caller_appending_in_a_loop_still_lets_the_others_timers_fire(
         await store.close()
 
 
+async def test_a_caller_whose_writes_fail_in_a_loop_still_yields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error answered at once returned before the loop's turn: a caller retrying a failing
+    write froze the process (its own timeout never fired, nor anyone's timers)."""
+    monkeypatch.setattr(sqlite_writer, "SLOW_COMMIT_S", 60.0)
+    store = await opened(":memory:")
+    try:
+        failed = 0
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                while True:
+                    try:
+                        await store.append("support/nowhere", [msg(1)])
+                    except StoreError:
+                        failed += 1
+        assert failed > 10 and store._writer.alone >= failed - 1
+    finally:
+        await store.close()
+
+
 async def test_a_whole_stream_is_read_on_the_writer_thread_never_on_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
