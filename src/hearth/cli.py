@@ -341,7 +341,10 @@ def _serve_reload(app: hearth.App, spec: dict[str, Any]) -> None:
     logs.redact(settings.token)  # uvicorn's handlers exist now (made by Config)
     sock = config.bind_socket()
     os.environ[_RELOAD_SPEC] = json.dumps(spec)
-    click.echo(f"hearth: restarting the server when files under {spec['app_dir']} change")
+    watching = f"hearth: restarting the server when files under {spec['app_dir']} change"
+    if settings.log_format == "json":
+        watching = _json_line(watching, app_dir=spec["app_dir"])
+    click.echo(watching)
     ChangeReload(config, target=_serve_reloaded, sockets=[sock]).run()
 
 

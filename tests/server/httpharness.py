@@ -147,6 +147,7 @@ class ServerProcess:
             log = db.parent / "server.log"
         self.log = log
         self.ready_line = ""
+        self.before_ready: list[str] = []  # what it printed on stdout before its ready line
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         with self.log.open("a") as log:
@@ -183,6 +184,7 @@ class ServerProcess:
             if "serving http" in line:
                 self.ready_line = line.strip()
                 return self
+            self.before_ready.append(line.strip())
         self.kill()
         raise RuntimeError(f"hearth serve did not start:\n{self.log.read_text()[-3000:]}")
 

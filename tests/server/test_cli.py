@@ -562,7 +562,8 @@ def test_serve_reload_serves_as_serve_does(tmp_path: Path, access_log: bool) -> 
     server = ServerProcess(tmp_path / "h.db", args=(*args, *(["--access-log"] * access_log)))
     server.start()
     try:
-        url = json.loads(server.ready_line)["url"]  # (a JSON line too)
+        url = json.loads(server.ready_line)["url"]  # (a JSON line too, as every line before)
+        assert [json.loads(line)["logger"] for line in server.before_ready] == ["hearth.serve"]
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), server.ready_line
         with httpx2.Client(base_url=url, timeout=10) as http:
             assert http.get("/healthz", params={"token": "secret-token-1"}).status_code == 200
