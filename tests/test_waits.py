@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import waitapp
+from earlyapp import EarlyWaits
 
 import hearth
 from hearth.records import Record, ToolOutcome, WaitResolved, WaitStarted
@@ -197,57 +198,13 @@ async def test_state_written_before_the_pause_commits_with_the_resumed_batch(log
     assert ran(log, "note") == 1
 
 
-class EarlyAnswer:
-    """A durable tool that sends its wait's id out before it waits, and a sibling call that
-    holds the batch open until released: the wait is recorded only once the batch pauses."""
-
-    def __init__(self) -> None:
-        self.wait_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.where: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.release = asyncio.Event()
-
-        @hearth.tool(durable=True)
-        async def ask(ctx: hearth.ToolContext) -> Any:
-            """Ask a person."""
-            if not self.wait_id.done():
-                self.wait_id.set_result(ctx.step.wait_id("approval"))  # (the mail with a link)
-                self.where.set_result(ctx.conversation_id)
-            return await ctx.step.wait("approval", prompt="ok?")
-
-        @hearth.tool
-        async def slow() -> str:
-            """Take a while."""
-            await self.release.wait()
-            return "slow done"
-
-        @hearth.agent
-        def early(ctx: hearth.AgentContext) -> str:
-            ctx.use_model("scripted/early")
-            ctx.use_tool(ask)
-            ctx.use_tool(slow)
-            return ""
-
-        model = ScriptedModel("early", [calls(call("ask"), call("slow")), reply("done")])
-
-        @hearth.agent
-        def boss(ctx: hearth.AgentContext) -> str:
-            ctx.use_model("scripted/boss")
-            ctx.use_subagent(early, description="asks a person")
-            return ""
-
-        delegating = ScriptedModel(
-            "boss", [calls(call("task", agent="early", prompt="go")), reply("boss done")]
-        )
-        self.app = hearth.App([early, boss], db="memory", providers=[model, delegating])
-
-
 async def test_an_answer_sent_before_its_wait_is_recorded_is_held_and_given_once_it_is() -> None:
     """The approver answered the link while a sibling call still ran: 404 wait_not_found, and
     the answer was lost (the id is documented as one to send before waiting)."""
-    early = EarlyAnswer()
+    early = EarlyWaits()
     async with early.app.run() as rt:
         receipt = await rt.dispatch("early", "c-1", "go")
-        wait_id = await asyncio.wait_for(early.wait_id, 10)
+        _, wait_id = await asyncio.to_thread(early.first_asked)
         answering = asyncio.ensure_future(rt.resolve("early", "c-1", wait_id, {"ok": True}))
         await asyncio.sleep(0.3)
         assert not answering.done()  # held: the batch has not paused yet
@@ -264,11 +221,11 @@ async def test_an_answer_sent_before_its_wait_is_recorded_is_held_and_given_once
 async def test_an_early_answer_to_a_delegated_tasks_wait_is_held_while_its_parent_runs() -> None:
     """The task's conversation has no submission of its own (its parent's runs it): the answer
     was refused at once with 404, although the wait was about to be recorded."""
-    early = EarlyAnswer()
+    early = EarlyWaits()
     async with early.app.run() as rt:
         receipt = await rt.dispatch("boss", "c-1", "delegate")
-        wait_id = await asyncio.wait_for(early.wait_id, 10)
-        agent, _, child = (await early.where).partition("/")
+        where, wait_id = await asyncio.to_thread(early.first_asked)
+        agent, _, child = where.partition("/")
         assert agent == "early" and child.startswith("c-1.task-")
         answering = asyncio.ensure_future(rt.resolve(agent, child, wait_id, "yes"))
         await asyncio.sleep(0.3)
@@ -283,10 +240,10 @@ async def test_past_so_many_held_answers_one_more_is_not_held(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("hearth.runtime.runtime.EARLY_ANSWERS_HELD", 2)
-    early = EarlyAnswer()
+    early = EarlyWaits()
     async with early.app.run() as rt:
         receipt = await rt.dispatch("early", "c-1", "go")
-        await asyncio.wait_for(early.wait_id, 10)
+        await asyncio.to_thread(early.first_asked)
         held = [
             asyncio.ensure_future(rt.resolve("early", "c-1", f"w_{n:024x}", True)) for n in (1, 2)
         ]
@@ -306,10 +263,10 @@ async def test_an_unknown_wait_of_a_conversation_with_nothing_running_is_refused
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("hearth.runtime.runtime.EARLY_ANSWER_S", 600.0)
-    early = EarlyAnswer()
+    early = EarlyWaits()
     async with early.app.run() as rt:
         receipt = await rt.dispatch("early", "c-1", "go")
-        wait_id = await asyncio.wait_for(early.wait_id, 10)
+        _, wait_id = await asyncio.to_thread(early.first_asked)
         early.release.set()
         await until_waiting(rt, receipt.submission_id)
         async with asyncio.timeout(10):  # not held: nothing of the conversation runs

@@ -122,6 +122,13 @@ url_option = click.option(
     show_default="HEARTH_URL, or http://127.0.0.1:8000",
     help="The server's base URL.",
 )
+app_dir_option = click.option(
+    "--app-dir",
+    default=".",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Where to import MODULE from.",
+)
 token_option = click.option(
     "--token", envvar="HEARTH_TOKEN", default=None, help="Bearer token (HEARTH_TOKEN)."
 )
@@ -162,13 +169,7 @@ def main() -> None:
     help="Log lines as text or one JSON object each (HEARTH_LOG_FORMAT).",
 )
 @click.option("--reload", is_flag=True, help="Restart when code changes (development).")
-@click.option(
-    "--app-dir",
-    default=".",
-    show_default=True,
-    type=click.Path(exists=True, file_okay=False),
-    help="Where to import MODULE from.",
-)
+@app_dir_option
 @click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
@@ -799,13 +800,7 @@ async def _waits_in(db: str) -> list[Any]:
 @main.command()
 @click.argument("app_ref", metavar="MODULE:APP")
 @click.option("--db", default=None, help="Database URL; default the app's (HEARTH_DB).")
-@click.option(
-    "--app-dir",
-    default=".",
-    show_default=True,
-    type=click.Path(exists=True, file_okay=False),
-    help="Where to import MODULE from.",
-)
+@app_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
     """Before a deploy: what recovery would do to unsettled work under MODULE:APP.

@@ -19,12 +19,13 @@ from typing import Any
 import httpx2
 import pytest
 import waitapp
+from earlyapp import EarlyWaits
 from httpharness import HERE, SRC, ServerProcess, ThreadServer, wait_until
 from pgcluster import Cluster
 
 import hearth
 from hearth.records import WaitResolved
-from hearth.testing import ScriptedModel, call, calls, reply
+from hearth.testing import ScriptedModel, call, calls
 from hearth.testing.crash import with_store
 from hearth.testing.invariants import assert_invariants
 
@@ -318,7 +319,6 @@ def test_a_wait_in_a_subagent_the_app_does_not_list_is_read_and_resolved_over_ht
 ) -> None:
     """GET /waits listed it, and then its conversation and its resolve answered 404
     unknown_agent: the parent waited for good."""
-    from hearth.testing import ScriptedModel, call, calls
     from test_subagents import answering, manager
 
     models = [
@@ -353,51 +353,28 @@ def test_a_wait_in_a_subagent_the_app_does_not_list_is_read_and_resolved_over_ht
         server.stop()
 
 
-class EarlyWaits:
-    """A durable tool that sends its wait's id out before it waits, beside an ordinary call that
-    holds the batch open until released: the wait is recorded only once the batch pauses."""
+def early_server(tmp_path: Path) -> tuple[EarlyWaits, ThreadServer]:
+    early = EarlyWaits(str(tmp_path / "h.db"))
+    return early, ThreadServer(early.app).start()
 
-    def __init__(self, db: str) -> None:
-        self.wait_ids: queue.Queue[str] = queue.Queue()
-        self.release = threading.Event()
 
-        @hearth.tool(durable=True)
-        async def ask(ctx: hearth.ToolContext) -> Any:
-            """Ask a person."""
-            self.wait_ids.put(ctx.step.wait_id("approval"))  # (the mail with a link)
-            return await ctx.step.wait("approval", prompt="ok?")
-
-        @hearth.tool
-        async def slow() -> str:
-            """Take a while."""
-            await asyncio.to_thread(self.release.wait, 60)
-            return "slow done"
-
-        @hearth.agent
-        def early(ctx: hearth.AgentContext) -> str:
-            ctx.use_model("scripted/early")
-            ctx.use_tool(ask)
-            ctx.use_tool(slow)
-            return ""
-
-        model = ScriptedModel("early", [calls(call("ask"), call("slow")), reply("done")])
-        self.server = ThreadServer(hearth.App([early], db=db, providers=[model], port=0))
+def answer_meanwhile(http: httpx2.Client, wait_id: str, value: Any) -> queue.Queue[httpx2.Response]:
+    """Answer ``wait_id`` of ``early/c-1`` from a thread; its response arrives in the queue."""
+    answers: queue.Queue[httpx2.Response] = queue.Queue()
+    path = f"/agents/early/c-1/waits/{wait_id}"
+    threading.Thread(
+        target=lambda: answers.put(http.post(path, json={"value": value})), daemon=True
+    ).start()
+    return answers
 
 
 def test_an_early_answer_over_http_is_held_until_its_wait_is_recorded(tmp_path: Path) -> None:
-    early = EarlyWaits(str(tmp_path / "h.db"))
-    early.server.start()
+    early, server = early_server(tmp_path)
     try:
-        with httpx2.Client(base_url=early.server.url, timeout=30) as http:
+        with httpx2.Client(base_url=server.url, timeout=30) as http:
             sid = http.post("/agents/early/c-1", json={"message": "go"}).json()["submission_id"]
-            wait_id = early.wait_ids.get(timeout=10)
-            answers: queue.Queue[httpx2.Response] = queue.Queue()
-            threading.Thread(
-                target=lambda: answers.put(
-                    http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "yes"})
-                ),
-                daemon=True,
-            ).start()
+            _, wait_id = early.first_asked()
+            answers = answer_meanwhile(http, wait_id, "yes")
             time.sleep(0.3)
             assert answers.empty()  # held: the batch has not paused
             early.release.set()
@@ -407,7 +384,7 @@ def test_an_early_answer_over_http_is_held_until_its_wait_is_recorded(tmp_path: 
             assert settled(http, "early/c-1", sid)["outcome"] == "completed"
     finally:
         early.release.set()
-        early.server.stop()
+        server.stop()
 
 
 def test_a_shutdown_answers_a_held_answer_503_to_send_again(
@@ -416,21 +393,14 @@ def test_a_shutdown_answers_a_held_answer_503_to_send_again(
     """It was held its whole 20 s, holding the shutdown, and then answered 404 wait_not_found:
     a client took the answer as refused, and the wait stayed pending after the restart."""
     monkeypatch.setattr("hearth.runtime.runtime.EARLY_ANSWER_S", 600.0)
-    early = EarlyWaits(str(tmp_path / "h.db"))
-    early.server.start()
+    early, server = early_server(tmp_path)
     try:
-        with httpx2.Client(base_url=early.server.url, timeout=60) as http:
+        with httpx2.Client(base_url=server.url, timeout=60) as http:
             http.post("/agents/early/c-1", json={"message": "go"})
-            wait_id = early.wait_ids.get(timeout=10)
-            answers: queue.Queue[httpx2.Response] = queue.Queue()
-            threading.Thread(
-                target=lambda: answers.put(
-                    http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "yes"})
-                ),
-                daemon=True,
-            ).start()
+            _, wait_id = early.first_asked()
+            answers = answer_meanwhile(http, wait_id, "yes")
             time.sleep(0.3)
-            stopping = threading.Thread(target=early.server.stop, daemon=True)
+            stopping = threading.Thread(target=server.stop, daemon=True)
             stopping.start()
             # Answered as the shutdown begins, not once its grace (20 s) has run out.
             answer = answers.get(timeout=10)
@@ -440,18 +410,17 @@ def test_a_shutdown_answers_a_held_answer_503_to_send_again(
             stopping.join(30)
     finally:
         early.release.set()
-        early.server.stop()
+        server.stop()
 
 
 def test_a_held_answer_whose_client_hung_up_is_not_given(tmp_path: Path) -> None:
     """The client gave up (its timeout) and was told nothing; the answer was given seconds
     later anyway, and a second try with another value met a 409."""
-    early = EarlyWaits(str(tmp_path / "h.db"))
-    early.server.start()
+    early, server = early_server(tmp_path)
     try:
-        with httpx2.Client(base_url=early.server.url, timeout=30) as http:
+        with httpx2.Client(base_url=server.url, timeout=30) as http:
             http.post("/agents/early/c-1", json={"message": "go"})
-            wait_id = early.wait_ids.get(timeout=10)
+            _, wait_id = early.first_asked()
             with pytest.raises(httpx2.ReadTimeout):
                 http.post(f"/agents/early/c-1/waits/{wait_id}", json={"value": "gone"}, timeout=0.5)
             time.sleep(0.5)  # (the server hears of the hang-up)
@@ -464,4 +433,4 @@ def test_a_held_answer_whose_client_hung_up_is_not_given(tmp_path: Path) -> None
             assert again.status_code == 200, again.text
     finally:
         early.release.set()
-        early.server.stop()
+        server.stop()
