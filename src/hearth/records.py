@@ -228,13 +228,9 @@ class ToolResultsCommitted(Record):
 @dataclass(frozen=True, kw_only=True)
 class ToolStepSettled(Record):
     type: ClassVar[str] = "tool_step_settled"
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"state_writes"})
     tool_call_id: str
     step: str
     value: JSON
-    # The state the step's function set (name → value, in the order set), made again when the
-    # step replays; None when it set none.
-    state_writes: dict[str, JSON] | None = None
 
 
 @_register

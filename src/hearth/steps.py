@@ -177,8 +177,6 @@ class Steps:
             _faults.reached(f"step-done:{name}")
             await self._record(name, value, dict(sets))
         self._recorded[name] = value
-        if sets:
-            self._recorded_sets[name] = dict(sets)
         return value
 
     async def transaction(self, name: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:

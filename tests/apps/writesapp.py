@@ -3,7 +3,8 @@ a JSON list of calls ``[[tool, id, {args}], ...]``, asked for in one batch; then
 
 ``ord`` (ordinary) and ``dur`` (durable: its work is a step) each wait ``pre`` seconds, set state
 ``key`` (``a`` or ``b``) to ``value``, then wait ``post`` seconds. ``inside`` (durable) sets it
-inside a step's function, then waits ``post`` seconds in another step.
+inside a step's function, then waits ``post`` seconds in another step; ``pair`` sets it in two
+steps run at once, the one asked for first setting it last.
 """
 
 from __future__ import annotations
@@ -57,9 +58,25 @@ def w(ctx: hearth.AgentContext) -> str:
         await ctx.step.do("work", lambda: asyncio.sleep(post))
         return f"set {key}"
 
+    @hearth.tool(durable=True)
+    async def pair(key: str, ctx: hearth.ToolContext, post: float = 0) -> str:
+        """Two steps at once set ``key``: the one asked for first sets it last."""
+
+        async def late() -> None:
+            await asyncio.sleep(0.2)
+            set_state(key, "late")
+
+        async def early() -> None:
+            set_state(key, "early")
+
+        await asyncio.gather(ctx.step.do("late", late), ctx.step.do("early", early))
+        await ctx.step.do("work", lambda: asyncio.sleep(post))
+        return f"set {key}"
+
     ctx.use_tool(ordinary)
     ctx.use_tool(dur)
     ctx.use_tool(inside)
+    ctx.use_tool(pair)
     return "Set what you are asked to."
 
 

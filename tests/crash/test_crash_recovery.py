@@ -24,6 +24,8 @@ from hearth.records import (
 
 pytestmark = pytest.mark.crash
 
+ENVELOPE = {"offset", "id", "type", "submission_id", "attempt", "at"}
+
 
 def of(records: list[Record], kind: type[Record]) -> list[Record]:
     return [r for r in records if isinstance(r, kind)]
@@ -255,8 +257,29 @@ def test_state_set_inside_a_step_is_set_again_when_the_step_replays(
     if crash:
         assert lab.harness.run().ok
     assert lab.harness.state("w/x") == {"a": "kept"}
-    [set_step] = [r for r in of(lab.harness.history("w/x"), ToolStepSettled) if r.step == "set"]
-    assert set_step.state_writes == {"a": "kept"}
+    # Kept in a record of its own, whose fields every release knows: an older one, beside a
+    # newer in a rolling redeploy, refuses a record with a field it does not know.
+    steps = of(lab.harness.history("w/x"), ToolStepSettled)
+    assert {r.step for r in steps} == {"set", "hearth.sets:set", "work"}
+    for r in steps:
+        assert set(r.to_json()) == ENVELOPE | {"tool_call_id", "step", "value"}
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_of_two_steps_run_at_once_the_one_that_set_last_wins_after_a_crash_too(
+    make_lab: Callable[[str], Lab], crash: bool
+) -> None:
+    """Replays come in the order the steps are asked for again: the one asked for first, whose
+    set came last, set its value first, and the other's (older) value won."""
+    lab = make_lab("writesapp:app")
+    batch = [["pair", "p1", {"key": "a", "post": 0.3}]]
+    run = lab.harness.run(
+        dispatch=[("w", "x", json.dumps(batch))], crash_at="step:work" if crash else None
+    )
+    assert run.killed is crash
+    if crash:
+        assert lab.harness.run().ok
+    assert lab.harness.state("w/x") == {"a": "late"}
 
 
 def test_a_restarted_process_takes_over_a_dead_local_owner_without_waiting_for_the_lease(

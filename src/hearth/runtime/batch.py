@@ -46,6 +46,7 @@ from hearth.runtime.outcomes import (
 )
 from hearth.runtime.reconcile import ask, reconcile_call
 from hearth.runtime.recovery import (
+    SETS_STEP,
     TASK_TOOL,
     CallPlan,
     InterruptedTool,
@@ -373,21 +374,25 @@ class ToolBatch:
             and r.tool_call_id == call.tool_call_id
             and r.id.startswith(ours)
         ]
-        recorded = {r.step: r.value for r in steps}
-        recorded_sets = {r.step: r.state_writes for r in steps if r.state_writes}
+        recorded = {r.step: r.value for r in steps if not r.step.startswith(SETS_STEP)}
+        recorded_sets = _recorded_sets(steps)
         metrics = self.scope.env.metrics
         traced = telemetry.recording()  # asked once per call: the answer costs an environ lookup
 
         async def record(name: str, value: Any, sets: dict[str, Any]) -> None:
-            await self.journal.append(
-                ToolStepSettled(
-                    id=f"{prefix}{name}",
-                    tool_call_id=call.tool_call_id,
-                    step=name,
-                    value=value,
-                    state_writes=sets or None,
-                )
+            step = ToolStepSettled(
+                id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
             )
+            if not sets:
+                await self.journal.append(step)
+                return
+            kept = ToolStepSettled(
+                id=f"{prefix}{SETS_STEP}{name}",
+                tool_call_id=call.tool_call_id,
+                step=f"{SETS_STEP}{name}",
+                value={"step": name, "sets": sets},
+            )
+            await self.journal.append(step, kept)  # (one transaction)
 
         async def transact(name: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
             async def work(conn: Any) -> Any:
@@ -457,6 +462,27 @@ def _step_sets() -> Iterator[dict[str, Any]]:
         yield sets.writes
     finally:
         current_unit.reset(token)
+
+
+def _recorded_sets(steps: list[ToolStepSettled]) -> dict[str, dict[str, Any]]:
+    """What each recorded step's function set (``SETS_STEP`` records), to be set again as it
+    replays. A name that a step recorded later also set is that later step's alone: replays
+    come in the order the steps are asked for again, not in the order their sets were made
+    (two steps run at once)."""
+    found: dict[str, dict[str, Any]] = {}
+    later: set[str] = set()
+    for r in reversed(steps):  # (in stream order: the order the steps were recorded)
+        value = r.value
+        if not (r.step.startswith(SETS_STEP) and isinstance(value, dict)):
+            continue
+        sets = value.get("sets")
+        if not isinstance(sets, dict):
+            continue
+        mine = {name: v for name, v in sets.items() if name not in later}
+        later.update(sets)
+        if mine:
+            found[str(value.get("step"))] = mine
+    return found
 
 
 def _set_again(sets: dict[str, Any]) -> None:

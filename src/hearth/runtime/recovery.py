@@ -39,6 +39,12 @@ RERUN_STEP = "hearth.rerun"
 # batch commits, appended with that outcome: a recovery that completes the batch commits them.
 WRITES_STEP = "hearth.state_writes"
 BOOKKEEPING_STEPS = frozenset({RERUN_STEP, WRITES_STEP})
+# The bookkeeping step that keeps what a step's function set (``hearth.sets:`` and the step's
+# name, value ``{"step", "sets"}``), appended with the step's record: a replay sets it again. A
+# record of its own, not a new field of the step's: an older release, running beside a newer
+# one in a rolling redeploy, refuses a record with a field it does not know, and reads this one
+# as a step nobody asks for.
+SETS_STEP = "hearth.sets:"
 TRANSIENT_BUDGET = 3  # consecutive transient provider errors retried per submission
 BACKOFF_BASE_S = 2.0
 

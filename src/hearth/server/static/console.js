@@ -295,7 +295,8 @@
         li = entry(rec, `tool results committed (${rec.tool_call_ids.length})`, "system minor");
         break;
       case "tool_step_settled":
-        if (rec.step === "hearth.state_writes") break; // hearth's bookkeeping: its batch's state shows it
+        // hearth's bookkeeping of state writes: the state shows where it commits
+        if (rec.step === "hearth.state_writes" || rec.step.startsWith("hearth.sets:")) break;
         li = entry(rec, `step · ${rec.step}`, "step");
         body(li, short(rec.value, 300), "data");
         break;
