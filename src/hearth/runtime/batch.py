@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -430,7 +431,7 @@ class ToolBatch:
             waits_ended=ended,
             transact=transact,
             before_run=self.scope.confirm_claim,
-            capture=_step_sets,
+            capture=_Capture,
             replay=_set_again,
             recorded_sets=recorded_sets,
         )
@@ -449,19 +450,24 @@ class _StepSets(StateBuffer):
         self.writes[name] = value
 
 
-@contextlib.contextmanager
-def _step_sets() -> Iterator[dict[str, Any]]:
-    """While a step's function runs: what it sets, set as in the call and gathered."""
-    unit = current_unit.get()
-    if unit is None:
-        yield {}
-        return
-    sets = _StepSets(unit)
-    token = current_unit.set(sets)
-    try:
-        yield sets.writes
-    finally:
-        current_unit.reset(token)
+class _Capture:
+    """While a step's function runs: what it sets, set as in the call and gathered. A plain
+    class: a generator context manager per step costs more than the rest of its bookkeeping."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> dict[str, Any]:
+        self._token: contextvars.Token[StateBuffer | None] | None = None
+        unit = current_unit.get()
+        if unit is None:
+            return {}
+        sets = _StepSets(unit)
+        self._token = current_unit.set(sets)
+        return sets.writes
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            current_unit.reset(self._token)
 
 
 def _recorded_sets(steps: list[ToolStepSettled]) -> dict[str, dict[str, Any]]:
@@ -471,7 +477,7 @@ def _recorded_sets(steps: list[ToolStepSettled]) -> dict[str, dict[str, Any]]:
     (two steps run at once)."""
     found: dict[str, dict[str, Any]] = {}
     later: set[str] = set()
-    for r in reversed(steps):  # (in stream order: the order the steps were recorded)
+    for r in reversed(steps):  # (from the step recorded last back to the first)
         value = r.value
         if not (r.step.startswith(SETS_STEP) and isinstance(value, dict)):
             continue
