@@ -909,6 +909,28 @@ async def test_a_step_name_no_store_can_keep_is_refused_in_the_tool(
     assert (kept.name, kept.is_error, kept.content) == ("longest", False, "kept")
 
 
+async def test_a_step_or_wait_name_of_hearths_own_is_refused_and_a_recorded_one_replays() -> None:
+    """A step named ``hearth.sets:pay`` was left out of the recorded steps (hearth's
+    bookkeeping name) and ran again after a crash; beside a step ``pay`` that set state, its
+    record took the bookkeeping record's id (an IntegrityError reached the model)."""
+    from hearth.steps import Steps
+
+    recorded: list[str] = []
+
+    async def record(name: str, value: Any, gathered: Any) -> None:
+        recorded.append(name)
+
+    steps = Steps("call", {"hearth.old": "kept"}, record)
+    for name in ("hearth.sets:pay", "hearth.rerun", "hearth."):
+        with pytest.raises(hearth.StepError, match="hearth's own"):
+            await steps.do(name, lambda: "ran")
+    with pytest.raises(hearth.StepError, match="hearth's own"):
+        await steps.wait("hearth.approval")
+    assert await steps.do("hearth.old", lambda: "ran again") == "kept"  # (recorded: replays)
+    assert await steps.do("hearthy", lambda: "ran") == "ran"
+    assert recorded == ["hearthy"]
+
+
 async def test_a_long_step_name_recorded_before_the_limit_still_replays() -> None:
     """A durable call re-executed after an upgrade replays its recorded steps, whatever their
     names: a name over 256 characters, recorded on SQLite before names had a limit, returns its

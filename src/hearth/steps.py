@@ -54,6 +54,10 @@ def json_value(name: str, value: Any) -> Any:
         raise StepError(f"step {name!r} returned a value that is not JSON: {exc}") from None
 
 
+# Step (and wait) names hearth keeps for its own bookkeeping records of a call.
+RESERVED_PREFIX = "hearth."
+
+
 def wait_id_for(message_id: str, tool_call_id: str, name: str) -> str:
     """The deterministic id of the wait ``name`` of one tool call (safe in a URL path)."""
     digest = hashlib.sha256(f"{message_id}\n{tool_call_id}\n{name}".encode()).hexdigest()
@@ -152,6 +156,11 @@ class Steps:
             # (A recorded name always replays: one recorded before names had a length limit
             # stays readable.)
             raise StepError(name_rule("step", name))
+        if name.startswith(RESERVED_PREFIX) and name not in self._recorded:
+            raise StepError(
+                f"step {name!r}: names starting with {RESERVED_PREFIX!r} are hearth's own (its"
+                " bookkeeping records of a call are steps too); choose another name"
+            )
         if name in self._used:
             raise StepError(f"step {name!r} was already used in this tool call; names are unique")
         self._used.add(name)
@@ -167,7 +176,7 @@ class Steps:
             await self._before_run()
         with self._around(name):
             _faults.reached(f"step:{name}")
-            with self._capture() as sets:
+            with self._capture() as gathered:
                 began = time.monotonic()
                 value = fn()
                 held_the_loop(f"step {name!r}", time.monotonic() - began)
@@ -175,7 +184,7 @@ class Steps:
                     value = await value
             value = json_value(name, value)
             _faults.reached(f"step-done:{name}")
-            await self._record(name, value, dict(sets))
+            await self._record(name, value, gathered)
         self._recorded[name] = value
         return value
 

@@ -4,7 +4,8 @@ a JSON list of calls ``[[tool, id, {args}], ...]``, asked for in one batch; then
 ``ord`` (ordinary) and ``dur`` (durable: its work is a step) each wait ``pre`` seconds, set state
 ``key`` (``a`` or ``b``) to ``value``, then wait ``post`` seconds. ``inside`` (durable) sets it
 inside a step's function, then waits ``post`` seconds in another step; ``pair`` sets it in two
-steps run at once, the one asked for first setting it last.
+steps run at once, the one asked for first setting it last; ``crossed`` too, the one that sets
+it first recorded last.
 """
 
 from __future__ import annotations
@@ -73,10 +74,27 @@ def w(ctx: hearth.AgentContext) -> str:
         await ctx.step.do("work", lambda: asyncio.sleep(post))
         return f"set {key}"
 
+    @hearth.tool(durable=True)
+    async def crossed(key: str, ctx: hearth.ToolContext, post: float = 0) -> str:
+        """Two steps at once set ``key``: the one that sets it first is recorded last."""
+
+        async def first() -> None:
+            set_state(key, "first")
+            await asyncio.sleep(0.4)
+
+        async def second() -> None:
+            await asyncio.sleep(0.2)
+            set_state(key, "second")
+
+        await asyncio.gather(ctx.step.do("first", first), ctx.step.do("second", second))
+        await ctx.step.do("work", lambda: asyncio.sleep(post))
+        return f"set {key}"
+
     ctx.use_tool(ordinary)
     ctx.use_tool(dur)
     ctx.use_tool(inside)
     ctx.use_tool(pair)
+    ctx.use_tool(crossed)
     return "Set what you are asked to."
 
 

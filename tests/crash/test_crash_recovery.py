@@ -266,20 +266,22 @@ def test_state_set_inside_a_step_is_set_again_when_the_step_replays(
 
 
 @pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize(("tool", "last"), [("pair", "late"), ("crossed", "second")])
 def test_of_two_steps_run_at_once_the_one_that_set_last_wins_after_a_crash_too(
-    make_lab: Callable[[str], Lab], crash: bool
+    make_lab: Callable[[str], Lab], crash: bool, tool: str, last: str
 ) -> None:
     """Replays come in the order the steps are asked for again: the one asked for first, whose
-    set came last, set its value first, and the other's (older) value won."""
+    set came last, set its value first, and the other's (older) value won. And the step that
+    set a name last need not be the one recorded last (``crossed``)."""
     lab = make_lab("writesapp:app")
-    batch = [["pair", "p1", {"key": "a", "post": 0.3}]]
+    batch = [[tool, "p1", {"key": "a", "post": 0.3}]]
     run = lab.harness.run(
         dispatch=[("w", "x", json.dumps(batch))], crash_at="step:work" if crash else None
     )
     assert run.killed is crash
     if crash:
         assert lab.harness.run().ok
-    assert lab.harness.state("w/x") == {"a": "late"}
+    assert lab.harness.state("w/x") == {"a": last}
 
 
 def test_a_restarted_process_takes_over_a_dead_local_owner_without_waiting_for_the_lease(

@@ -380,18 +380,23 @@ class ToolBatch:
         metrics = self.scope.env.metrics
         traced = telemetry.recording()  # asked once per call: the answer costs an environ lookup
 
-        async def record(name: str, value: Any, sets: dict[str, Any]) -> None:
+        async def record(name: str, value: Any, gathered: dict[str, Any]) -> None:
             step = ToolStepSettled(
                 id=f"{prefix}{name}", tool_call_id=call.tool_call_id, step=name, value=value
             )
-            if not sets:
+            if not gathered.get("sets"):
                 await self.journal.append(step)
                 return
             kept = ToolStepSettled(
                 id=f"{prefix}{SETS_STEP}{name}",
                 tool_call_id=call.tool_call_id,
                 step=f"{SETS_STEP}{name}",
-                value={"step": name, "sets": sets},
+                # (copies: a task the function started may set more, too late for the step)
+                value={
+                    "step": name,
+                    "sets": dict(gathered["sets"]),
+                    "order": dict(gathered["order"]),
+                },
             )
             await self.journal.append(step, kept)  # (one transaction)
 
@@ -437,33 +442,44 @@ class ToolBatch:
         )
 
 
+# The order of the sets made inside steps' functions, in this process: of two steps of one call
+# (run at once) that set a name, the one that set it last wins on replay too.
+_STEP_SET_ORDER = itertools.count()
+
+
 class _StepSets(StateBuffer):
-    """The state a step's function sets: the call's, and kept apart for the step's record."""
+    """The state a step's function sets: the call's, and kept apart for the step's record, each
+    with its place among the sets made inside steps (``order``)."""
 
     def __init__(self, call: StateBuffer) -> None:
         super().__init__(call.committed)
         self.call = call
+        self.order: dict[str, int] = {}
 
     def set(self, name: str, value: Any) -> None:
         self.call.set(name, value)  # (refused once the call's writes were taken)
         self.writes.pop(name, None)  # (in the order of the last sets)
         self.writes[name] = value
+        self.order[name] = next(_STEP_SET_ORDER)
 
 
 class _Capture:
-    """While a step's function runs: what it sets, set as in the call and gathered. A plain
-    class: a generator context manager per step costs more than the rest of its bookkeeping."""
+    """While a step's function runs: what it sets, set as in the call and gathered (``sets``
+    and ``order`` for the step's record). A plain class: a generator context manager per step
+    costs more than the rest of its bookkeeping."""
 
     __slots__ = ("_token",)
 
     def __enter__(self) -> dict[str, Any]:
         self._token: contextvars.Token[StateBuffer | None] | None = None
+        gathered: dict[str, Any] = {}
         unit = current_unit.get()
         if unit is None:
-            return {}
+            return gathered
         sets = _StepSets(unit)
         self._token = current_unit.set(sets)
-        return sets.writes
+        gathered["sets"], gathered["order"] = sets.writes, sets.order
+        return gathered
 
     def __exit__(self, *exc: object) -> None:
         if self._token is not None:
@@ -472,22 +488,28 @@ class _Capture:
 
 def _recorded_sets(steps: list[ToolStepSettled]) -> dict[str, dict[str, Any]]:
     """What each recorded step's function set (``SETS_STEP`` records), to be set again as it
-    replays. A name that a step recorded later also set is that later step's alone: replays
-    come in the order the steps are asked for again, not in the order their sets were made
-    (two steps run at once)."""
-    found: dict[str, dict[str, Any]] = {}
-    later: set[str] = set()
-    for r in reversed(steps):  # (from the step recorded last back to the first)
+    replays. A name is set again only by the step that set it last, by (attempt, order of the
+    set): replays come in the order the steps are asked for again, not in the order their sets
+    were made (two steps run at once)."""
+    kept: list[tuple[str, dict[str, Any], dict[str, tuple[int, int]]]] = []
+    last: dict[str, tuple[int, int]] = {}  # name → the place of its last set
+    for place, r in enumerate(steps):
         value = r.value
         if not (r.step.startswith(SETS_STEP) and isinstance(value, dict)):
             continue
-        sets = value.get("sets")
+        sets, order = value.get("sets"), value.get("order")
         if not isinstance(sets, dict):
             continue
-        mine = {name: v for name, v in sets.items() if name not in later}
-        later.update(sets)
+        order = order if isinstance(order, dict) else {}
+        places = {name: (r.attempt or 0, int(order.get(name, place))) for name in sets}
+        kept.append((str(value.get("step")), sets, places))
+        for name, at in places.items():
+            last[name] = max(last.get(name, at), at)
+    found: dict[str, dict[str, Any]] = {}
+    for step, sets, places in kept:
+        mine = {name: v for name, v in sets.items() if places[name] == last[name]}
         if mine:
-            found[str(value.get("step"))] = mine
+            found[step] = mine
     return found
 
 
