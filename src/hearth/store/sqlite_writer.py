@@ -249,7 +249,16 @@ class GroupCommitWriter:
             self._queue.put(op)
         elif loop is self._home:
             if not self._collected and _nothing_else_ready(loop) and self._run_alone(op):
-                await self._now_and_then(future)
+                now = time.monotonic()
+                if now - self._yielded >= YIELD_EVERY_S:
+                    # A caller that writes in a loop lets the loop look for I/O and timers
+                    # (one whose writes fail and who tries again too: it froze the process).
+                    self._yielded = now
+                    try:
+                        await asyncio.sleep(0)
+                    except BaseException:
+                        future.exception()  # (cancelled: its operation's error goes too)
+                        raise
                 return future.result()  # (its error is raised here)
             if not self._collected:
                 loop.call_soon(self._dispatch)
@@ -257,20 +266,6 @@ class GroupCommitWriter:
         else:
             self._queue.put(op)
         return await future
-
-    async def _now_and_then(self, answered: asyncio.Future[Any]) -> None:
-        """Yield to the loop if no operation run at once has for ``YIELD_EVERY_S``: a caller
-        that writes in a loop lets the loop look for I/O and timers (one whose writes fail and
-        who tries again too: it froze the process)."""
-        now = time.monotonic()
-        if now - self._yielded < YIELD_EVERY_S:
-            return
-        self._yielded = now
-        try:
-            await asyncio.sleep(0)
-        except BaseException:
-            answered.exception()  # (the caller is cancelled: its operation's error goes too)
-            raise
 
     def _dispatch(self) -> None:
         """At the end of a loop iteration: run what it collected here when the thread is idle,
