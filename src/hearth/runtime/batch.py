@@ -43,6 +43,7 @@ from hearth.runtime.outcomes import (
     interrupted_outcome,
     kept_writes,
     reconciled_done,
+    replayed_sets,
     rerun_started,
 )
 from hearth.runtime.reconcile import ask, reconcile_call
@@ -376,7 +377,7 @@ class ToolBatch:
             and r.id.startswith(ours)
         ]
         recorded = {r.step: r.value for r in steps if not r.step.startswith(SETS_STEP)}
-        recorded_sets = _recorded_sets(steps)
+        recorded_sets = replayed_sets(steps)
         metrics = self.scope.env.metrics
         traced = telemetry.recording()  # asked once per call: the answer costs an environ lookup
 
@@ -442,16 +443,12 @@ class ToolBatch:
         )
 
 
-# The order of the sets made inside steps' functions, in this process: of two steps of one call
-# (run at once) that set a name, the one that set it last wins on replay too.
-_STEP_SET_ORDER = itertools.count()
-
-
 class _StepSets(StateBuffer):
     """The state a step's function sets: the call's, and kept apart for the step's record, each
-    with its place among the sets made inside steps (``order``)."""
+    with its place among the batch's sets (``order``, as the call keeps it): of two steps of
+    one call (run at once) that set a name, the one that set it last wins on replay too."""
 
-    def __init__(self, call: StateBuffer) -> None:
+    def __init__(self, call: _CallState) -> None:
         super().__init__(call.committed)
         self.call = call
         self.order: dict[str, int] = {}
@@ -460,7 +457,7 @@ class _StepSets(StateBuffer):
         self.call.set(name, value)  # (refused once the call's writes were taken)
         self.writes.pop(name, None)  # (in the order of the last sets)
         self.writes[name] = value
-        self.order[name] = next(_STEP_SET_ORDER)
+        self.order[name] = self.call.order[name]
 
 
 class _Capture:
@@ -474,7 +471,7 @@ class _Capture:
         self._token: contextvars.Token[StateBuffer | None] | None = None
         gathered: dict[str, Any] = {}
         unit = current_unit.get()
-        if unit is None:
+        if not isinstance(unit, _CallState):  # (steps are a tool call's: always one)
             return gathered
         sets = _StepSets(unit)
         self._token = current_unit.set(sets)
@@ -484,33 +481,6 @@ class _Capture:
     def __exit__(self, *exc: object) -> None:
         if self._token is not None:
             current_unit.reset(self._token)
-
-
-def _recorded_sets(steps: list[ToolStepSettled]) -> dict[str, dict[str, Any]]:
-    """What each recorded step's function set (``SETS_STEP`` records), to be set again as it
-    replays. A name is set again only by the step that set it last, by (attempt, order of the
-    set): replays come in the order the steps are asked for again, not in the order their sets
-    were made (two steps run at once)."""
-    kept: list[tuple[str, dict[str, Any], dict[str, tuple[int, int]]]] = []
-    last: dict[str, tuple[int, int]] = {}  # name → the place of its last set
-    for place, r in enumerate(steps):
-        value = r.value
-        if not (r.step.startswith(SETS_STEP) and isinstance(value, dict)):
-            continue
-        sets, order = value.get("sets"), value.get("order")
-        if not isinstance(sets, dict):
-            continue
-        order = order if isinstance(order, dict) else {}
-        places = {name: (r.attempt or 0, int(order.get(name, place))) for name in sets}
-        kept.append((str(value.get("step")), sets, places))
-        for name, at in places.items():
-            last[name] = max(last.get(name, at), at)
-    found: dict[str, dict[str, Any]] = {}
-    for step, sets, places in kept:
-        mine = {name: v for name, v in sets.items() if places[name] == last[name]}
-        if mine:
-            found[step] = mine
-    return found
 
 
 def _set_again(sets: dict[str, Any]) -> None:

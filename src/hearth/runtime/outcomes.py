@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hearth.effects import DONE, NOT_DONE, Done
@@ -14,7 +14,13 @@ from hearth.records import (
     ToolResultsCommitted,
     ToolStepSettled,
 )
-from hearth.runtime.recovery import RERUN_STEP, WRITES_STEP, InterruptedTool, MessageView
+from hearth.runtime.recovery import (
+    RERUN_STEP,
+    SETS_STEP,
+    WRITES_STEP,
+    InterruptedTool,
+    MessageView,
+)
 
 
 def call_outcome(
@@ -99,29 +105,61 @@ def call_writes(
     )
 
 
+# Where a set of state was made: its attempt, its place among that attempt's sets in the batch,
+# and (for sets of one place) its record's place in the stream. Of a name's sets, the one at
+# the latest place is the one set last.
+Place = tuple[int, int, int]
+
+
+def placed_sets(
+    records: Sequence[Record], step: str, key: str
+) -> Iterator[tuple[Place, ToolStepSettled, str, Any]]:
+    """The sets of state that bookkeeping records of ``step`` (or starting with it) keep, as
+    ``{key: {name: value}, "order": {name: place among the batch's sets}}``, each with its
+    ``Place``."""
+    for position, r in enumerate(records):
+        if not (
+            isinstance(r, ToolStepSettled)
+            and r.step.startswith(step)
+            and isinstance(r.value, dict)
+            and isinstance(r.value.get(key), dict)
+        ):
+            continue
+        order = r.value.get("order")
+        order = order if isinstance(order, dict) else {}
+        for name, value in r.value[key].items():
+            at = order.get(name)
+            yield (r.attempt or 0, at if isinstance(at, int) else 0, position), r, name, value
+
+
 def kept_writes(records: Sequence[Record], message_id: str, since: int) -> dict[str, Any]:
     """The state writes of the calls of ``message_id`` whose outcomes attempts after ``since``
     recorded before the batch committed (those of earlier attempts are in what a pause
     carried), each name at the value set last, as the batch would have committed it."""
     prefix = f"{message_id}:writes:"
-    made: list[tuple[int, int, str, Any]] = []  # (attempt, order, name, value)
-    for r in records:
-        if not (
-            isinstance(r, ToolStepSettled)
-            and r.step == WRITES_STEP
-            and r.id.startswith(prefix)
-            and (r.attempt or 0) > since
-            and isinstance(r.value, dict)
-            and isinstance(r.value.get("writes"), dict)
-        ):
-            continue
-        order = r.value.get("order")
-        order = order if isinstance(order, dict) else {}
-        for name, value in r.value["writes"].items():
-            at = order.get(name)
-            made.append((r.attempt or 0, at if isinstance(at, int) else 0, name, value))
-    made.sort(key=lambda m: (m[0], m[1]))
-    return {name: value for _, _, name, value in made}
+    made = [
+        (place, name, value)
+        for place, r, name, value in placed_sets(records, WRITES_STEP, "writes")
+        if r.id.startswith(prefix) and (r.attempt or 0) > since
+    ]
+    made.sort(key=lambda m: m[0])
+    return {name: value for _, name, value in made}
+
+
+def replayed_sets(steps: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """What the functions of one call's recorded steps set (``SETS_STEP`` records), by step, to
+    be set again as each replays. A name is set again only by the step that set it last:
+    replays come in the order the steps are asked for again, not in the order their sets were
+    made (two steps run at once)."""
+    placed = list(placed_sets(steps, SETS_STEP, "sets"))
+    last: dict[str, Place] = {}
+    for place, _, name, _ in placed:
+        last[name] = max(last.get(name, place), place)
+    found: dict[str, dict[str, Any]] = {}
+    for place, r, name, value in placed:
+        if place == last[name]:
+            found.setdefault(str(r.value["step"]), {})[name] = value
+    return found
 
 
 def batch_committed(view: MessageView) -> ToolResultsCommitted:
