@@ -7,9 +7,12 @@ locking):
 - ``floor``: plain ``sqlite3`` committing one 150-byte row (as ``bench/peers.py``'s floor).
 - ``sql``: the statements a step's fenced append runs (fence and end, insert, update) with their
   parameters made beforehand, on hearth's schema: what the disk and SQLite cost for hearth's rows.
+- ``json``: the same statements, each step's record made as a plain dict and encoded once with
+  ``json.dumps`` inside the timing: the least Python any program must run to store these rows
+  (SPEC's fence, dense offset and JSON record), with no digest, no record class, no event loop.
 - ``ops.append``: ``sqlite_ops.append`` called directly on the connection, inside
-  ``BEGIN IMMEDIATE``/``COMMIT``: adds encoding the record (JSON and its digest) and the fence
-  check, all in Python.
+  ``BEGIN IMMEDIATE``/``COMMIT``: adds hearth's record classes and the digest (encoding the
+  record twice: its stored body and its canonical content), all in Python.
 - ``store.append``: awaited through ``SQLiteStore`` on an event loop: adds the writer's hand-off
   and the future.
 - ``step.do``: a durable tool's step (``bench/step_overhead.py``): adds the runtime (the step
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sqlite3
 import statistics
@@ -48,7 +52,7 @@ from hearth.store.sqlite import SQLiteStore
 from hearth.store.sqlite_schema import connect
 from hearth.store.sqlite_writer import GroupCommitWriter
 
-LAYERS = ("floor", "sql", "ops.append", "store.append", "step.do")
+LAYERS = ("floor", "sql", "json", "ops.append", "store.append", "step.do")
 CONVERSATION = "anatomy/c-1"
 
 
@@ -82,7 +86,7 @@ def run_floor(where: Path, n: int) -> list[float]:
     return timed(n, lambda _: commit())
 
 
-def run_on_connection(where: Path, n: int, *, work: bool) -> list[float]:
+def run_on_connection(where: Path, n: int, *, work: bool, encode: bool = False) -> list[float]:
     path = where / "hearth.db"
     fence = asyncio.run(_prepare_and_close(path))
     conn = connect(str(path), "FULL")
@@ -103,6 +107,8 @@ def run_on_connection(where: Path, n: int, *, work: bool) -> list[float]:
         last = conn.execute(
             "SELECT last_offset FROM conversations WHERE conversation_id = ?", (CONVERSATION,)
         ).fetchone()[0]
+        if encode:
+            return timed(n, least(conn, fence, last))
         rows = []
         for i in range(n):
             body, digest = step_record(i, fence).encode(last + 1 + i)
@@ -127,6 +133,40 @@ def run_on_connection(where: Path, n: int, *, work: bool) -> list[float]:
         return timed(n, statements)
     finally:
         conn.close()
+
+
+def least(conn: sqlite3.Connection, fence: Fence, last: int) -> Callable[[int], None]:
+    """One step's record as a plain dict, encoded once, and the fenced statements that store it."""
+    submission_id = fence.submission_id
+
+    def one(i: int) -> None:
+        offset, record_id = last + 1 + i, f"m_1:step:call_1:s{i}"
+        record = {
+            "offset": offset,
+            "id": record_id,
+            "type": "tool_step_settled",
+            "submission_id": submission_id,
+            "attempt": fence.attempt,
+            "at": "2026-12-07T00:00:00.000Z",
+            "tool_call_id": "call_1",
+            "step": f"s{i}",
+            "value": 1,
+        }
+        body = json.dumps(record, separators=(",", ":"))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(sqlite_ops._FENCE_AND_END, (CONVERSATION, submission_id)).fetchone()
+        conn.execute(
+            'INSERT INTO records (conversation_id, "offset", id, type, submission_id, body,'
+            " digest) VALUES (?, ?, ?, ?, ?, ?, '') ON CONFLICT DO NOTHING",
+            (CONVERSATION, offset, record_id, "tool_step_settled", submission_id, body),
+        )
+        conn.execute(
+            "UPDATE conversations SET last_offset = ?, last_activity = ? WHERE conversation_id = ?",
+            (offset, time.time(), CONVERSATION),
+        )
+        conn.execute("COMMIT")
+
+    return one
 
 
 async def _prepare_and_close(path: Path) -> Fence:
@@ -201,6 +241,8 @@ def measure(layer: str, where: Path, n: int) -> list[float]:
         return run_floor(where, n)
     if layer == "sql":
         return run_on_connection(where, n, work=False)
+    if layer == "json":
+        return run_on_connection(where, n, work=False, encode=True)
     if layer == "ops.append":
         return run_on_connection(where, n, work=True)
     if layer == "store.append":
@@ -245,6 +287,13 @@ def main() -> None:
         adds = "" if before is None else f"{(median - before) * 1000:+.0f} µs"
         print(f"  {layer:<13} {median:>6.3f} ms {tail:>6.3f} ms {median / floor:>7.2f}x {adds:>9}")
         before = median
+    by_round = " ".join(
+        f"{j / f:.2f}x" for j, f in zip(medians["json"], medians["floor"], strict=True)
+    )
+    print(
+        f"  json ÷ floor, round by round: {by_round} (SPEC §13 allows 1.25x for the whole step,"
+        " runtime included)"
+    )
     commit = statistics.median(commit_medians)
     print(
         f"  step.do's COMMIT statement alone: median {commit:.3f} ms, {commit / floor:.2f}x the"
