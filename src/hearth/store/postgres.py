@@ -46,12 +46,13 @@ from hearth.store import postgres_transact as transact
 from hearth.store import rules
 from hearth.store.base import LIST_LIMIT, Result, Store
 from hearth.store.events import ABORT, ADMITTED, APPENDED, RELEASED, Event, StoreEvents
-from hearth.store.postgres_deadline import within
+from hearth.store.postgres_deadline import Stalled, within
 from hearth.store.postgres_group import GroupAppends, Grouped, GroupItem, group_append
 from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.postgres_tx import (
     ADMIT_WAIT_S,
+    LOOK_AFTER_CUT_S,
     TRY_GRACE_S,
     WORK_TRY_S,
     Resolve,
@@ -706,9 +707,11 @@ class PostgresStore(Store):
             (item.new, item.submission_id, item.conversation_id in self._conversations)
             for item in items
         ]
+        backend = 0
         try:
             until = min(item.until for item in items)
             async with tx.connection(_left(until)) as conn:
+                backend = session.server_pid(conn)
                 _faults.reached("store:commit-begin")
                 answers = await within(
                     conn,
@@ -717,6 +720,11 @@ class PostgresStore(Store):
                 )
         except (psycopg.Error, PoolTimeout) as exc:
             tx.failed()
+            if isinstance(exc, Stalled) and backend:
+                # Cut, it may still run on the server (waiting for a conversation's row that a
+                # fork holds) and commit after its callers gave up: ended first, so that each
+                # reads back for sure whether it was written.
+                await tx.session_over(backend, LOOK_AFTER_CUT_S)
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
         tx.committed(outbox)

@@ -79,6 +79,9 @@ POOL_CLOSE_S = 1.0
 _SWEEP_S = 0.5
 # How long ending a session whose try was cut may take (``_end_backend``).
 END_BACKEND_S = 2.0
+# How long a write given up on after a cut try may take, past its budget and grace, to find out
+# what that try wrote (``look_after_cut``): on a server that answers, a few milliseconds.
+LOOK_AFTER_CUT_S = 0.2
 # When an abort whose caller was cancelled is looked for (after a pause of each, in seconds).
 ABORT_READ_BACK_S = (0.0, 0.25, 1.0)
 
@@ -172,6 +175,20 @@ def describe(conninfo: str) -> str:
         f"{h or 'localhost'}:{p or 5432}" for h, p in zip(hosts, ports, strict=False)
     )
     return f"PostgreSQL at {servers}/{info.get('dbname') or ''}"
+
+
+class _Unfound:
+    """What a look after a cut try found when it found nothing written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+NOT_WRITTEN = _Unfound("NOT_WRITTEN")  # the try's session is over, and it wrote nothing
+UNKNOWN = _Unfound("UNKNOWN")  # the server did not tell in time
 
 
 class Transactions:
@@ -541,6 +558,17 @@ class Transactions:
                 self.failed()
                 uncertain = uncertain or transaction or resolve is not None
                 if time.monotonic() + delay >= end or self.pool.closed:
+                    if isinstance(exc, Stalled) and backend and resolve is not None:
+                        # Its caller hears 503 now: the cut try must not commit afterwards.
+                        looked = await self.look_after_cut(backend, resolve, end)
+                        if not isinstance(looked, _Unfound):
+                            return looked
+                        if looked is NOT_WRITTEN:
+                            raise StoreUnavailable(
+                                f"{self.where} did not finish the operation within"
+                                f" {time.monotonic() - start:.1f} s (other work held what it"
+                                " needed); it was stopped there and wrote nothing"
+                            ) from None
                     raise StoreUnavailable(self._why(exc, time.monotonic() - start)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -589,6 +617,58 @@ class Transactions:
         except Exception as exc:
             log.debug("could not end the session %d: %s", pid, exc)
             return False
+
+    async def session_over(self, pid: int, seconds: float) -> bool:
+        """Whether the server's session ``pid``, whose try was cut, is over: ended there if it
+        still runs a statement or holds a transaction open (from version 14 on, waiting until
+        it is gone), or found idle or gone. False when the server does not say so within
+        ``seconds``: what that try wrote may still change."""
+        if pid <= 0 or self.pool.closed:
+            return False
+        until = time.monotonic() + seconds
+        try:
+            async with self.pool.connection(timeout=seconds) as conn:
+                wait = conn.info.server_version >= 140000
+
+                async def end() -> bool:
+                    left_ms = max(1, int(1000 * (until - time.monotonic())))
+                    await conn.execute(
+                        "SELECT pg_terminate_backend(pid{}) FROM pg_stat_activity"
+                        " WHERE pid = %(pid)s AND state <> 'idle'".format(
+                            ", %(ms)s" if wait else ""
+                        ),
+                        {"pid": pid, "ms": left_ms},
+                    )
+                    cursor = await conn.execute(
+                        "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s", {"pid": pid}
+                    )
+                    row = await cursor.fetchone()
+                    return row is None or row["state"] == "idle"
+
+                return await within(conn, end(), max(0.05, until - time.monotonic()))
+        except Exception as exc:
+            log.debug("could not end the session %d: %s", pid, exc)
+            return False
+
+    async def look_after_cut(self, backend: int, resolve: Resolve[T], end: float) -> T | _Unfound:
+        """What a write whose try was cut on ``backend`` wrote, found once that session is
+        over; ``NOT_WRITTEN``, or ``UNKNOWN`` when the server does not tell in time. A try cut
+        on a server that answers may still run there (waiting for a row another transaction
+        holds: a fork's copy, say) and commit after its caller was told 503, who then sends it
+        again: ended first, it cannot. The look takes until ``LOOK_AFTER_CUT_S`` past the
+        budget ending at ``end`` and its grace."""
+        until = max(end + TRY_GRACE_S, time.monotonic()) + LOOK_AFTER_CUT_S
+        if not await self.session_over(backend, until - time.monotonic()):
+            return UNKNOWN
+        left = until - time.monotonic()
+        if left <= 0 or self.pool.closed:
+            return UNKNOWN
+        try:
+            async with self.pool.connection(timeout=left) as conn:
+                found = await within(conn, resolve(conn), max(0.05, until - time.monotonic()))
+        except (psycopg.Error, PoolTimeout):
+            return UNKNOWN
+        return NOT_WRITTEN if found is None else found
 
     async def _sweep(self) -> None:
         """While a try waits longer than ``patience``, ask the server whether its session has
