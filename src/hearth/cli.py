@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
 import json
 import os
 import socket
@@ -89,10 +90,11 @@ def friendly(fn: F) -> F:
         except httpx2.InvalidURL as exc:
             fail(f"the server's URL is not usable: {exc} (--url, HEARTH_URL)")
         except UnicodeEncodeError as exc:
-            if exc.encoding == "ascii":
-                fail("the token must be ASCII: it goes in an HTTP header (--token, HEARTH_TOKEN)")
             # An argument no UTF-8 can carry: bytes the terminal did not decode, say.
             fail(f"an argument has text that is not UTF-8, so it cannot be sent ({exc.reason})")
+        except hearth.errors.InvalidInput as exc:
+            token = exc.field == "token"  # (the client's own refusal: say where it came from)
+            fail(f"{exc} (--token, HEARTH_TOKEN)" if token else str(exc))
         except HearthError as exc:
             fail(str(exc) or type(exc).__name__)
         except TimeoutError as exc:
@@ -138,6 +140,11 @@ token_option = click.option(
 @click.version_option(hearth.__version__, prog_name="hearth")
 def main() -> None:
     """hearth: durable AI agents. Start with `hearth demo`."""
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal or pipe that is not UTF-8 gets what it cannot show escaped: a record's
+        # text failed to print there, and the command stopped.
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 # --- serve -----------------------------------------------------------------------------------
@@ -351,15 +358,14 @@ def _serve_reload(app: hearth.App, spec: dict[str, Any]) -> None:
 
 def _serve_reloaded(sockets: list[socket.socket] | None) -> None:
     """What each process of ``hearth serve --reload`` runs, on the socket its parent bound."""
-    from hearth.app import load_app
     from hearth.server.serve import serve as run_server
 
     spec = json.loads(os.environ[_RELOAD_SPEC])
+    # A change that broke the app (a syntax error too) is one line; the next change restarts it.
+    app = _load_app(spec["app"], spec["app_dir"], code=1, options=spec["options"])
     try:
-        with _options_over_variables(spec["options"]):
-            app = load_app(spec["app"], spec["app_dir"])
         app.configure(**spec["options"])
-    except HearthError as exc:  # a change broke the app: say so; the next change restarts it
+    except HearthError as exc:
         fail(str(exc))
     run_server(
         app,
@@ -418,7 +424,9 @@ def send(
         conv = client.conversation(agent, id)
         try:
             receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
-        except httpx2.TimeoutException:
+        except httpx2.TransportError as exc:
+            if isinstance(exc, httpx2.ConnectError):
+                raise  # (nothing was sent)
             if idempotency_key:
                 again = (
                     f"send it again with the same --idempotency-key {idempotency_key}: it is"
@@ -426,10 +434,12 @@ def send(
                 )
             else:
                 again = f"look (hearth tail {agent} {id}) before sending it again"
-            fail(
-                f"the server did not answer the admission within {limit:g} s: the message may"
-                f" have been admitted all the same; {again}"
-            )
+            if isinstance(exc, httpx2.TimeoutException):
+                lost = f"the server did not answer the admission within {limit:g} s"
+            else:  # (the connection broke once the request was sent: the answer is lost)
+                why = str(exc) or type(exc).__name__
+                lost = f"the connection broke before the server answered ({why})"
+            fail(f"{lost}: the message may have been admitted all the same; {again}")
         if not wait:
             if as_json:
                 click.echo(json.dumps(receipt.to_json()))
@@ -449,7 +459,8 @@ def send(
                 click.echo(json.dumps({"submission_id": receipt.submission_id, **outcome}))
                 sys.exit(1)
         if as_json:
-            click.echo(json.dumps({"submission_id": reply.submission_id, "reply": reply.text}))
+            answer = {"submission_id": reply.submission_id, "outcome": "completed"}
+            click.echo(json.dumps({**answer, "reply": reply.text}))
         elif sys.stdout.isatty():
             # What a model wrote (or echoed) must not drive the terminal, as in `hearth tail`;
             # a pipe gets the reply as it is.
@@ -819,6 +830,8 @@ def check(app_ref: str, db: str | None, app_dir: str, as_json: bool) -> None:
         report = asyncio.run(check_database(db if db is not None else app.settings.db, app.agents))
     except (HearthError, OSError) as exc:
         fail(str(exc) or type(exc).__name__, 2)
+    except KeyboardInterrupt:
+        sys.exit(130)  # (as the other commands: click said "Aborted!" and exit 1, "withdrawn")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:

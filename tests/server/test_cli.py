@@ -196,7 +196,10 @@ def test_client_errors_are_one_line(server: ThreadServer) -> None:
     code, out = run("send", "echo", "c-1", "hi", "--url", "http://[::1")
     assert code == 1 and "URL is not usable" in one_line_error(out)
     code, out = run("send", "echo", "c-1", "hi", "--url", server.url, "--token", "s\u00e9cret")
-    assert code == 1 and "token must be ASCII" in one_line_error(out)
+    assert one_line_error(out).endswith(
+        "token must be printable ASCII: it goes in an HTTP header (--token, HEARTH_TOKEN)"
+    )
+    assert code == 1
     code, out = run("send", "echo", "c-1", "caf\udce9", "--url", server.url)  # argv not UTF-8
     assert code == 1 and "not UTF-8" in one_line_error(out)
     code, out = run("resolve", "echo", "c-1", "w_1", '"\\ud800"', "--url", server.url)
@@ -675,3 +678,152 @@ def test_the_ready_line_is_a_json_line_with_log_format_json(
     assert (data["url"], data["agents"], data["db"]) == ("http://127.0.0.1:8000", [], "memory")
     _ready(hearth.App([], db="memory"))("http://127.0.0.1:8000")
     assert capsys.readouterr().out.startswith("hearth: serving http://127.0.0.1:8000 (agents: ;")
+
+
+@contextlib.contextmanager
+def dropping_answers(url: str) -> Iterator[str]:
+    """A proxy to ``url`` that passes each request on and hangs up without its answer, as a
+    server that dies right after committing, or a broken link, leaves a client."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    target = urlsplit(url)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def one(client: socket.socket) -> None:
+        with client, socket.create_connection((target.hostname, target.port), 10) as upstream:
+            client.settimeout(10)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += client.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next(
+                (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                 if line.lower().startswith(b"content-length:")),
+                0,
+            )  # fmt: skip
+            while len(body) < length:
+                body += client.recv(65536)
+            upstream.sendall(head + b"\r\n\r\n" + body)
+            upstream.settimeout(10)
+            assert upstream.recv(65536).startswith(b"HTTP/1.1 ")  # answered, and dropped
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            one(client)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+
+
+def test_send_whose_answer_is_lost_says_the_message_may_have_been_admitted(
+    server: ThreadServer,
+) -> None:
+    """A connection broken after the request went out said only "the connection to the server
+    failed", though the message was admitted: a user sent it again, and it ran twice."""
+    with dropping_answers(server.url) as url:
+        code, out = run("send", "echo", "c-lost", "hi", "--url", url, "--idempotency-key", "k1")
+        line = one_line_error(out)
+        assert code == 1 and "may have been admitted" in line and "--idempotency-key k1" in line
+        code, out = run("send", "echo", "c-lost", "hi", "--url", url, "--wait")
+        line = one_line_error(out)
+        assert code == 1 and "may have been admitted" in line and "hearth tail" in line
+    with server.client() as http:
+        texts = [r["content"] for r in http.get("/agents/echo/c-lost/stream").json()["records"]
+                 if r["type"] == "user_message"]  # fmt: skip
+    assert texts == ["hi", "hi"]  # both were admitted, as the lines said they may have been
+    code, out = run("send", "echo", "c-none", "hi", "--url", f"http://127.0.0.1:{free_port()}")
+    assert code == 1 and "may have been" not in one_line_error(out)  # (nothing was sent)
+
+
+def test_send_wait_json_has_the_same_fields_for_every_outcome(server: ThreadServer) -> None:
+    code, out = run("send", "echo", "c-j", "hi", "--url", server.url, "--wait", "--json")
+    shown = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and shown["outcome"] == "completed" and shown["reply"] == "echo: hi"
+
+
+def test_tail_to_a_terminal_that_is_not_utf8_escapes_what_it_cannot_show(
+    server: ThreadServer,
+) -> None:
+    """With an ASCII or Latin-1 stdout, ``hearth tail`` stopped at the first record it could
+    not print, blaming the token ("must be ASCII") or the arguments."""
+    run("send", "echo", "c-enc", "café ☕ 東京", "--url", server.url, "--wait")
+    for encoding in ("ascii", "latin-1"):
+        done = subprocess.run(
+            [sys.executable, "-m", "hearth", "tail", "echo", "c-enc", "--no-follow",
+             "--url", server.url],
+            capture_output=True,
+            env={**child_env(), "PYTHONIOENCODING": encoding},
+            timeout=60,
+            check=False,
+        )  # fmt: skip
+        shown = done.stdout.decode(encoding)
+        assert done.returncode == 0, done.stderr
+        assert "\\u2615" in shown and "submission_settled completed" in shown, shown
+
+
+def test_an_empty_id_or_name_is_refused_before_any_request(server: ThreadServer) -> None:
+    """An empty id reached another route: 404 "no route", and an empty wait id a redirect the
+    SDK took for a server that is not hearth's."""
+    import hearth
+
+    with hearth.Client(server.url) as client:
+        for make in (
+            lambda: client.conversation("echo", ""),
+            lambda: client.conversation("", "c-1"),
+            lambda: client.conversation("echo", "c-1").resolve("", True),
+            lambda: client.conversation("echo", "c-1").read(""),
+        ):
+            with pytest.raises(hearth.errors.InvalidId, match="is empty") as caught:
+                make()
+            assert caught.value.status is None and caught.value.type == "invalid_id"  # type: ignore[attr-defined]
+    code, out = run("send", "echo", "", "hi", "--url", server.url)
+    assert code == 1 and "conversation id is empty" in one_line_error(out)
+    code, out = run("resolve", "echo", "c-1", "", "true", "--url", server.url)
+    assert code == 1 and "wait id is empty" in one_line_error(out)
+
+
+def test_a_token_no_header_can_carry_is_refused_by_the_sdk_as_invalid_input() -> None:
+    import hearth
+
+    for token in ("sécret", "two\nlines"):
+        with pytest.raises(hearth.errors.InvalidInput, match="printable ASCII") as caught:
+            hearth.Client("http://127.0.0.1:9", token=token)
+        assert caught.value.status is None  # type: ignore[attr-defined]
+        with pytest.raises(hearth.errors.InvalidInput, match="printable ASCII"):
+            hearth.AsyncClient("http://127.0.0.1:9", token=token)
+
+
+def test_serve_reload_names_a_broken_change_in_one_line(tmp_path: Path) -> None:
+    """An edit that broke the module's import printed a multiprocessing traceback."""
+    watched = tmp_path / "code"
+    watched.mkdir()
+    module = watched / "reloadme.py"
+    module.write_text((HERE / "serverapp.py").read_text())
+    args = ("--reload", "--port", "0", "--app-dir", str(watched))
+    server = ServerProcess(tmp_path / "h.db", app="reloadme:app", args=args).start()
+    try:
+        time.sleep(0.5)
+        module.write_text("def broken(:\n")
+        deadline = time.monotonic() + 30
+        while "cannot import" not in server.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(30)
+    log = server.log.read_text()
+    assert "hearth: cannot import reloadme:app: SyntaxError" in log, log
+    assert "Traceback" not in log, log

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx2
 
 from hearth.attachments import Attachment, safe_name
-from hearth.client._errors import is_transient, refused_here
+from hearth.client._errors import id_refused_here, is_transient, refused_here
 from hearth.jsontext import json_round_trip, unpaired_surrogate
 from hearth.receipts import AbortResult, Receipt, Reply, reply_or_raise
 from hearth.sse import SSEEvent
@@ -237,11 +237,15 @@ class History:
         self.complete = bool(page["up_to_date"])
 
 
-def segment(value: str) -> str:
-    """``value`` as one segment of a path: every ``/``, ``?`` and ``#`` escaped, and ``.`` or
-    ``..`` too (a client drops such a segment, or goes up one, so the request would reach
-    another route); the server judges what is left. A part with half a surrogate pair has no
-    UTF-8 form, so no URL can carry it: ``InvalidInput`` (``quote`` raised UnicodeEncodeError)."""
+def segment(value: str, what: str) -> str:
+    """``value`` (the ``what`` of a request: "agent", "conversation id", ...) as one segment of
+    a path: every ``/``, ``?`` and ``#`` escaped, and ``.`` or ``..`` too (a client drops such a
+    segment, or goes up one, so the request would reach another route); the server judges what
+    is left. An empty one would reach another route too: ``InvalidId``. A part with half a
+    surrogate pair has no UTF-8 form, so no URL can carry it: ``InvalidInput`` (``quote``
+    raised UnicodeEncodeError)."""
+    if not value:
+        raise id_refused_here(f"the {what} is empty", what)
     where = unpaired_surrogate(value)
     if where is not None:
         raise refused_here(f"{value!r} has {where}: no URL can carry it", "path")
@@ -250,7 +254,7 @@ def segment(value: str) -> str:
 
 
 def submission_path(base: str, submission_id: str) -> str:
-    return f"{base}/submissions/{segment(submission_id)}"
+    return f"{base}/submissions/{segment(submission_id, 'submission id')}"
 
 
 class BaseClient(Generic[HTTP]):
@@ -261,6 +265,10 @@ class BaseClient(Generic[HTTP]):
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
         """``url`` of the server; ``token`` if it wants one; ``timeout`` for a plain request."""
         self.url = url.rstrip("/")
+        if token is not None and not (token.isascii() and token.isprintable()):
+            raise refused_here(
+                "the token must be printable ASCII: it goes in an HTTP header", "token"
+            )
         self._http: HTTP = self._http_class(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"} if token else {},
@@ -293,11 +301,12 @@ class BaseClient(Generic[HTTP]):
 
     def _deliveries_call(self, channel: str, status: str | None) -> Call[dict[str, Any]]:
         params = {"status": status} if status else None
-        path = f"/channels/{segment(channel)}/deliveries"
+        path = f"/channels/{segment(channel, 'channel')}/deliveries"
         return Call(Request("GET", path, params=params), as_is)
 
     def _replay_call(self, channel: str, delivery_id: str) -> Call[dict[str, Any]]:
-        path = f"/channels/{segment(channel)}/deliveries/{segment(delivery_id)}/replay"
+        channel_part = segment(channel, "channel")
+        path = f"/channels/{channel_part}/deliveries/{segment(delivery_id, 'delivery id')}/replay"
         return Call(Request("POST", path), as_is)
 
     def _gc_call(self, dry_run: bool) -> Call[dict[str, Any]]:
@@ -341,7 +350,7 @@ class BaseConversation(Generic[HTTP]):
         self._http: HTTP = client._http
         self.agent, self.id = agent, id
         self.conversation_id = f"{agent}/{id}"
-        self._base = f"/agents/{segment(agent)}/{segment(id)}"
+        self._base = f"/agents/{segment(agent, 'agent')}/{segment(id, 'conversation id')}"
 
     def _send_call(
         self,
@@ -379,7 +388,7 @@ class BaseConversation(Generic[HTTP]):
         return Call(Request("GET", self._base), as_is)
 
     def _resolve_call(self, wait_id: str, value: Any) -> Call[dict[str, Any]]:
-        path = f"{self._base}/waits/{segment(wait_id)}"
+        path = f"{self._base}/waits/{segment(wait_id, 'wait id')}"
         return Call(Request("POST", path, json={"value": sendable(value, "value")}), as_is)
 
     def _waits_call(self) -> Call[list[dict[str, Any]]]:

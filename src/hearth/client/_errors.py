@@ -7,7 +7,7 @@ the rest as ``HTTPError`` and its kin.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 
@@ -132,10 +132,22 @@ def _known(kind: str, message: str, details: dict[str, Any] | None) -> HearthErr
 def refused_here(message: str, field: str) -> InvalidInput:
     """``InvalidInput`` for what the client itself cannot send (no request was made): it
     carries what a server's 400 carries, ``status`` None."""
-    error = InvalidInput(message, field)
+    return _carrying(InvalidInput(message, field), "invalid_request", field)
+
+
+def id_refused_here(message: str, field: str) -> InvalidId:
+    """``InvalidId`` for an id or name the client cannot put in a URL (no request was made),
+    carrying what the server's would, ``status`` None."""
+    return _carrying(InvalidId(message), "invalid_id", field)
+
+
+_E = TypeVar("_E", bound=HearthError)
+
+
+def _carrying(error: _E, kind: str, field: str) -> _E:
     error.status = None  # type: ignore[attr-defined]
-    error.type = "invalid_request"  # type: ignore[attr-defined]
-    error.message = message  # type: ignore[attr-defined]
+    error.type = kind  # type: ignore[attr-defined]
+    error.message = str(error)  # type: ignore[attr-defined]
     error.details = {"field": field}  # type: ignore[attr-defined]
     return error
 
