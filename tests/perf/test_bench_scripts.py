@@ -31,9 +31,10 @@ def test_step_anatomy_prints_every_layer_against_the_floor() -> None:
         "step_anatomy.py", "--steps", "20", "--warmup", "5", "--rounds", "1", "--pause", "0"
     )
     table = out[out.index("layer") :].splitlines()
-    layers = [line.split()[0] for line in table[1:-2] if line.strip()]
-    assert layers == ["floor", "sql", "ops.append", "store.append", "step.do"]
+    layers = [line.split()[0] for line in table[1:-3] if line.strip()]
+    assert layers == ["floor", "sql", "json", "ops.append", "store.append", "step.do"]
     assert "1.00x" in table[1]
+    assert re.search(r"json ÷ floor, round by round: \d+\.\d\dx \(SPEC", table[-3])
     assert re.search(r"step\.do's COMMIT statement alone: median \d+\.\d{3} ms", table[-2])
     assert re.search(r"before its COMMIT: \d+ µs after a synced commit .* \d+\.\d\dx", table[-1])
 
