@@ -218,7 +218,7 @@ async def test_a_busy_pool_says_how_long_it_was_waited_for(
         transactions = store._tx()
         release = asyncio.Event()
 
-        async def answers_not(timeout: float = 0.0) -> bool:
+        async def answers_not(timeout: float = 0.0, *, until: float | None = None) -> bool:
             transactions.progressed()  # pooled work finished as the question failed
             return False
 
@@ -499,3 +499,28 @@ async def test_a_transaction_whose_link_was_lost_is_not_taken_for_one_past_its_t
 
         done = await store._write(work, idle_is_lost=False, try_s=3.0, overrun_is_final=True)
         assert done == "ran 2 times"
+
+
+async def test_admissions_at_once_on_a_server_that_stopped_answering_each_answer_within_two_seconds(
+    pg_cluster: Cluster,
+) -> None:
+    """Admissions sent at once as the server froze go in groups; a group cut at its time sent
+    each of its admissions alone, and that try waited for the pool (every connection stuck)
+    and asked whether the server answers: 2.6 to 3.5 s."""
+    async with through_proxy(pg_cluster, pool_size=4) as (store, proxy):
+        names = [f"support/frozen-{n}" for n in range(8)]
+        for name in names:
+            await store.admit(NewSubmission(name, "support", "message", {"t": 0}))
+        proxy.freeze()
+
+        async def timed(name: str) -> float:
+            began = time.monotonic()
+            with contextlib.suppress(StoreUnavailable):
+                await asyncio.wait_for(
+                    store.admit(NewSubmission(name, "support", "message", {"t": 1})), 30
+                )
+            return time.monotonic() - began
+
+        for _ in range(2):
+            took = await asyncio.gather(*(timed(name) for name in names))
+            assert max(took) < 2.5, sorted(took)

@@ -384,6 +384,7 @@ class PostgresStore(Store):
         idle_is_lost: bool = True,
         try_s: float | None = None,
         overrun_is_final: bool = False,
+        answer_by: float | None = None,
     ) -> T:
         budget = self.write_retry_s if budget_s is None else budget_s
         return await self._tx().write(
@@ -393,6 +394,7 @@ class PostgresStore(Store):
             idle_is_lost=idle_is_lost,
             try_s=try_s,
             overrun_is_final=overrun_is_final,
+            answer_by=answer_by,
         )
 
     # --- the stream -----------------------------------------------------------------------------
@@ -675,6 +677,7 @@ class PostgresStore(Store):
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
             resolve=lambda conn: readback.admission(conn, sid),
             budget_s=_left(until),
+            answer_by=_answer_by(until),
         )
 
     async def _admit_alone(
@@ -687,6 +690,7 @@ class PostgresStore(Store):
             budget_s=_left(until),
             resolve=lambda conn: readback.admission(conn, sid),
             uncertain=uncertain,
+            answer_by=_answer_by(until),
         )
         if admitted is not None:
             self._known(new.conversation_id)
@@ -724,7 +728,8 @@ class PostgresStore(Store):
                 # Cut, it may still run on the server (waiting for a conversation's row that a
                 # fork holds) and commit after its callers gave up: ended first, so that each
                 # reads back for sure whether it was written.
-                await tx.session_over(backend, LOOK_AFTER_CUT_S)
+                left = _answer_by(until) - time.monotonic()
+                await tx.session_over(backend, min(LOOK_AFTER_CUT_S, max(0.05, left)))
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
         tx.committed(outbox)
@@ -1211,6 +1216,12 @@ class _Admit:
 def _left(until: float) -> float:
     """What is left of an admission's time (a last short try when nothing is)."""
     return max(0.05, min(ADMIT_WAIT_S, until - time.monotonic()))
+
+
+def _answer_by(until: float) -> float:
+    """When an admission whose time ends at ``until`` is answered at the latest (the HTTP
+    answer within 2 s): its try's grace, then a look at what a cut try wrote."""
+    return until + TRY_GRACE_S + LOOK_AFTER_CUT_S
 
 
 class _GroupLost(Exception):

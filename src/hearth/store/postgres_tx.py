@@ -82,6 +82,9 @@ END_BACKEND_S = 2.0
 # How long a write given up on after a cut try may take, past its budget and grace, to find out
 # what that try wrote (``look_after_cut``): on a server that answers, a few milliseconds.
 LOOK_AFTER_CUT_S = 0.2
+# The least time a caller past its answer's time gives the server to show it answers (a new
+# connection and a question, on a fast link).
+PROBE_AT_LEAST_S = 0.25
 # When an abort whose caller was cancelled is looked for (after a pause of each, in seconds).
 ABORT_READ_BACK_S = (0.0, 0.25, 1.0)
 
@@ -276,14 +279,15 @@ class Transactions:
                 " hearth cannot write there"
             )
 
-    async def answering(self, timeout: float | None = None) -> bool:
+    async def answering(self, timeout: float | None = None, *, until: float | None = None) -> bool:
         """Whether the server answers: it finished work lately, or it answers a question asked
         on a new connection of its own (outside the pool, whose connections may all be held
         by long transactions while the server is well). One question at a time, given
         ``PROBE_TIMEOUT_S`` whoever asked it (a slow link opens a connection slowly); this
         caller waits ``timeout`` for it (by default, what is left of ``patience`` since it was
         asked: a caller queued for the pool started it as it began to wait), a later one may
-        find its answer. A failed one is not asked again for a moment."""
+        find its answer; with ``until`` (a ``time.monotonic()``), no later than that. A failed one
+        is not asked again for a moment."""
         now = time.monotonic()
         if self._answered_lately(now):
             return True
@@ -293,6 +297,8 @@ class Transactions:
             return False
         if timeout is None:  # (from the question asked first: one given up on counts too)
             timeout = self.patience() - (now - asked)
+        if until is not None:  # (a caller that must be answered by then)
+            timeout = min(timeout, until - now)
         try:
             async with asyncio.timeout(max(0.1, timeout)):
                 return await asyncio.shield(probe)
@@ -360,6 +366,7 @@ class Transactions:
         idle_is_lost: bool = True,
         try_s: float | None = None,
         overrun_is_final: bool = False,
+        answer_by: float | None = None,
     ) -> T:
         """Run ``work`` in a transaction. ``uncertain``: an earlier try of the same write (a
         one-statement form of it) may have committed, so ``resolve`` looks first.
@@ -368,7 +375,8 @@ class Transactions:
         one try may run (by default, what is left of the budget, up to ``WORK_TRY_S``).
         ``overrun_is_final``: a try that ran its whole time on a server that answers (the
         work's own doing: an application's long statement) is a ``StoreError``, not tried
-        again."""
+        again. ``answer_by`` (a ``time.monotonic()``): when the caller is answered at the latest,
+        whatever happens (an admission's 2 s), waits for the pool and the server included."""
         return await self._run(
             work,
             budget_s=budget_s,
@@ -377,16 +385,28 @@ class Transactions:
             idle_is_lost=idle_is_lost,
             try_s=try_s,
             overrun_is_final=overrun_is_final,
+            answer_by=answer_by,
         )
 
     async def write_once(
-        self, work: Work[T], *, budget_s: float, resolve: Resolve[T], uncertain: bool = False
+        self,
+        work: Work[T],
+        *,
+        budget_s: float,
+        resolve: Resolve[T],
+        uncertain: bool = False,
+        answer_by: float | None = None,
     ) -> T:
         """``write`` for work that is one round trip committing by itself (one statement, or
         statements in one simple query): no ``BEGIN`` and ``COMMIT`` of its own. ``uncertain``:
         it may have been written already (an answer was lost), so ``resolve`` looks first."""
         return await self._run(
-            work, budget_s=budget_s, resolve=resolve, transaction=False, uncertain=uncertain
+            work,
+            budget_s=budget_s,
+            resolve=resolve,
+            transaction=False,
+            uncertain=uncertain,
+            answer_by=answer_by,
         )
 
     @contextlib.asynccontextmanager
@@ -453,15 +473,22 @@ class Transactions:
         idle_is_lost: bool = True,
         try_s: float | None = None,
         overrun_is_final: bool = False,
+        answer_by: float | None = None,
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
+        # By when a try must end, so that a look after a cut still answers by ``answer_by``;
+        # not once the caller queued for a pool every connection of which a live server keeps
+        # busy (a burst is slow, not an outage: its try gets a budget's time again).
+        last = None if answer_by is None else answer_by - LOOK_AFTER_CUT_S
         delay, queued, stale, conflicts = 0.05, False, 0, 0
         while True:
             outbox: ops.Outbox = []
             backend, limit = 0, 0.0  # the try's session on the server, and its time
             try:
                 wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
+                if last is not None:
+                    wait = min(wait, max(0.01, last - time.monotonic()))
                 async with self._connection(wait, busy_end if queued else None) as conn:
                     # A connection nobody answers on any more (a dropped flow, a silent peer)
                     # is cut when the try's time is up, and the work goes on as after any lost
@@ -476,6 +503,8 @@ class Transactions:
                         # for reasons of its own, and an outage must still be answered soon)
                         left = max(left, min(PROBE_TIMEOUT_S, TRY_ROUND_TRIPS * self._round_trip()))
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
+                        if last is not None and not queued:
+                            limit = min(limit, max(0.05, last - time.monotonic()))
                     began = time.monotonic()
                     backend = session.server_pid(conn)
                     sweeper = self._sweeper
@@ -511,7 +540,14 @@ class Transactions:
                     raise
                 return found
             except PoolTimeout as exc:
-                if self._exhausted() and await self.answering() and time.monotonic() < busy_end:
+                # Whether the server answers: on a fast link, asked no longer than the caller
+                # may wait (a server that answers shows it in a moment; a frozen one kept an
+                # admission 3.5 s); on a slow one, opening a connection takes what it takes.
+                until = None
+                if last is not None and not queued and self.patience() <= ADMIT_WAIT_S:
+                    until = max(last, time.monotonic() + PROBE_AT_LEAST_S)
+                answers = self._exhausted() and await self.answering(until=until)
+                if answers and time.monotonic() < busy_end:
                     queued = True  # the server answers, every connection is in use: wait on
                     continue
                 if time.monotonic() + delay >= end or self.pool.closed:
@@ -560,7 +596,8 @@ class Transactions:
                 if time.monotonic() + delay >= end or self.pool.closed:
                     if isinstance(exc, Stalled) and backend and resolve is not None:
                         # Its caller hears 503 now: the cut try must not commit afterwards.
-                        looked = await self.look_after_cut(backend, resolve, end)
+                        by = None if queued else answer_by
+                        looked = await self.look_after_cut(backend, resolve, end, by)
                         if not isinstance(looked, _Unfound):
                             return looked
                         if looked is NOT_WRITTEN:
@@ -650,14 +687,19 @@ class Transactions:
             log.debug("could not end the session %d: %s", pid, exc)
             return False
 
-    async def look_after_cut(self, backend: int, resolve: Resolve[T], end: float) -> T | _Unfound:
+    async def look_after_cut(
+        self, backend: int, resolve: Resolve[T], end: float, answer_by: float | None = None
+    ) -> T | _Unfound:
         """What a write whose try was cut on ``backend`` wrote, found once that session is
         over; ``NOT_WRITTEN``, or ``UNKNOWN`` when the server does not tell in time. A try cut
         on a server that answers may still run there (waiting for a row another transaction
         holds: a fork's copy, say) and commit after its caller was told 503, who then sends it
         again: ended first, it cannot. The look takes until ``LOOK_AFTER_CUT_S`` past the
-        budget ending at ``end`` and its grace."""
+        budget ending at ``end`` and its grace, and no later than ``answer_by`` (unless that
+        leaves it nothing)."""
         until = max(end + TRY_GRACE_S, time.monotonic()) + LOOK_AFTER_CUT_S
+        if answer_by is not None:
+            until = min(until, max(answer_by, time.monotonic() + 0.05))
         if not await self.session_over(backend, until - time.monotonic()):
             return UNKNOWN
         left = until - time.monotonic()
