@@ -838,7 +838,8 @@ class Transactions:
         if isinstance(exc, ReadOnlyServer | psycopg.errors.DiskFull):
             # (it answers, and says why it cannot do the work: a full disk, a standby)
             return f"{self.where} cannot take writes now: {first_line(exc)}"
-        return f"{self.where} is unreachable: {first_line(exc)}"
+        # (the last try's own error says how long that try waited, not the caller)
+        return f"{self.where} is unreachable (tried for {waited:.1f} s): {first_line(exc)}"
 
     async def _resolve_late(self, resolve: Resolve[T] | None) -> T | None:
         if resolve is None or self.pool.closed:
