@@ -711,11 +711,11 @@ class PostgresStore(Store):
             (item.new, item.submission_id, item.conversation_id in self._conversations)
             for item in items
         ]
-        backend = 0
+        backend, began = 0, 0.0
         try:
             until = min(item.until for item in items)
             async with tx.connection(_left(until)) as conn:
-                backend = session.server_pid(conn)
+                backend, began = session.server_pid(conn), time.monotonic()
                 _faults.reached("store:commit-begin")
                 answers = await within(
                     conn,
@@ -728,8 +728,9 @@ class PostgresStore(Store):
                 # Cut, it may still run on the server (waiting for a conversation's row that a
                 # fork holds) and commit after its callers gave up: ended first, so that each
                 # reads back for sure whether it was written.
-                left = _answer_by(until) - time.monotonic()
-                await tx.session_over(backend, min(LOOK_AFTER_CUT_S, max(0.05, left)))
+                cut_at = time.monotonic()
+                by = min(cut_at + LOOK_AFTER_CUT_S, max(_answer_by(until), cut_at + 0.05))
+                await tx.session_over(backend, began, cut_at, by)
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
         tx.committed(outbox)

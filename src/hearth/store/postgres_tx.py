@@ -85,6 +85,23 @@ LOOK_AFTER_CUT_S = 0.2
 # The least time a caller past its answer's time gives the server to show it answers (a new
 # connection and a question, on a fast link).
 PROBE_AT_LEAST_S = 0.25
+# From an admission's start to its answer at the latest (``answer_by``): its budget, its try's
+# grace, a look after a cut.
+ANSWER_WINDOW_S = ADMIT_WAIT_S + TRY_GRACE_S + LOOK_AFTER_CUT_S
+# Looks after cut tries at once, each on a connection of its own.
+LOOKS_AT_ONCE = 8
+# A session a cut try ran on, still running what that try sent: not one a pooler (pgbouncer in
+# session mode) gave to another client since (that one began after the cut), and not one whose
+# commit waits for a synchronous standby (ended there, the commit would stand on the primary
+# alone, never confirmed).
+_STILL_OURS = (
+    "coalesce(xact_start, query_start) <= clock_timestamp() - make_interval(secs => %(ago)s)"
+)
+_TERMINATE = (
+    "SELECT pg_terminate_backend(pid{wait}) AS ended FROM pg_stat_activity"
+    " WHERE pid = %(pid)s AND {state} AND pid <> pg_backend_pid()"
+    f" AND {_STILL_OURS} AND wait_event IS DISTINCT FROM 'SyncRep'"
+)
 # When an abort whose caller was cancelled is looked for (after a pause of each, in seconds).
 ABORT_READ_BACK_S = (0.0, 0.25, 1.0)
 
@@ -223,6 +240,7 @@ class Transactions:
         self._probe_failed = float("-inf")
         self._took: deque[float] = deque(maxlen=_TRIES_KEPT)  # the latest tries that succeeded
         self._tries = Tries()
+        self._looks = asyncio.Semaphore(LOOKS_AT_ONCE)  # (each on a connection of its own)
         self._sweeper: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Future[bool]] = set()  # sessions of cut tries being ended
         self._reading_back: set[asyncio.Task[None]] = set()  # aborts whose callers went away
@@ -482,9 +500,12 @@ class Transactions:
         # busy (a burst is slow, not an outage: its try gets a budget's time again).
         last = None if answer_by is None else answer_by - LOOK_AFTER_CUT_S
         delay, queued, stale, conflicts = 0.05, False, 0, 0
+        # (an admission's own start, for what its answer says: before any group it waited in)
+        asked = start if answer_by is None else min(start, answer_by - ANSWER_WINDOW_S)
         while True:
             outbox: ops.Outbox = []
             backend, limit = 0, 0.0  # the try's session on the server, and its time
+            began = time.monotonic()
             try:
                 wait = max(0.05, min(ADMIT_WAIT_S, end - time.monotonic()))
                 if last is not None:
@@ -503,8 +524,6 @@ class Transactions:
                         # for reasons of its own, and an outage must still be answered soon)
                         left = max(left, min(PROBE_TIMEOUT_S, TRY_ROUND_TRIPS * self._round_trip()))
                         limit = min(left + TRY_GRACE_S, WORK_TRY_S)
-                        if last is not None and not queued:
-                            limit = min(limit, max(0.05, last - time.monotonic()))
                     began = time.monotonic()
                     backend = session.server_pid(conn)
                     sweeper = self._sweeper
@@ -573,6 +592,7 @@ class Transactions:
             except psycopg.OperationalError as exc:
                 # Its COMMIT (a write's own, or the implicit one of a write in one round trip)
                 # may have gone through.
+                cut_at = time.monotonic()
                 if transaction and isinstance(exc, Stalled) and backend:
                     # Cut at its limit, the server's side of it may still run, holding its
                     # locks (the lease renewals of every claim here wait for a submission's
@@ -580,7 +600,8 @@ class Transactions:
                     # by its own doing (an application's long statement): that is final.
                     # Otherwise (a lost link, a frozen server) it is a lost connection, and
                     # the session, if it is still there, is ended meanwhile.
-                    if overrun_is_final and await self._end_backend(backend, running=True):
+                    ended = self._end_backend(backend, began, cut_at, running=overrun_is_final)
+                    if overrun_is_final and await ended:
                         found = await self._resolve_late(resolve)
                         if found is not None:
                             return found
@@ -588,7 +609,9 @@ class Transactions:
                             f"{self.where}: the transaction ran past its {limit:g} s and was"
                             " ended on the server; nothing of it committed"
                         ) from None
-                    ending = asyncio.ensure_future(self._end_backend(backend, running=False))
+                    ending = asyncio.ensure_future(
+                        ended if not overrun_is_final else self._end_backend(backend, began, cut_at)
+                    )
                     self._ending.add(ending)
                     ending.add_done_callback(self._ending.discard)
                 self.failed()
@@ -597,16 +620,16 @@ class Transactions:
                     if isinstance(exc, Stalled) and backend and resolve is not None:
                         # Its caller hears 503 now: the cut try must not commit afterwards.
                         by = None if queued else answer_by
-                        looked = await self.look_after_cut(backend, resolve, end, by)
+                        looked = await self.look_after_cut(backend, began, cut_at, resolve, end, by)
                         if not isinstance(looked, _Unfound):
                             return looked
                         if looked is NOT_WRITTEN:
                             raise StoreUnavailable(
                                 f"{self.where} did not finish the operation within"
-                                f" {time.monotonic() - start:.1f} s (other work held what it"
+                                f" {time.monotonic() - asked:.1f} s (other work held what it"
                                 " needed); it was stopped there and wrote nothing"
                             ) from None
-                    raise StoreUnavailable(self._why(exc, time.monotonic() - start)) from None
+                    raise StoreUnavailable(self._why(exc, time.monotonic() - asked)) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except psycopg.errors.IdleInTransactionSessionTimeout as exc:
@@ -629,24 +652,24 @@ class Transactions:
                     continue
                 raise StoreError(f"{self.where} refused the operation: {first_line(exc)}") from exc
 
-    async def _end_backend(self, pid: int, *, running: bool) -> bool:
-        """End the server's session ``pid`` (a try cut at its limit may still run there) if it
-        is running a statement or, unless ``running``, in a transaction; whether it was."""
+    async def _end_backend(
+        self, pid: int, began: float, cut_at: float, *, running: bool = False
+    ) -> bool:
+        """End the server's session ``pid`` (a try begun at ``began`` and cut at ``cut_at`` may
+        still run there) if it is running a statement or, unless ``running``, in a
+        transaction; whether it was."""
         if pid <= 0 or self.pool.closed:
             return False
         state = "state = 'active'" if running else "state <> 'idle'"
-        query = (
-            "SELECT pg_terminate_backend(pid{}) AS ended FROM pg_stat_activity"
-            f" WHERE pid = %(pid)s AND {state}"
-        )
         try:
             async with self.pool.connection(timeout=END_BACKEND_S) as conn:
                 # (from version 14 on, it waits for the session to be gone, its locks freed)
                 wait = ", %(ms)s" if conn.info.server_version >= 140000 else ""
-                params = {"pid": pid, "ms": int(END_BACKEND_S * 1000)}
+                query = _TERMINATE.format(wait=wait, state=state)
 
                 async def end() -> bool:
-                    cursor = await conn.execute(query.format(wait), params)
+                    params = {"pid": pid, "ms": int(END_BACKEND_S * 1000)}
+                    cursor = await conn.execute(query, {**params, "ago": _ago(began, cut_at)})
                     row = await cursor.fetchone()
                     return bool(row and row["ended"])
 
@@ -655,40 +678,66 @@ class Transactions:
             log.debug("could not end the session %d: %s", pid, exc)
             return False
 
-    async def session_over(self, pid: int, seconds: float) -> bool:
-        """Whether the server's session ``pid``, whose try was cut, is over: ended there if it
-        still runs a statement or holds a transaction open (from version 14 on, waiting until
-        it is gone), or found idle or gone. False when the server does not say so within
-        ``seconds``: what that try wrote may still change."""
-        if pid <= 0 or self.pool.closed:
+    async def session_over(self, pid: int, began: float, cut_at: float, until: float) -> bool:
+        """Whether the server's session ``pid``, whose try (begun at ``began``, cut at
+        ``cut_at``) may still run there, is over by ``until``: see ``_over``."""
+        if pid <= 0:
             return False
-        until = time.monotonic() + seconds
+        async with self._looking(until) as conn:
+            return conn is not None and await self._over(conn, pid, began, cut_at, until)
+
+    @contextlib.asynccontextmanager
+    async def _looking(self, until: float) -> AsyncIterator[ops.Conn | None]:
+        """A connection of its own for a look after a cut, opened by ``until`` (None if not):
+        the pool's may all be held, a burst queued for them."""
+        conn = None
+        if self.connect is not None and not self.pool.closed:
+            try:
+                async with asyncio.timeout(max(0.01, until - time.monotonic())):
+                    async with self._looks:
+                        conn = await self.connect(max(0.05, until - time.monotonic()))
+            except (TimeoutError, psycopg.Error, OSError) as exc:
+                log.debug("could not open a connection to look after a cut: %s", exc)
+        if conn is None:
+            yield None
+            return
+        async with conn:
+            yield conn
+
+    async def _over(
+        self, conn: ops.Conn, pid: int, began: float, cut_at: float, until: float
+    ) -> bool:
+        """On ``conn``: end the session ``pid`` if it still runs what the cut try sent or holds
+        its transaction open (from version 14 on, waiting until it is gone); then whether it is
+        over (gone, idle, or serving another client now). False if the server does not say by
+        ``until``, or the session waits for a synchronous standby."""
+        wait = conn.info.server_version >= 140000
+        query = _TERMINATE.format(wait=", %(ms)s" if wait else "", state="state <> 'idle'")
+
+        async def end() -> bool:
+            left_ms = max(1, int(1000 * (until - time.monotonic())))
+            await conn.execute(query, {"pid": pid, "ms": left_ms, "ago": _ago(began, cut_at)})
+            cursor = await conn.execute(
+                f"SELECT state, {_STILL_OURS} AS ours FROM pg_stat_activity WHERE pid = %(pid)s",
+                {"pid": pid, "ago": _ago(began, cut_at)},
+            )
+            row = await cursor.fetchone()
+            return row is None or row["state"] == "idle" or not row["ours"]
+
         try:
-            async with self.pool.connection(timeout=seconds) as conn:
-                wait = conn.info.server_version >= 140000
-
-                async def end() -> bool:
-                    left_ms = max(1, int(1000 * (until - time.monotonic())))
-                    await conn.execute(
-                        "SELECT pg_terminate_backend(pid{}) FROM pg_stat_activity"
-                        " WHERE pid = %(pid)s AND state <> 'idle'".format(
-                            ", %(ms)s" if wait else ""
-                        ),
-                        {"pid": pid, "ms": left_ms},
-                    )
-                    cursor = await conn.execute(
-                        "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s", {"pid": pid}
-                    )
-                    row = await cursor.fetchone()
-                    return row is None or row["state"] == "idle"
-
-                return await within(conn, end(), max(0.05, until - time.monotonic()))
+            return await within(conn, end(), max(0.05, until - time.monotonic()))
         except Exception as exc:
             log.debug("could not end the session %d: %s", pid, exc)
             return False
 
     async def look_after_cut(
-        self, backend: int, resolve: Resolve[T], end: float, answer_by: float | None = None
+        self,
+        backend: int,
+        began: float,
+        cut_at: float,
+        resolve: Resolve[T],
+        end: float,
+        answer_by: float | None = None,
     ) -> T | _Unfound:
         """What a write whose try was cut on ``backend`` wrote, found once that session is
         over; ``NOT_WRITTEN``, or ``UNKNOWN`` when the server does not tell in time. A try cut
@@ -700,16 +749,13 @@ class Transactions:
         until = max(end + TRY_GRACE_S, time.monotonic()) + LOOK_AFTER_CUT_S
         if answer_by is not None:
             until = min(until, max(answer_by, time.monotonic() + 0.05))
-        if not await self.session_over(backend, until - time.monotonic()):
-            return UNKNOWN
-        left = until - time.monotonic()
-        if left <= 0 or self.pool.closed:
-            return UNKNOWN
-        try:
-            async with self.pool.connection(timeout=left) as conn:
+        async with self._looking(until) as conn:
+            if conn is None or not await self._over(conn, backend, began, cut_at, until):
+                return UNKNOWN
+            try:
                 found = await within(conn, resolve(conn), max(0.05, until - time.monotonic()))
-        except (psycopg.Error, PoolTimeout):
-            return UNKNOWN
+            except psycopg.Error:
+                return UNKNOWN
         return NOT_WRITTEN if found is None else found
 
     async def _sweep(self) -> None:
@@ -863,6 +909,14 @@ class Transactions:
             "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
             {"ch": self.channel, "ps": encode_all(outbox, self.sender)},
         )
+
+
+def _ago(began: float, cut_at: float) -> float:
+    """How many seconds ago (now) a transaction of a try begun at ``began`` and cut at
+    ``cut_at`` began at the latest, as the server would see it: halfway through the try (its
+    first statement reached the server after ``began``; a client the pooler served after the
+    cut began after ``cut_at``)."""
+    return max(0.0, time.monotonic() - cut_at + (cut_at - began) / 2)
 
 
 def first_line(exc: BaseException) -> str:
