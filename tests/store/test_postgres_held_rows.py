@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -27,16 +26,6 @@ ANSWER_BOUND_S = 2.0 + 1.0  # 503 within 2 s (tests/pg/test_serve_postgres.py), 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-async def store(pg_cluster: Cluster) -> AsyncIterator[PostgresStore]:
-    opened = PostgresStore(pg_cluster.conninfo, schema=new_schema())
-    await opened.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 def new(conversation_id: str, text: str) -> NewSubmission:
@@ -65,8 +54,9 @@ async def holding(pg_cluster: Cluster, store: PostgresStore, seconds: float) -> 
 
 
 async def test_an_admission_refused_for_a_held_row_is_not_admitted_once_the_row_is_free(
-    pg_cluster: Cluster, store: PostgresStore
+    pg_cluster: Cluster, pg_store: PostgresStore
 ) -> None:
+    store = pg_store
     await store.admit(new(HELD, "first"))
     held = asyncio.create_task(holding(pg_cluster, store, 4.0))
     await asyncio.sleep(0.3)
@@ -82,8 +72,9 @@ async def test_an_admission_refused_for_a_held_row_is_not_admitted_once_the_row_
 
 
 async def test_admissions_grouped_with_one_for_a_held_row_are_stored_exactly_when_answered(
-    pg_cluster: Cluster, store: PostgresStore
+    pg_cluster: Cluster, pg_store: PostgresStore
 ) -> None:
+    store = pg_store
     """Admissions sent at once are written in groups (the first alone, those sent meanwhile
     together): a group with one for the held row waits as a whole, is cut, and each of its
     admissions goes alone. The group's session is ended on the server: it held the rows of the
@@ -147,8 +138,9 @@ async def test_a_burst_beside_a_held_row_stores_exactly_what_it_was_told(
 
 
 async def test_a_commit_waiting_for_a_synchronous_standby_is_not_ended_and_called_written(
-    pg_cluster: Cluster, store: PostgresStore
+    pg_cluster: Cluster, pg_store: PostgresStore
 ) -> None:
+    store = pg_store
     """Ended while its commit waited for a synchronous standby, a cut admission's commit stood
     on the primary alone, never confirmed, and the read back that followed called it admitted.
     It is left to wait: its outcome is unknown, said as such."""
@@ -171,8 +163,9 @@ async def test_a_commit_waiting_for_a_synchronous_standby_is_not_ended_and_calle
 
 
 async def test_only_a_session_still_running_the_cut_try_is_ended(
-    pg_cluster: Cluster, store: PostgresStore
+    pg_cluster: Cluster, pg_store: PostgresStore
 ) -> None:
+    store = pg_store
     """Behind a pooler in session mode, the server session a cut try ran on may serve another
     client by the time of the look: the pid alone ended that client's work. A session whose
     transaction began after the cut is not the try's; one that began before it is."""
