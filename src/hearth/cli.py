@@ -425,8 +425,8 @@ def send(
         try:
             receipt = conv.send(message, idempotency_key=idempotency_key, attachments=files)
         except httpx2.TransportError as exc:
-            if isinstance(exc, httpx2.ConnectError):
-                raise  # (nothing was sent)
+            if isinstance(exc, _NEVER_SENT):
+                raise  # (the request never reached the server)
             if idempotency_key:
                 again = (
                     f"send it again with the same --idempotency-key {idempotency_key}: it is"
@@ -467,6 +467,15 @@ def send(
             click.echo(_visible(reply.text, keep="\t\n"))
         else:
             click.echo(reply.text)
+
+
+# Transport errors raised before a request reaches the server: nothing can have been admitted.
+_NEVER_SENT = (
+    httpx2.ConnectError,
+    httpx2.LocalProtocolError,
+    httpx2.ProxyError,
+    httpx2.UnsupportedProtocol,
+)
 
 
 # --- tail ------------------------------------------------------------------------------------
