@@ -393,8 +393,9 @@ class Transactions:
         one try may run (by default, what is left of the budget, up to ``WORK_TRY_S``).
         ``overrun_is_final``: a try that ran its whole time on a server that answers (the
         work's own doing: an application's long statement) is a ``StoreError``, not tried
-        again. ``answer_by`` (a ``time.monotonic()``): when the caller is answered at the latest,
-        whatever happens (an admission's 2 s), waits for the pool and the server included."""
+        again. ``answer_by`` (a ``time.monotonic()``): when the caller should be answered (an
+        admission's 2 s): its waits for the pool and for the server's answer to a probe end by
+        then, and so does the look after a cut try; a try already sent keeps its time."""
         return await self._run(
             work,
             budget_s=budget_s,
@@ -495,9 +496,10 @@ class Transactions:
     ) -> T:
         start = time.monotonic()
         end, busy_end = start + budget_s, start + max(budget_s, POOL_BUSY_S)
-        # By when a try must end, so that a look after a cut still answers by ``answer_by``;
-        # not once the caller queued for a pool every connection of which a live server keeps
-        # busy (a burst is slow, not an outage: its try gets a budget's time again).
+        # By when a wait for a connection, or for the server to show it answers, must end, so
+        # that a look after a cut still answers by ``answer_by`` (a try itself keeps its time:
+        # cut short on a slow link, its statement still committed); not once the caller queued
+        # for a pool a live server keeps busy (a burst is slow, not an outage).
         last = None if answer_by is None else answer_by - LOOK_AFTER_CUT_S
         delay, queued, stale, conflicts = 0.05, False, 0, 0
         # (an admission's own start, for what its answer says: before any group it waited in)
