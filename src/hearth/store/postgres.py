@@ -58,6 +58,7 @@ from hearth.store.postgres_tx import (
     Resolve,
     Transactions,
     Work,
+    answer_by,
     describe,
     first_line,
     open_pool,
@@ -677,7 +678,7 @@ class PostgresStore(Store):
             lambda conn, outbox: ops.admit(conn, new, sid, outbox, self._now()),
             resolve=lambda conn: readback.admission(conn, sid),
             budget_s=_left(until),
-            answer_by=_answer_by(until),
+            answer_by=answer_by(until),
         )
 
     async def _admit_alone(
@@ -690,7 +691,7 @@ class PostgresStore(Store):
             budget_s=_left(until),
             resolve=lambda conn: readback.admission(conn, sid),
             uncertain=uncertain,
-            answer_by=_answer_by(until),
+            answer_by=answer_by(until),
         )
         if admitted is not None:
             self._known(new.conversation_id)
@@ -729,7 +730,7 @@ class PostgresStore(Store):
                 # fork holds) and commit after its callers gave up: ended first, so that each
                 # reads back for sure whether it was written.
                 cut_at = time.monotonic()
-                by = min(cut_at + LOOK_AFTER_CUT_S, max(_answer_by(until), cut_at + 0.05))
+                by = min(cut_at + LOOK_AFTER_CUT_S, max(answer_by(until), cut_at + 0.05))
                 await tx.session_over(backend, began, cut_at, by)
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")
@@ -1217,12 +1218,6 @@ class _Admit:
 def _left(until: float) -> float:
     """What is left of an admission's time (a last short try when nothing is)."""
     return max(0.05, min(ADMIT_WAIT_S, until - time.monotonic()))
-
-
-def _answer_by(until: float) -> float:
-    """When an admission whose time ends at ``until`` is answered at the latest (the HTTP
-    answer within 2 s): its try's grace, then a look at what a cut try wrote."""
-    return until + TRY_GRACE_S + LOOK_AFTER_CUT_S
 
 
 class _GroupLost(Exception):

@@ -665,17 +665,9 @@ class Transactions:
         state = "state = 'active'" if running else "state <> 'idle'"
         try:
             async with self.pool.connection(timeout=END_BACKEND_S) as conn:
-                # (from version 14 on, it waits for the session to be gone, its locks freed)
-                wait = ", %(ms)s" if conn.info.server_version >= 140000 else ""
-                query = _TERMINATE.format(wait=wait, state=state)
-
-                async def end() -> bool:
-                    params = {"pid": pid, "ms": int(END_BACKEND_S * 1000)}
-                    cursor = await conn.execute(query, {**params, "ago": _ago(began, cut_at)})
-                    row = await cursor.fetchone()
-                    return bool(row and row["ended"])
-
-                return await within(conn, end(), 2 * END_BACKEND_S)
+                ms = int(END_BACKEND_S * 1000)
+                ending = _terminate(conn, pid, began, cut_at, state=state, ms=ms)
+                return await within(conn, ending, 2 * END_BACKEND_S)
         except Exception as exc:
             log.debug("could not end the session %d: %s", pid, exc)
             return False
@@ -713,12 +705,10 @@ class Transactions:
         its transaction open (from version 14 on, waiting until it is gone); then whether it is
         over (gone, idle, or serving another client now). False if the server does not say by
         ``until``, or the session waits for a synchronous standby."""
-        wait = conn.info.server_version >= 140000
-        query = _TERMINATE.format(wait=", %(ms)s" if wait else "", state="state <> 'idle'")
 
         async def end() -> bool:
             left_ms = max(1, int(1000 * (until - time.monotonic())))
-            await conn.execute(query, {"pid": pid, "ms": left_ms, "ago": _ago(began, cut_at)})
+            await _terminate(conn, pid, began, cut_at, state="state <> 'idle'", ms=left_ms)
             cursor = await conn.execute(
                 f"SELECT state, {_STILL_OURS} AS ours FROM pg_stat_activity WHERE pid = %(pid)s",
                 {"pid": pid, "ago": _ago(began, cut_at)},
@@ -911,6 +901,25 @@ class Transactions:
             "SELECT pg_notify(%(ch)s, p) FROM unnest(%(ps)b::text[]) AS p",
             {"ch": self.channel, "ps": encode_all(outbox, self.sender)},
         )
+
+
+async def _terminate(
+    conn: ops.Conn, pid: int, began: float, cut_at: float, *, state: str, ms: int
+) -> bool:
+    """End, on ``conn``, the session ``pid`` in ``state`` if it still runs what a try begun at
+    ``began`` and cut at ``cut_at`` sent (``_TERMINATE``); from version 14 on, waiting up to
+    ``ms`` for it to be gone, its locks freed. Whether it was ended."""
+    wait = ", %(ms)s" if conn.info.server_version >= 140000 else ""
+    params = {"pid": pid, "ms": ms, "ago": _ago(began, cut_at)}
+    cursor = await conn.execute(_TERMINATE.format(wait=wait, state=state), params)
+    row = await cursor.fetchone()
+    return bool(row and row["ended"])
+
+
+def answer_by(until: float) -> float:
+    """When an admission whose budget ends at ``until`` is answered at the latest (the HTTP
+    answer within 2 s): its try's grace, then a look at what a cut try wrote."""
+    return until + TRY_GRACE_S + LOOK_AFTER_CUT_S
 
 
 def _ago(began: float, cut_at: float) -> float:
