@@ -50,54 +50,61 @@ def cut(conn: psycopg.AsyncConnection[Any]) -> None:
 
 async def within(conn: psycopg.AsyncConnection[Any], work: Awaitable[T], seconds: float) -> T:
     """``work`` (on ``conn``), or ``Stalled`` once it has gone ``seconds`` without finishing:
-    then ``conn`` is cut, so that what waits on it ends and the pool replaces it. Work that
-    finished all the same as it was cut is its answer. Cancelling the caller cancels ``work``
-    as psycopg does it: the server is asked to cancel the query (a cut alone would leave it
-    running there, holding its locks, until it next wrote to the socket)."""
-    task = asyncio.ensure_future(work)
+    then ``conn`` is cut, so that what waits on it ends and the pool replaces it, and work that
+    still has not ended ``CUT_WAIT_S`` later (it was not waiting on the server: the
+    application's own code in a step.transaction, say) is cancelled. Work that finished all the
+    same as it was cut is its answer. Cancelling the caller cancels ``work`` as psycopg does
+    it: the server is asked to cancel the query (a cut alone would leave it running there,
+    holding its locks, until it next wrote to the socket).
+
+    The work runs in the caller's task, watched by a timer: run as a task of its own, waited
+    for, it took three more turns of the event loop, a tenth of a millisecond a step."""
+    watch = _Watch(asyncio.get_running_loop(), conn, seconds)
     try:
-        done = await _wait(task, seconds)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait({task})
+        async with asyncio.timeout(None) as watch.deadline:
+            return await work
+    except Exception as exc:
+        if watch.cut:  # (a TimeoutError: it did not end within CUT_WAIT_S of the cut)
+            raise Stalled(f"the server gave no answer within {seconds:.1f} s") from exc
         raise
-    if not done:
-        await _abandon(conn, task)
-        if not task.done() or task.cancelled() or task.exception() is not None:
-            raise Stalled(f"the server gave no answer within {seconds:.1f} s")
-    return task.result()
+    finally:
+        watch.stop()
 
 
-async def _wait(task: asyncio.Future[Any], seconds: float) -> bool:
-    """Whether ``task`` finished within ``seconds`` of this process running. Time in which the
-    process did not run (stopped, its host suspended) counts as one short tick: the server's
-    answer came meanwhile, and is read once the process runs again; its connection is fine."""
-    waited = 0.0
-    while waited < seconds:
-        tick = min(_TICK_S, seconds - waited)
-        began = time.monotonic()
-        done, _ = await asyncio.wait({task}, timeout=tick)
-        if done:
-            return True
-        waited += min(time.monotonic() - began, tick + _TICK_S)
-    return task.done()
+class _Watch:
+    """The time a try has had, counted in ticks of at most ``_TICK_S``; at its end, the cut.
+    Time in which the process did not run (stopped, its host suspended) counts as one short
+    tick: the server's answer came meanwhile, and is read once the process runs again; its
+    connection is fine."""
 
+    __slots__ = ("_began", "_handle", "_loop", "_tick", "conn", "cut", "deadline", "seconds")
 
-async def _abandon(conn: psycopg.AsyncConnection[Any], task: asyncio.Future[Any]) -> None:
-    """Cut ``conn`` under ``task`` and give it a moment to end; then cancel it (it was not
-    waiting on the server: the application's own code in a step.transaction, say)."""
-    cut(conn)
-    task.add_done_callback(_consumed)
-    try:
-        done, _ = await asyncio.shield(asyncio.wait({task}, timeout=CUT_WAIT_S))
-    except asyncio.CancelledError:
-        task.cancel()  # the caller is stopped meanwhile: the try is not left running
-        raise
-    if not done:
-        task.cancel()
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, conn: psycopg.AsyncConnection[Any], seconds: float
+    ) -> None:
+        self._loop, self.conn, self.seconds = loop, conn, seconds
+        self.cut = False
+        self.deadline: asyncio.Timeout | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm(0.0)
 
+    def _arm(self, waited: float) -> None:
+        self._tick = min(_TICK_S, self.seconds - waited)
+        self._began = time.monotonic()
+        self._handle = self._loop.call_later(self._tick, self._ticked, waited)
 
-def _consumed(task: asyncio.Future[Any]) -> None:
-    """Retrieve an abandoned try's outcome (its error is the ``Stalled`` already raised)."""
-    if not task.cancelled():
-        task.exception()
+    def _ticked(self, waited: float) -> None:
+        waited += min(time.monotonic() - self._began, self._tick + _TICK_S)
+        if waited < self.seconds:
+            self._arm(waited)
+            return
+        self._handle = None
+        self.cut = True
+        cut(self.conn)
+        if self.deadline is not None:
+            self.deadline.reschedule(self._loop.time() + CUT_WAIT_S)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
