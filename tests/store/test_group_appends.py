@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -106,3 +107,61 @@ async def test_groups_in_flight_never_share_a_conversation(seed: int) -> None:
     assert answers == [f"{n}!" for n in names]
     assert overlaps == []
     assert grouped.statements < len(names)
+
+
+def _gated() -> tuple[Grouped[Waiter, str], list[list[str]], asyncio.Event]:
+    """A ``Grouped`` of two writers whose statements wait for ``gate``: what they wrote."""
+    written: list[list[str]] = []
+    gate = asyncio.Event()
+
+    async def run(items: list[Waiter]) -> list[str]:
+        await gate.wait()
+        written.append([item.conversation_id for item in items])
+        return [f"{item.conversation_id}!" for item in items]
+
+    return Grouped(run, flushers=2), written, gate
+
+
+def _waiter(name: str) -> Waiter:
+    return Waiter(name, asyncio.get_running_loop().create_future())
+
+
+async def test_an_item_no_group_took_by_its_time_is_dropped_and_never_written() -> None:
+    grouped, written, gate = _gated()
+    first = asyncio.create_task(grouped.submit(_waiter("a")))  # written alone: held at the gate
+    await asyncio.sleep(0)
+    second = asyncio.create_task(grouped.submit(_waiter("b")))  # the other writer's: held
+    await asyncio.sleep(0.01)
+    with pytest.raises(TimeoutError):  # both writers busy: no group takes "c" in time
+        await grouped.submit(_waiter("c"), until=time.monotonic() + 0.1)
+    gate.set()
+    assert await first == "a!" and await second == "b!"
+    await asyncio.sleep(0.05)
+    assert sorted(written) == [["a"], ["b"]]  # "c" was dropped: never written
+
+
+async def test_an_item_a_group_took_is_answered_though_its_writer_outlasts_its_time() -> None:
+    grouped, written, gate = _gated()
+    first = asyncio.create_task(grouped.submit(_waiter("a")))  # written alone: held
+    await asyncio.sleep(0)
+    second = asyncio.create_task(grouped.submit(_waiter("b"), until=time.monotonic() + 0.1))
+    await asyncio.sleep(0.3)  # the other writer took "b" at once; its statement is held
+    gate.set()
+    assert await first == "a!"
+    assert await second == "b!"  # the writer's answer, not a TimeoutError
+    assert sorted(written) == [["a"], ["b"]]
+
+
+async def test_an_item_whose_caller_is_cancelled_is_not_written() -> None:
+    grouped, written, gate = _gated()
+    held = [asyncio.create_task(grouped.submit(_waiter(name))) for name in ("a", "b")]
+    await asyncio.sleep(0.01)  # "a" written alone, "b" by the other writer: both held
+    waiting = asyncio.create_task(grouped.submit(_waiter("c"), until=time.monotonic() + 30))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    gate.set()
+    assert await asyncio.gather(*held) == ["a!", "b!"]
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.05)
+    assert sorted(written) == [["a"], ["b"]]

@@ -165,19 +165,24 @@ class Grouped(Generic[ItemT, AnswerT]):
         self._start()
         if until is None:
             return cast(AnswerT, await item.done)
+        # (a timer, not a timeout around the wait: that needed the wait shielded, so as not to
+        # cancel an answer a writer was about to give, which cost a turn of the loop)
+        timer = asyncio.get_running_loop().call_at(_loop_time(until), self._expire, item)
         try:
-            async with asyncio.timeout_at(_loop_time(until)):
-                # Shielded: the time limit must not cancel an answer a writer is about to give.
-                return cast(AnswerT, await asyncio.shield(item.done))
-        except TimeoutError:
-            if item not in self._pending:
-                return cast(AnswerT, await item.done)  # taken meanwhile: being written
-            self._pending.remove(item)
-            item.done.cancel()
-            raise
+            return cast(AnswerT, await item.done)
         except asyncio.CancelledError:
             item.done.cancel()  # its caller is gone: a group not written yet drops it
             raise
+        finally:
+            timer.cancel()
+
+    def _expire(self, item: ItemT) -> None:
+        """``item``'s time is up: if no group has taken it, it is dropped, never written, and its
+        caller gets ``TimeoutError``; one that took it is waited for (its writer is bounded)."""
+        if item in self._pending:
+            self._pending.remove(item)
+            if not item.done.done():
+                item.done.set_exception(TimeoutError())
 
     def _start(self) -> None:
         if self._pending and self._busy < self.flushers:
