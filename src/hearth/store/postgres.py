@@ -52,7 +52,6 @@ from hearth.store.postgres_listen import Listener, Notes
 from hearth.store.postgres_schema import SCHEMA_VERSION, migrate
 from hearth.store.postgres_tx import (
     ADMIT_WAIT_S,
-    LOOK_AFTER_CUT_S,
     TRY_GRACE_S,
     WORK_TRY_S,
     Resolve,
@@ -61,6 +60,7 @@ from hearth.store.postgres_tx import (
     answer_by,
     describe,
     first_line,
+    look_until,
     open_pool,
     replaced_when_unfit,
     stale_plan,
@@ -730,7 +730,7 @@ class PostgresStore(Store):
                 # fork holds) and commit after its callers gave up: ended first, so that each
                 # reads back for sure whether it was written.
                 cut_at = time.monotonic()
-                by = min(cut_at + LOOK_AFTER_CUT_S, max(answer_by(until), cut_at + 0.05))
+                by = look_until(cut_at, until, answer_by(until))
                 await tx.session_over(backend, began, cut_at, by)
             raise _GroupLost() from exc
         _faults.reached("store:commit-done")

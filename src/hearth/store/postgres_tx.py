@@ -602,8 +602,9 @@ class Transactions:
                     # by its own doing (an application's long statement): that is final.
                     # Otherwise (a lost link, a frozen server) it is a lost connection, and
                     # the session, if it is still there, is ended meanwhile.
-                    ended = self._end_backend(backend, began, cut_at, running=overrun_is_final)
-                    if overrun_is_final and await ended:
+                    if overrun_is_final and await self._end_backend(
+                        backend, began, cut_at, running=True
+                    ):
                         found = await self._resolve_late(resolve)
                         if found is not None:
                             return found
@@ -611,9 +612,7 @@ class Transactions:
                             f"{self.where}: the transaction ran past its {limit:g} s and was"
                             " ended on the server; nothing of it committed"
                         ) from None
-                    ending = asyncio.ensure_future(
-                        ended if not overrun_is_final else self._end_backend(backend, began, cut_at)
-                    )
+                    ending = asyncio.ensure_future(self._end_backend(backend, began, cut_at))
                     self._ending.add(ending)
                     ending.add_done_callback(self._ending.discard)
                 self.failed()
@@ -735,12 +734,8 @@ class Transactions:
         over; ``NOT_WRITTEN``, or ``UNKNOWN`` when the server does not tell in time. A try cut
         on a server that answers may still run there (waiting for a row another transaction
         holds: a fork's copy, say) and commit after its caller was told 503, who then sends it
-        again: ended first, it cannot. The look takes until ``LOOK_AFTER_CUT_S`` past the
-        budget ending at ``end`` and its grace, and no later than ``answer_by`` (unless that
-        leaves it nothing)."""
-        until = max(end + TRY_GRACE_S, time.monotonic()) + LOOK_AFTER_CUT_S
-        if answer_by is not None:
-            until = min(until, max(answer_by, time.monotonic() + 0.05))
+        again: ended first, it cannot. The look ends by ``look_until``."""
+        until = look_until(cut_at, end, answer_by)
         async with self._looking(until) as conn:
             if conn is None or not await self._over(conn, backend, began, cut_at, until):
                 return UNKNOWN
@@ -920,6 +915,16 @@ def answer_by(until: float) -> float:
     """When an admission whose budget ends at ``until`` is answered at the latest (the HTTP
     answer within 2 s): its try's grace, then a look at what a cut try wrote."""
     return until + TRY_GRACE_S + LOOK_AFTER_CUT_S
+
+
+def look_until(cut_at: float, end: float, answer_by: float | None) -> float:
+    """By when the look after a try cut at ``cut_at`` ends: ``LOOK_AFTER_CUT_S`` past the
+    budget ending at ``end`` and its grace (or past the cut, if later), and no later than
+    ``answer_by`` (unless that leaves it nothing)."""
+    until = max(end + TRY_GRACE_S, cut_at) + LOOK_AFTER_CUT_S
+    if answer_by is not None:
+        until = min(until, max(answer_by, cut_at + 0.05))
+    return until
 
 
 def _ago(began: float, cut_at: float) -> float:
